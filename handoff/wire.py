@@ -1,0 +1,164 @@
+"""The handoff's wire format: annotation keys, the assignment and the GPU inventory (docs/handoff.md).
+
+Pure functions of plain data.  Parsing never trusts its input: every malformed value raises
+``MalformedAnnotation`` with a message that names the annotation and what is wrong, so the device
+plugin can refuse Allocate with an error a person can act on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NewType
+
+DEFAULT_PREFIX = "nodelock.io/"
+DEFAULT_RESOURCE = "nvidia.com/gpu"
+DEFAULT_LOCK_NAMESPACE = "nodelock-system"
+
+DeviceID = NewType("DeviceID", str)
+ContainerName = NewType("ContainerName", str)
+
+# container name -> device IDs, in the order the plugin will serve them (init containers first)
+Assignment = dict[ContainerName, list[DeviceID]]
+
+MAX_DEVICE_ID_LEN = 63  # kubelet's limit on device IDs
+MAX_DEVICES_PER_CONTAINER = 1024
+_DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+
+
+class MalformedAnnotation(ValueError):
+    """An annotation's value does not parse or breaks a rule of the format."""
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Annotation keys under one prefix (``nodelock.io/`` by default)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def assignment(self) -> str:
+        return f"{self.prefix}assignment"
+
+    @property
+    def token(self) -> str:
+        return f"{self.prefix}token"
+
+    @property
+    def bound_at(self) -> str:
+        return f"{self.prefix}bound-at"
+
+    @property
+    def gpus(self) -> str:
+        return f"{self.prefix}gpus"
+
+
+def format_assignment(assignment: Mapping[ContainerName, Sequence[DeviceID]]) -> str:
+    """Serialize an assignment; key order (container order) is kept."""
+    return json.dumps({name: list(ids) for name, ids in assignment.items()}, separators=(",", ":"))
+
+
+def parse_assignment(raw: str | None, *, key: str = Keys().assignment) -> Assignment:
+    """Parse an assignment annotation, checking every rule of the format."""
+    if raw is None:
+        raise MalformedAnnotation(f"annotation {key} is missing")
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise MalformedAnnotation(f"annotation {key} is not JSON: {exc}") from exc
+    if not isinstance(value, dict) or not value:
+        raise MalformedAnnotation(
+            f"annotation {key} must be a non-empty JSON object of container name -> device IDs"
+        )
+    out: Assignment = {}
+    for name, ids in value.items():
+        if not isinstance(ids, list) or not ids:
+            raise MalformedAnnotation(
+                f"annotation {key}: container {name!r} must map to a non-empty list of device IDs"
+            )
+        if len(ids) > MAX_DEVICES_PER_CONTAINER:
+            raise MalformedAnnotation(f"annotation {key}: container {name!r} lists too many IDs")
+        for dev in ids:
+            if not isinstance(dev, str) or not valid_device_id(dev):
+                raise MalformedAnnotation(
+                    f"annotation {key}: container {name!r} has an invalid device ID {dev!r}"
+                )
+        if len(set(ids)) != len(ids):
+            raise MalformedAnnotation(f"annotation {key}: container {name!r} repeats a device ID")
+        out[ContainerName(name)] = [DeviceID(d) for d in ids]
+    return out
+
+
+def valid_device_id(dev: str) -> bool:
+    """Whether ``dev`` is a device ID kubelet accepts (≤ 63 characters, no odd characters)."""
+    return 0 < len(dev) <= MAX_DEVICE_ID_LEN and _DEVICE_ID.match(dev) is not None
+
+
+def parse_token(raw: str | None, *, key: str = Keys().token) -> int:
+    """Parse a fencing-token annotation (a non-negative decimal integer)."""
+    if raw is None:
+        raise MalformedAnnotation(f"annotation {key} is missing")
+    if not raw.isdigit() or len(raw) > 18:
+        raise MalformedAnnotation(f"annotation {key} must be a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One device of a node's inventory."""
+
+    id: DeviceID
+    index: int
+    model: str
+    memory_mib: int
+    numa: int | None
+    healthy: bool
+
+
+def format_inventory(gpus: Sequence[GPU]) -> str:
+    """Serialize a node's GPU inventory, sorted by index, deterministic for equal inputs."""
+    rows = [
+        {
+            "id": g.id,
+            "index": g.index,
+            "model": g.model,
+            "memoryMiB": g.memory_mib,
+            "numa": g.numa,
+            "healthy": g.healthy,
+        }
+        for g in sorted(gpus, key=lambda g: (g.index, g.id))
+    ]
+    return json.dumps(rows, separators=(",", ":"))
+
+
+def parse_inventory(raw: str | None, *, key: str = Keys().gpus) -> list[GPU]:
+    """Parse a node's GPU inventory annotation."""
+    if raw is None:
+        raise MalformedAnnotation(f"annotation {key} is missing")
+    try:
+        rows = json.loads(raw)
+    except ValueError as exc:
+        raise MalformedAnnotation(f"annotation {key} is not JSON: {exc}") from exc
+    if not isinstance(rows, list):
+        raise MalformedAnnotation(f"annotation {key} must be a JSON list")
+    out: list[GPU] = []
+    for row in rows:
+        try:
+            dev = row["id"]
+            numa = row.get("numa")
+            gpu = GPU(
+                id=DeviceID(dev),
+                index=int(row["index"]),
+                model=str(row.get("model", "")),
+                memory_mib=int(row.get("memoryMiB", 0)),
+                numa=None if numa is None else int(numa),
+                healthy=bool(row.get("healthy", False)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise MalformedAnnotation(f"annotation {key}: bad device entry {row!r}") from exc
+        if not isinstance(dev, str) or not valid_device_id(dev):
+            raise MalformedAnnotation(f"annotation {key}: invalid device ID {dev!r}")
+        out.append(gpu)
+    return out

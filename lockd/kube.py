@@ -1,0 +1,321 @@
+"""The one module in nodelock that talks to the Kubernetes client library.
+
+Everything else (lockd, the extender, the device plugin, tests) goes through ``KubeClient``,
+which speaks plain JSON objects (``dict``) over the REST paths of the API server.  The client
+library (``kubernetes_asyncio``, chosen by measurement: docs/decisions/0001-kubernetes-client.md)
+is used for what it does well — kubeconfig and in-cluster credentials, TLS, token refresh, one
+pooled aiohttp session — and nothing else, so that swapping it touches this file only.
+
+Guarantees:
+- Every error status becomes an ``ApiError`` subclass (``lockd.errors``); connection failures,
+  timeouts, 429 and 5xx become ``ApiUnavailable``; the transport error is chained as the cause.
+- Bodies are sent exactly as given: nothing reformats timestamps (see ``lockd.microtime``).
+- ``watch`` yields events in the order the server sent them and raises ``Gone`` on a 410, so a
+  caller can relist.  It does not retry by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+from lockd.errors import ApiUnavailable, api_error
+
+JSON = dict[str, Any]
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class PatchType(Enum):
+    """Content types of the PATCH verb."""
+
+    MERGE = "application/merge-patch+json"
+    STRATEGIC = "application/strategic-merge-patch+json"
+    JSON = "application/json-patch+json"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One event of a watch stream: ADDED, MODIFIED, DELETED or BOOKMARK."""
+
+    type: str
+    object: JSON
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
+
+
+def namespace_path(name: str | None = None) -> str:
+    """REST path of namespaces, or of one namespace."""
+    return "/api/v1/namespaces" + (f"/{_seg(name)}" if name else "")
+
+
+def node_path(name: str | None = None, *, subresource: str | None = None) -> str:
+    """REST path of nodes, one node, or one of its subresources (``status``)."""
+    path = "/api/v1/nodes" + (f"/{_seg(name)}" if name else "")
+    return path + (f"/{subresource}" if subresource else "")
+
+
+def pod_path(
+    namespace: str | None = None, name: str | None = None, *, subresource: str | None = None
+) -> str:
+    """REST path of pods (all namespaces when ``namespace`` is None), one pod, or a subresource."""
+    path = "/api/v1" + (f"/namespaces/{_seg(namespace)}" if namespace else "") + "/pods"
+    path += f"/{_seg(name)}" if name else ""
+    return path + (f"/{subresource}" if subresource else "")
+
+
+def lease_path(namespace: str | None = None, name: str | None = None) -> str:
+    """REST path of coordination.k8s.io/v1 Leases (all namespaces when ``namespace`` is None)."""
+    path = "/apis/coordination.k8s.io/v1" + (f"/namespaces/{_seg(namespace)}" if namespace else "")
+    return path + "/leases" + (f"/{_seg(name)}" if name else "")
+
+
+def _query(**params: str | int | bool | None) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        out.append((key, str(value)))
+    return out
+
+
+async def _load_configuration(kubeconfig: str | None, context: str | None) -> Any:
+    cfg = k8s_client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path:
+        await k8s_config.load_kube_config(
+            config_file=path, context=context, client_configuration=cfg
+        )
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    else:
+        await k8s_config.load_kube_config(context=context, client_configuration=cfg)
+    return cfg
+
+
+class KubeClient:
+    """An async client for the Kubernetes REST API that speaks plain JSON.
+
+    Create with ``await KubeClient.connect(...)`` and close with ``await client.close()`` (or use
+    it as an async context manager).  Safe to share between tasks of one event loop.
+    """
+
+    def __init__(self, api_client: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._api = api_client
+        self._timeout_s = timeout_s
+
+    @classmethod
+    async def connect(
+        cls,
+        kubeconfig: str | None = None,
+        *,
+        context: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_connections: int = 32,
+    ) -> KubeClient:
+        """Connect with a kubeconfig file, ``$KUBECONFIG``, or in-cluster credentials."""
+        cfg = await _load_configuration(kubeconfig, context)
+        cfg.connection_pool_maxsize = max_connections
+        return cls(k8s_client.ApiClient(configuration=cfg), timeout_s=timeout_s)
+
+    @property
+    def host(self) -> str:
+        """The API server's base URL."""
+        return str(self._api.configuration.host)
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self._api.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: JSON | list[Any] | None = None,
+        content_type: str = "application/json",
+        timeout_s: float | None = None,
+    ) -> aiohttp.ClientResponse:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            resp: aiohttp.ClientResponse = await self._api.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout_s if timeout_s is not None else self._timeout_s,
+            )
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
+        if resp.status >= 300:
+            text = ""
+            try:
+                text = (await resp.read()).decode("utf-8", "replace")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
+            finally:
+                resp.release()
+            reason, message = resp.reason or "", text
+            try:
+                status_obj = json.loads(text)
+                reason = status_obj.get("reason", reason) or reason
+                message = status_obj.get("message", message) or message
+            except ValueError:
+                pass
+            if resp.status == 429 or resp.status >= 500:
+                raise ApiUnavailable(f"{method} {path}: {resp.status} {reason}: {message}")
+            raise api_error(resp.status, str(reason), str(message))
+        return resp
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: JSON | list[Any] | None = None,
+        content_type: str = "application/json",
+        timeout_s: float | None = None,
+    ) -> JSON:
+        """Send one request and return the decoded JSON answer."""
+        resp = await self._send(
+            method, path, query=query, body=body, content_type=content_type, timeout_s=timeout_s
+        )
+        try:
+            raw = await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
+        finally:
+            resp.release()
+        decoded: JSON = json.loads(raw) if raw else {}
+        return decoded
+
+    async def get(self, path: str) -> JSON:
+        """GET one object."""
+        return await self.request("GET", path)
+
+    async def list(
+        self,
+        path: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+    ) -> JSON:
+        """LIST a collection; the answer has ``items`` and ``metadata.resourceVersion``."""
+        query = _query(
+            labelSelector=label_selector,
+            fieldSelector=field_selector,
+            resourceVersion=resource_version,
+            limit=limit,
+        )
+        if continue_token:
+            query.append(("continue", continue_token))
+        return await self.request("GET", path, query=query)
+
+    async def create(self, path: str, body: JSON) -> JSON:
+        """POST a new object to a collection (or a subresource such as ``binding``)."""
+        return await self.request("POST", path, body=body)
+
+    async def replace(self, path: str, body: JSON) -> JSON:
+        """PUT an object; conditional when ``body.metadata.resourceVersion`` is set."""
+        return await self.request("PUT", path, body=body)
+
+    async def patch(
+        self, path: str, body: JSON | list[Any], *, patch_type: PatchType = PatchType.MERGE
+    ) -> JSON:
+        """PATCH an object."""
+        return await self.request("PATCH", path, body=body, content_type=patch_type.value)
+
+    async def delete(
+        self,
+        path: str,
+        *,
+        grace_period_seconds: int | None = None,
+        preconditions: Mapping[str, str] | None = None,
+    ) -> JSON:
+        """DELETE an object, optionally with UID/resourceVersion preconditions."""
+        body: JSON = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
+        if preconditions:
+            body["preconditions"] = dict(preconditions)
+        return await self.request("DELETE", path, body=body)
+
+    async def watch(
+        self,
+        path: str,
+        *,
+        resource_version: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+        allow_bookmarks: bool = True,
+    ) -> AsyncIterator[WatchEvent]:
+        """Stream watch events of a collection from ``resource_version``.
+
+        Ends when the server closes the stream (after ``timeout_seconds``); raises ``Gone`` when
+        the version is too old and ``ApiUnavailable`` when the connection breaks.
+        """
+        query = _query(
+            watch=True,
+            resourceVersion=resource_version,
+            labelSelector=label_selector,
+            fieldSelector=field_selector,
+            timeoutSeconds=timeout_seconds,
+            allowWatchBookmarks=allow_bookmarks,
+        )
+        resp = await self._send(
+            "GET",
+            path,
+            query=query,
+            timeout_s=None if timeout_seconds is None else timeout_seconds + 30,
+        )
+        try:
+            while True:
+                try:
+                    line = await resp.content.readline()
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    raise ApiUnavailable(f"watch {path}: {exc!r}") from exc
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind = str(event.get("type", ""))
+                obj: JSON = event.get("object") or {}
+                if kind == "ERROR":
+                    code = int(obj.get("code", 500))
+                    err = api_error(code, str(obj.get("reason", "")), str(obj.get("message", "")))
+                    if code >= 500:
+                        raise ApiUnavailable(str(err)) from err
+                    raise err
+                yield WatchEvent(kind, obj)
+        finally:
+            resp.close()
