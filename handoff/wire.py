@@ -1,4 +1,6 @@
-"""The handoff's wire format: annotation keys, the assignment and the GPU inventory (docs/handoff.md).
+"""The handoff's wire format: annotation keys, the assignment, the GPU inventory.
+
+See docs/handoff.md.
 
 Pure functions of plain data.  Parsing never trusts its input: every malformed value raises
 ``MalformedAnnotation`` with a message that names the annotation and what is wrong, so the device

@@ -16,7 +16,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -32,6 +31,8 @@ from kubernetes_asyncio import config as k8s_config
 from lockd.errors import ApiUnavailable, api_error
 
 JSON = dict[str, Any]
+Body = JSON | list[Any]
+Query = list[tuple[str, str]]
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -101,7 +102,7 @@ async def _load_configuration(kubeconfig: str | None, context: str | None) -> An
             config_file=path, context=context, client_configuration=cfg
         )
     elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        k8s_config.load_incluster_config(client_configuration=cfg)
+        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     else:
         await k8s_config.load_kube_config(context=context, client_configuration=cfg)
     return cfg
@@ -152,8 +153,8 @@ class KubeClient:
         method: str,
         path: str,
         *,
-        query: list[tuple[str, str]] | None = None,
-        body: JSON | list[Any] | None = None,
+        query: Query | None = None,
+        body: Body | None = None,
         content_type: str = "application/json",
         timeout_s: float | None = None,
     ) -> aiohttp.ClientResponse:
@@ -169,13 +170,13 @@ class KubeClient:
                 _preload_content=False,
                 _request_timeout=timeout_s if timeout_s is not None else self._timeout_s,
             )
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
         if resp.status >= 300:
             text = ""
             try:
                 text = (await resp.read()).decode("utf-8", "replace")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
             finally:
                 resp.release()
@@ -196,8 +197,8 @@ class KubeClient:
         method: str,
         path: str,
         *,
-        query: list[tuple[str, str]] | None = None,
-        body: JSON | list[Any] | None = None,
+        query: Query | None = None,
+        body: Body | None = None,
         content_type: str = "application/json",
         timeout_s: float | None = None,
     ) -> JSON:
@@ -207,7 +208,7 @@ class KubeClient:
         )
         try:
             raw = await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
         finally:
             resp.release()
@@ -248,7 +249,7 @@ class KubeClient:
         return await self.request("PUT", path, body=body)
 
     async def patch(
-        self, path: str, body: JSON | list[Any], *, patch_type: PatchType = PatchType.MERGE
+        self, path: str, body: Body, *, patch_type: PatchType = PatchType.MERGE
     ) -> JSON:
         """PATCH an object."""
         return await self.request("PATCH", path, body=body, content_type=patch_type.value)
@@ -301,7 +302,7 @@ class KubeClient:
             while True:
                 try:
                     line = await resp.content.readline()
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, aiohttp.ClientError) as exc:
                     raise ApiUnavailable(f"watch {path}: {exc!r}") from exc
                 if not line:
                     return

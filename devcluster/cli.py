@@ -1,0 +1,112 @@
+"""``nodelock devcluster build|up|down|status``: a real local control plane to poke at."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from devcluster.binaries import KUBERNETES_VERSION, ensure_control_plane
+from devcluster.cluster import Cluster, default_state_dir
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "devcluster", help="a real local Kubernetes control plane for tests and demos"
+    )
+    dsub = p.add_subparsers(dest="devcluster_command", required=True, metavar="ACTION")
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument(
+            "--state-dir",
+            type=Path,
+            default=None,
+            help=f"where the cluster keeps its files (default {default_state_dir()})",
+        )
+        q.add_argument(
+            "--cache-dir",
+            default=None,
+            help="binary cache (default $NODELOCK_CACHE or ~/.cache/nodelock)",
+        )
+
+    b = dsub.add_parser(
+        "build", help=f"build (or verify) the Kubernetes {KUBERNETES_VERSION} binaries"
+    )
+    common(b)
+    b.set_defaults(func=_build)
+
+    u = dsub.add_parser("up", help="start the control plane and wait until it is ready")
+    common(u)
+    u.add_argument(
+        "--apiserver-port",
+        type=int,
+        default=None,
+        help="kube-apiserver's port on 127.0.0.1 (default: a free one)",
+    )
+    u.add_argument(
+        "--no-build",
+        action="store_true",
+        help="fail instead of building when the binaries are not cached",
+    )
+    u.set_defaults(func=_up)
+
+    d = dsub.add_parser("down", help="stop everything the cluster started")
+    common(d)
+    d.set_defaults(func=_down)
+
+    s = dsub.add_parser("status", help="say what runs")
+    common(s)
+    s.set_defaults(func=_status)
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    return Path(args.state_dir) if args.state_dir else default_state_dir()
+
+
+def _build(args: argparse.Namespace) -> int:
+    binaries = ensure_control_plane(cache=args.cache_dir)
+    print(f"Kubernetes {KUBERNETES_VERSION} binaries are in {binaries.directory}")
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    binaries = ensure_control_plane(cache=args.cache_dir, build=not args.no_build)
+    cluster = Cluster(_state_dir(args), binaries=binaries)
+    t0 = time.monotonic()
+    cluster.up(apiserver_port=args.apiserver_port)
+    now = time.monotonic()
+    print(
+        f"devcluster is up in {cluster.state_dir} (control plane ready in {now - t0:.1f}s, "
+        f"{now - started:.1f}s in all)"
+    )
+    for st in cluster.status():
+        print(f"  {st.name:<26} pid {st.pid:<8} log {st.log}")
+    print(f"\nPoint kubectl at it:\n  export KUBECONFIG={cluster.kubeconfig}")
+    print(f"  export PATH={binaries.directory}:$PATH   # kubectl {KUBERNETES_VERSION}")
+    print(f"Stop it with:\n  nodelock devcluster down --state-dir {cluster.state_dir}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    cluster = Cluster(_state_dir(args))
+    stopped = cluster.down()
+    if stopped:
+        print(f"stopped {', '.join(stopped)}")
+    else:
+        print(f"nothing was running in {cluster.state_dir}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    cluster = Cluster(_state_dir(args))
+    rows = cluster.status()
+    if not rows:
+        print(f"no devcluster in {cluster.state_dir}")
+        return 1
+    for st in rows:
+        state = "running" if st.running else "NOT RUNNING"
+        print(f"{st.name:<26} pid {st.pid:<8} {state:<12} log {st.log}")
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0 if all(st.running for st in rows) else 1

@@ -1,0 +1,201 @@
+"""Start, track and stop the processes of a devcluster, surviving the command that started them.
+
+Each component runs in its own session (process group) with its output in ``<state>/logs``; its
+pid and kernel start time are recorded in ``<state>/state.json``, so ``stop`` never signals a
+process that merely reused the pid.  ``stop`` sends SIGTERM to the whole group, waits, then
+SIGKILLs what is left: no process of ours outlives ``down``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devcluster.errors import DevclusterError
+
+
+@dataclass
+class Proc:
+    """A started component: how it was started and how to find it again."""
+
+    name: str
+    argv: list[str]
+    pid: int
+    start_ticks: int
+    log: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) may contain spaces; fields after the last ')' are fixed
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def alive(proc: Proc) -> bool:
+    """Whether the recorded process still runs (same pid and same start time)."""
+    return _start_ticks(proc.pid) == proc.start_ticks
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (non-zombie) processes in process group ``pgid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    *,
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Proc:
+    """Start ``argv`` in a new session, output appended to ``<log_dir>/<name>.log``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    with log_path.open("ab") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {name}\n".encode())
+        log.flush()
+        try:
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise DevclusterError(f"could not start {name} ({argv[0]}): {exc}") from exc
+    ticks = _start_ticks(popen.pid) or 0
+    return Proc(name, list(argv), popen.pid, ticks, str(log_path), dict(env or {}))
+
+
+def stop(proc: Proc, *, timeout_s: float = 15.0) -> None:
+    """Stop a component and everything in its process group; SIGKILL after ``timeout_s``."""
+    if alive(proc):
+        pgid = proc.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _reap()
+        if not group_members(proc.pid):
+            return
+        time.sleep(0.05)
+    for pid in group_members(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        _reap()
+        if not group_members(proc.pid):
+            return
+        time.sleep(0.05)
+
+
+def _reap() -> None:
+    """Collect exited children of this process, if any (they would stay zombies otherwise)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def log_tail(proc: Proc, lines: int = 20) -> str:
+    """The last lines of a component's log."""
+    try:
+        text = Path(proc.log).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def check_port_free(port: int, what: str) -> None:
+    """Raise a DevclusterError naming the port when something already listens on it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise DevclusterError(
+                f"port {port} on 127.0.0.1, asked for {what}, is already in use ({exc.strerror}); "
+                "choose another port or leave it out to pick a free one"
+            ) from exc
+
+
+class StateFile:
+    """``<state>/state.json``: the components of one devcluster and its settings."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {"components": {}, "settings": {}}
+        except ValueError as exc:
+            raise DevclusterError(
+                f"{self.path} is not valid JSON ({exc}); stop any leftover processes and remove it"
+            ) from exc
+        data.setdefault("components", {})
+        data.setdefault("settings", {})
+        return data
+
+    def save(self, data: Mapping[str, Any]) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.path)
+
+    def procs(self) -> dict[str, Proc]:
+        return {n: Proc(**p) for n, p in self.load()["components"].items()}
+
+    def put(self, proc: Proc) -> None:
+        data = self.load()
+        data["components"][proc.name] = asdict(proc)
+        self.save(data)
+
+    def remove(self, name: str) -> None:
+        data = self.load()
+        data["components"].pop(name, None)
+        self.save(data)

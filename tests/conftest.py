@@ -1,0 +1,75 @@
+"""Shared fixtures: one real control plane per test session, a fresh namespace per test.
+
+Tests under ``tests/unit`` are marked ``unit`` and need no cluster; ``tests/integration`` and
+``tests/e2e`` are marked accordingly and use the session's devcluster (real etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler built from the Kubernetes Go modules).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from devcluster.binaries import ensure_control_plane
+from devcluster.cluster import Cluster
+from lockd.errors import NotFound
+from lockd.kube import KubeClient, namespace_path
+
+_MARKS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        for name, mark in _MARKS.items():
+            if name in parts:
+                item.add_marker(mark)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """A running devcluster control plane for the whole test session, stopped at the end."""
+    state = Path(tempfile.mkdtemp(prefix="nl-", dir="/tmp"))
+    c = Cluster(state, binaries=ensure_control_plane())
+    c.up()
+    try:
+        yield c
+    finally:
+        c.down()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture
+async def kube(cluster: Cluster) -> AsyncIterator[KubeClient]:
+    """An admin client to the session's cluster."""
+    client = await KubeClient.connect(str(cluster.kubeconfig))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def namespace(kube: KubeClient) -> AsyncIterator[str]:
+    """A fresh namespace for one test, deleted afterwards."""
+    name = f"t-{secrets.token_hex(4)}"
+    await kube.create(
+        namespace_path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    # pods need the namespace's default ServiceAccount, which kube-controller-manager creates
+    for _ in range(300):
+        try:
+            await kube.get(f"{namespace_path(name)}/serviceaccounts/default")
+            break
+        except NotFound:
+            await asyncio.sleep(0.1)
+    try:
+        yield name
+    finally:
+        await kube.delete(namespace_path(name))
