@@ -1,0 +1,122 @@
+"""Check DESIGN's invariants from what the simulated kubelets recorded (plain data in, out).
+
+Every admitted pod carries ``sim.nodelock.io/allocated``: per container, the device IDs kubelet's
+own device manager allocated and the environment our plugin answered with.  From the pods alone:
+
+- **S1** no GPU is held by two live pods on the same node (a pod's init containers may reuse
+  devices that its own app containers get, as kubelet does);
+- **S2** every container got exactly its assignment: kubelet's device IDs and the plugin's
+  ``NVIDIA_VISIBLE_DEVICES`` both equal the extender's assignment on the pod;
+- **L1** every GPU pod was bound and admitted (Running or Succeeded).
+
+S3 (no lock left held) is checked from the Leases: ``check_locks_free``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ALLOCATED = "sim.nodelock.io/allocated"
+LIVE_PHASES = ("Pending", "Running", "Unknown")
+
+
+@dataclass
+class Findings:
+    """Violations per invariant; an empty list means the invariant held."""
+
+    checked_pods: int = 0
+    s1: list[str] = field(default_factory=list)
+    s2: list[str] = field(default_factory=list)
+    s3: list[str] = field(default_factory=list)
+    l1: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.s1 or self.s2 or self.s3 or self.l1)
+
+
+def _key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata", {})
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _requests_gpu(pod: Mapping[str, Any], resource: str) -> bool:
+    spec = pod.get("spec", {})
+    for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+        res = c.get("resources", {})
+        if resource in res.get("limits", {}) or resource in res.get("requests", {}):
+            return True
+    return False
+
+
+def allocated(pod: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The simulated kubelet's record of a pod, or {} when it was not admitted with devices."""
+    raw = pod.get("metadata", {}).get("annotations", {}).get(ALLOCATED)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def check_pods(
+    pods: Sequence[Mapping[str, Any]],
+    *,
+    resource: str = "nvidia.com/gpu",
+    prefix: str = "nodelock.io/",
+    require_admitted: bool = True,
+) -> Findings:
+    """Check S1, S2 and (when ``require_admitted``) L1 over a snapshot of pods."""
+    found = Findings()
+    holders: dict[tuple[str, str], str] = {}
+    for pod in pods:
+        if not _requests_gpu(pod, resource):
+            continue
+        found.checked_pods += 1
+        key = _key(pod)
+        phase = pod.get("status", {}).get("phase", "Pending")
+        node = pod.get("spec", {}).get("nodeName")
+        record = allocated(pod)
+        if require_admitted and phase not in ("Running", "Succeeded"):
+            found.l1.append(f"{key} is {phase} on {node or 'no node'}")
+        if phase not in ("Running", "Succeeded", *LIVE_PHASES) or not record:
+            continue
+        annotations = pod.get("metadata", {}).get("annotations", {})
+        try:
+            assignment = json.loads(annotations.get(f"{prefix}assignment", "null"))
+        except ValueError:
+            assignment = None
+        if not isinstance(assignment, dict):
+            found.s2.append(f"{key} was admitted with devices but has no valid assignment")
+            assignment = {}
+        devices_of_pod: set[str] = set()
+        for container, seen in record.items():
+            ids = sorted(seen.get("deviceIDs", []))
+            want = sorted(assignment.get(container, []))
+            if ids != want:
+                found.s2.append(f"{key}/{container}: kubelet allocated {ids}, assignment {want}")
+            env = seen.get("envs", {}).get("NVIDIA_VISIBLE_DEVICES", "")
+            env_ids = sorted(x for x in env.split(",") if x)
+            if env_ids != want:
+                found.s2.append(f"{key}/{container}: NVIDIA_VISIBLE_DEVICES={env!r}, want {want}")
+            devices_of_pod.update(ids)
+        if phase == "Succeeded":
+            continue  # its devices are free again
+        for dev in devices_of_pod:
+            other = holders.setdefault((str(node), dev), key)
+            if other != key:
+                found.s1.append(f"{dev} on {node} is held by both {other} and {key}")
+    return found
+
+
+def check_locks_free(leases: Iterable[Mapping[str, Any]], findings: Findings) -> None:
+    """S3 at quiescence: no node lock is still held."""
+    for lease in leases:
+        holder = lease.get("spec", {}).get("holderIdentity")
+        if holder:
+            findings.s3.append(f"node {lease['metadata']['name']} is still locked by {holder}")

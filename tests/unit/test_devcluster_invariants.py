@@ -1,0 +1,85 @@
+"""The invariant checker finds each kind of violation, and accepts a clean snapshot."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from devcluster.invariants import check_locks_free, check_pods
+
+
+def pod(
+    name: str,
+    node: str,
+    assignment: dict[str, list[str]],
+    seen: dict[str, list[str]] | None,
+    *,
+    phase: str = "Running",
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    annotations = {"nodelock.io/assignment": json.dumps(assignment)}
+    if seen is not None:
+        record = {
+            c: {
+                "deviceIDs": ids,
+                "envs": {"NVIDIA_VISIBLE_DEVICES": (env or {}).get(c, ",".join(ids))},
+            }
+            for c, ids in seen.items()
+        }
+        annotations["sim.nodelock.io/allocated"] = json.dumps(record)
+    containers = [
+        {"name": c, "resources": {"limits": {"nvidia.com/gpu": str(len(ids))}}}
+        for c, ids in assignment.items()
+    ]
+    return {
+        "metadata": {"namespace": "ns", "name": name, "annotations": annotations},
+        "spec": {"nodeName": node, "containers": containers},
+        "status": {"phase": phase},
+    }
+
+
+def test_clean_snapshot_passes() -> None:
+    pods = [
+        pod("a", "n1", {"c": ["G0", "G1"]}, {"c": ["G0", "G1"]}),
+        pod("b", "n1", {"c": ["G2"]}, {"c": ["G2"]}),
+        pod("c", "n2", {"c": ["G0"]}, {"c": ["G0"]}),  # same ID, other node
+        pod("d", "n1", {"c": ["G2"]}, {"c": ["G2"]}, phase="Succeeded"),  # freed before b
+    ]
+    found = check_pods(pods)
+    assert found.ok, found
+    assert found.checked_pods == 4
+
+
+def test_s1_two_live_pods_with_one_gpu() -> None:
+    found = check_pods(
+        [pod("a", "n1", {"c": ["G0"]}, {"c": ["G0"]}), pod("b", "n1", {"c": ["G0"]}, {"c": ["G0"]})]
+    )
+    assert found.s1 == ["G0 on n1 is held by both ns/a and ns/b"]
+
+
+def test_s2_kubelet_devices_or_env_differ_from_assignment() -> None:
+    found = check_pods([pod("a", "n1", {"c": ["G0"]}, {"c": ["G1"]})])
+    assert len(found.s2) == 2  # kubelet's IDs and the env both differ
+    found = check_pods([pod("a", "n1", {"c": ["G0"]}, {"c": ["G0"]}, env={"c": "G3"})])
+    assert found.s2
+    assert "NVIDIA_VISIBLE_DEVICES" in found.s2[0]
+
+
+def test_l1_unadmitted_pod() -> None:
+    found = check_pods([pod("a", "n1", {"c": ["G0"]}, None, phase="Pending")])
+    assert found.l1 == ["ns/a is Pending on n1"]
+    assert check_pods(
+        [pod("a", "n1", {"c": ["G0"]}, None, phase="Pending")], require_admitted=False
+    ).ok
+
+
+def test_s3_held_lock() -> None:
+    found = check_pods([])
+    check_locks_free(
+        [
+            {"metadata": {"name": "n1"}, "spec": {"holderIdentity": "ns/a"}},
+            {"metadata": {"name": "n2"}, "spec": {}},
+        ],
+        found,
+    )
+    assert found.s3 == ["node n1 is still locked by ns/a"]
