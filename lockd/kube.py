@@ -215,6 +215,17 @@ class KubeClient:
         decoded: JSON = json.loads(raw) if raw else {}
         return decoded
 
+    async def request_text(self, method: str, path: str) -> str:
+        """Send one request and return the answer as text (e.g. ``/metrics``)."""
+        resp = await self._send(method, path)
+        try:
+            raw = await resp.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
+        finally:
+            resp.release()
+        return raw.decode("utf-8", "replace")
+
     async def get(self, path: str) -> JSON:
         """GET one object."""
         return await self.request("GET", path)
