@@ -1,0 +1,167 @@
+"""The plugin's node-local checkpoint: handoff progress and releases still to be made.
+
+kubelet keeps its own device checkpoint and, after a restart, asks again only for containers it
+has no devices for; the plugin's progress must survive its own restart the same way, or it would
+repeat or skip a container.  A release that could not be written (API server down) is kept here
+too, so a restart retries it instead of leaking the lock.
+
+Guarantees: ``save`` replaces the file atomically (temporary file, fsync, rename, fsync of the
+directory), so a crash leaves either the old or the new checkpoint, never a torn one.  ``load``
+refuses a file it cannot read rather than guessing (``CheckpointError``, user-facing).
+Not guaranteed: safety when two processes use one file (one plugin per node and state dir).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deviceplugin.decide import HandoffProgress
+from handoff.wire import ContainerName
+from lockd.model import FencingToken, Holder, HolderKey, NodeName, Outcome
+
+VERSION = 1
+
+
+class CheckpointError(Exception):
+    """The checkpoint file exists but cannot be used."""
+
+    user_facing = True
+
+
+@dataclass(frozen=True)
+class PendingRelease:
+    """A lock release decided but not yet written: holder, token and how the handoff ended."""
+
+    holder: HolderKey
+    uid: str
+    token: FencingToken
+    outcome: Outcome
+
+    @classmethod
+    def of(cls, holder: Holder, token: FencingToken, outcome: Outcome) -> PendingRelease:
+        return cls(holder.key, holder.uid, token, outcome)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Everything the plugin must not forget across a restart."""
+
+    node: NodeName
+    progress: HandoffProgress | None = None
+    pending: tuple[PendingRelease, ...] = ()
+
+    def with_pending(self, release: PendingRelease) -> Checkpoint:
+        kept = tuple(p for p in self.pending if p.token != release.token)
+        return Checkpoint(self.node, self.progress, (*kept, release))
+
+    def without_pending(self, token: FencingToken) -> Checkpoint:
+        return Checkpoint(
+            self.node, self.progress, tuple(p for p in self.pending if p.token != token)
+        )
+
+    def with_progress(self, progress: HandoffProgress | None) -> Checkpoint:
+        return Checkpoint(self.node, progress, self.pending)
+
+
+def checkpoint_path(state_dir: Path, node: NodeName) -> Path:
+    """One file per node, so simulated nodes may share a state directory."""
+    return state_dir / f"deviceplugin-{node}.json"
+
+
+def to_json(cp: Checkpoint) -> dict[str, Any]:
+    progress = None
+    if cp.progress is not None:
+        progress = {
+            "holder": cp.progress.holder,
+            "uid": cp.progress.uid,
+            "token": cp.progress.token,
+            "served": list(cp.progress.served),
+        }
+    return {
+        "version": VERSION,
+        "node": cp.node,
+        "progress": progress,
+        "pending": [
+            {"holder": p.holder, "uid": p.uid, "token": p.token, "outcome": p.outcome.value}
+            for p in cp.pending
+        ],
+    }
+
+
+def from_json(raw: Any, node: NodeName) -> Checkpoint:
+    """Parse a checkpoint; raises ``ValueError`` (with what is wrong) for anything unexpected."""
+    if not isinstance(raw, dict) or raw.get("version") != VERSION:
+        raise ValueError(f"not a version {VERSION} device plugin checkpoint")
+    if raw.get("node") != node:
+        raise ValueError(f"it belongs to node {raw.get('node')!r}, not {node!r}")
+    progress = None
+    p = raw.get("progress")
+    if p is not None:
+        served = p["served"]
+        if not isinstance(served, list) or not all(isinstance(c, str) for c in served):
+            raise ValueError("progress.served must be a list of container names")
+        progress = HandoffProgress(
+            holder=HolderKey(str(p["holder"])),
+            uid=str(p["uid"]),
+            token=FencingToken(_int(p["token"])),
+            served=tuple(ContainerName(c) for c in served),
+        )
+    pending = tuple(
+        PendingRelease(
+            holder=HolderKey(str(r["holder"])),
+            uid=str(r["uid"]),
+            token=FencingToken(_int(r["token"])),
+            outcome=Outcome(r["outcome"]),
+        )
+        for r in raw.get("pending") or []
+    )
+    return Checkpoint(node, progress, pending)
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return value
+
+
+def load(path: Path, node: NodeName) -> Checkpoint:
+    """Read the checkpoint at ``path``; an empty one when the file does not exist."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return Checkpoint(node)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+    try:
+        return from_json(json.loads(text), node)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"checkpoint {path} is unusable ({exc}); it records which containers of the pod in "
+            "handoff were served — move it aside only when no GPU pod is being admitted here"
+        ) from exc
+
+
+def save(path: Path, cp: Checkpoint) -> None:
+    """Replace the checkpoint at ``path`` atomically and durably."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(to_json(cp), indent=1, sort_keys=True).encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,480 @@
+"""What to answer kubelet, decided from plain data: the node's lock, the holder pod, the progress.
+
+kubelet's Allocate and GetPreferredAllocation calls carry device IDs but no pod identity.  The node
+lock names the one pod in handoff; these functions check that pod against the lock and answer with
+its assignment for its next GPU container, or refuse with a reason a person can act on.
+
+Guarantees (each one unit-tested with plain data):
+- An ``Allocation`` is returned only for the lock's holder, bound to this node, whose UID and
+  token equal the Lease's, whose pod annotation equals the Lease's copy of the assignment, whose
+  spec requests exactly the assigned counts, and only for its next unserved GPU container (init
+  containers first, then containers, in spec order) with kubelet's request of the same size.
+  What it serves is always the Lease's copy (written only by the extender), in assignment order.
+- ``Refusal.release`` is set only when the holder pod itself can never be served: it is gone, or
+  its (or its Lease's) handoff data is malformed, forged or disagrees with its spec.  Refusals
+  that may concern a different pod than the holder (kubelet asks for another count or other
+  devices), or a lock that is not the holder's to lose (no holder, token mismatch, taken over),
+  leave the lock alone.
+- Nothing here does I/O, reads a clock or keeps state.
+
+Not guaranteed: that the pod kubelet is admitting *is* the holder.  kubelet does not say; a GPU
+pod that bypassed the extender and asks for the same count at the same moment is
+indistinguishable (docs/deviceplugin.md, "Limits").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from handoff.wire import (
+    DEFAULT_RESOURCE,
+    MAX_DEVICES_PER_CONTAINER,
+    Assignment,
+    ContainerName,
+    DeviceID,
+    Keys,
+    MalformedAnnotation,
+    format_assignment,
+    parse_assignment,
+    parse_token,
+    valid_device_id,
+)
+from lockd.model import FencingToken, Holder, HolderKey, NodeLockView, NodeName
+
+ASSIGNMENT_DATA_KEY = "assignment"  # the Lease's copy: Holder.data["assignment"]
+
+PodJSON = Mapping[str, Any]
+
+
+class MismatchPolicy(StrEnum):
+    """What Allocate does when kubelet's device IDs differ from the assignment (same count)."""
+
+    REFUSE = "refuse"  # fail the pod's admission; the pod's controller recreates it
+    ASSIGNMENT = "assignment"  # serve the assignment anyway; kubelet's accounting then drifts
+
+
+class RefusalKind(StrEnum):
+    """Why a call was refused (also the ``result`` label of the Allocate metric)."""
+
+    BAD_REQUEST = "bad-request"
+    NO_HOLDER = "no-holder"
+    TAKEN_OVER = "taken-over"
+    POD_GONE = "pod-gone"
+    NOT_BOUND = "not-bound"
+    WRONG_NODE = "wrong-node"
+    TOKEN_MISMATCH = "token-mismatch"
+    MALFORMED = "malformed"
+    FORGED = "forged"
+    SPEC_MISMATCH = "spec-mismatch"
+    UNKNOWN_DEVICE = "unknown-device"
+    ALL_SERVED = "all-served"
+    COUNT_MISMATCH = "count-mismatch"
+    UNHEALTHY = "unhealthy"
+    DEVICES_MISMATCH = "devices-mismatch"
+
+
+# Refusals about the caller's input rather than the cluster's state (gRPC INVALID_ARGUMENT).
+INPUT_REFUSALS = frozenset({RefusalKind.BAD_REQUEST})
+
+
+@dataclass(frozen=True)
+class HandoffProgress:
+    """Which GPU containers of one handoff (holder UID + token) have been served, in order."""
+
+    holder: HolderKey
+    uid: str
+    token: FencingToken
+    served: tuple[ContainerName, ...] = ()
+
+    def same_handoff(self, holder: Holder, token: FencingToken) -> bool:
+        return self.uid == holder.uid and self.token == token and self.holder == holder.key
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Refuse the call.  ``release`` names the lock to release with outcome ``rejected``."""
+
+    kind: RefusalKind
+    message: str
+    release: tuple[Holder, FencingToken] | None = None
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Serve ``container`` of the holder with ``devices`` (assignment order)."""
+
+    holder: Holder
+    token: FencingToken
+    container: ContainerName
+    devices: tuple[DeviceID, ...]
+    progress: HandoffProgress  # after this container
+    last: bool  # no GPU container is left: release the lock with outcome ``allocated``
+    kubelet_differs: bool = False  # kubelet chose other IDs; served the assignment by policy
+
+
+@dataclass(frozen=True)
+class Preference:
+    """The answer to one GetPreferredAllocation container request."""
+
+    devices: tuple[DeviceID, ...]
+    hit: bool  # the holder's assignment (True) or a plain hint from the available set (False)
+    reason: str = ""  # why it is a miss
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A verified holder: its GPU containers in spec order and where its handoff stands."""
+
+    holder: Holder
+    token: FencingToken
+    pod: str  # "namespace/name (uid …)" for messages
+    order: tuple[tuple[ContainerName, tuple[DeviceID, ...]], ...]
+    progress: HandoffProgress
+    next_index: int  # index into order of the next container to serve
+
+    @property
+    def next(self) -> tuple[ContainerName, tuple[DeviceID, ...]] | None:
+        return self.order[self.next_index] if self.next_index < len(self.order) else None
+
+
+@dataclass(frozen=True)
+class Context:
+    """The fixed facts of one plugin: its node, resource, annotation keys and inventory."""
+
+    node: NodeName
+    devices: Mapping[DeviceID, bool] = field(default_factory=dict)  # ID -> healthy
+    resource: str = DEFAULT_RESOURCE
+    keys: Keys = field(default_factory=Keys)
+
+
+def _pod_name(pod: PodJSON) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '?')}/{meta.get('name', '?')} (uid {meta.get('uid', '?')})"
+
+
+def _holder_name(holder: Holder) -> str:
+    return f"{holder.key} (uid {holder.uid})"
+
+
+def gpu_containers(pod: PodJSON, resource: str) -> list[tuple[ContainerName, int]]:
+    """The pod's containers that request ``resource``, init containers first, in spec order.
+
+    The count is the container's limit (kubelet's source), else its request.  Raises
+    ``ValueError`` for a count that is not a whole number.
+    """
+    spec = pod.get("spec") or {}
+    out: list[tuple[ContainerName, int]] = []
+    for group in ("initContainers", "containers"):
+        for container in spec.get(group) or []:
+            resources = container.get("resources") or {}
+            raw = (resources.get("limits") or {}).get(resource)
+            if raw is None:
+                raw = (resources.get("requests") or {}).get(resource)
+            if raw is None:
+                continue
+            text = str(raw)
+            if not text.isdigit():
+                raise ValueError(
+                    f"container {container.get('name')!r} requests {resource}={text!r}, "
+                    "not a whole number"
+                )
+            if int(text) > 0:
+                out.append((ContainerName(str(container.get("name", ""))), int(text)))
+    return out
+
+
+def check_request(
+    requests: Sequence[Sequence[str]], ctx: Context
+) -> tuple[DeviceID, ...] | Refusal:
+    """Check the shape of an Allocate request: one container, known, distinct device IDs."""
+    where = f"node {ctx.node}"
+    if len(requests) != 1:
+        return Refusal(
+            RefusalKind.BAD_REQUEST,
+            f"{where}: Allocate must carry exactly one container request (kubelet sends one per "
+            f"container), got {len(requests)}",
+        )
+    ids = requests[0]
+    if not ids:
+        return Refusal(RefusalKind.BAD_REQUEST, f"{where}: Allocate asks for no devices")
+    if len(ids) > min(MAX_DEVICES_PER_CONTAINER, max(len(ctx.devices), 1)):
+        return Refusal(
+            RefusalKind.BAD_REQUEST,
+            f"{where}: Allocate asks for {len(ids)} devices; this node has {len(ctx.devices)}",
+        )
+    if len(set(ids)) != len(ids):
+        return Refusal(RefusalKind.BAD_REQUEST, f"{where}: Allocate repeats a device ID")
+    unknown = [d for d in ids if not valid_device_id(d) or DeviceID(d) not in ctx.devices]
+    if unknown:
+        shown = ", ".join(repr(d[:80]) for d in unknown[:3])
+        return Refusal(
+            RefusalKind.BAD_REQUEST,
+            f"{where}: Allocate names devices this plugin does not have: {shown}",
+        )
+    return tuple(DeviceID(d) for d in ids)
+
+
+def _verify(
+    view: NodeLockView | None,
+    pod: PodJSON | None,
+    progress: HandoffProgress | None,
+    ctx: Context,
+) -> _Plan | Refusal:
+    """Check the holder pod against the lock; the shared first half of every decision."""
+    node = ctx.node
+    record = view.record if view is not None else None
+    if record is None or record.holder is None:
+        last = ""
+        if record is not None and record.last is not None:
+            last = (
+                f" (last holder {record.last.holder}, token {record.last.token}, "
+                f"{record.last.outcome})"
+            )
+        return Refusal(
+            RefusalKind.NO_HOLDER,
+            f"node {node}: no pod holds the node lock{last}; GPU pods on this node must be "
+            "bound by the nodelock scheduler extender",
+        )
+    holder, token = record.holder, record.token
+    who = _holder_name(holder)
+    if progress is not None and progress.served and not progress.same_handoff(holder, token):
+        return Refusal(
+            RefusalKind.TAKEN_OVER,
+            f"node {node}: the handoff of {progress.holder} (uid {progress.uid}, token "
+            f"{progress.token}) was interrupted after containers {list(progress.served)}; the "
+            f"lock now belongs to {who} with token {token}",
+        )
+    release = (holder, token)
+    if pod is None:
+        return Refusal(
+            RefusalKind.POD_GONE,
+            f"node {node}: lock holder {who} no longer exists",
+            release=release,
+        )
+    meta = pod.get("metadata") or {}
+    if str(meta.get("uid", "")) != holder.uid:
+        return Refusal(
+            RefusalKind.POD_GONE,
+            f"node {node}: lock holder {who} no longer exists (pod {_pod_name(pod)} has its name)",
+            release=release,
+        )
+    name = _pod_name(pod)
+    bound = str((pod.get("spec") or {}).get("nodeName") or "")
+    if not bound:
+        return Refusal(RefusalKind.NOT_BOUND, f"pod {name}: not bound yet (node {node})")
+    if bound != node:
+        return Refusal(
+            RefusalKind.WRONG_NODE,
+            f"pod {name}: holds the lock of node {node} but is bound to node {bound}",
+        )
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    keys = ctx.keys
+    try:
+        pod_token = parse_token(annotations.get(keys.token), key=keys.token)
+    except MalformedAnnotation as exc:
+        return Refusal(RefusalKind.MALFORMED, f"pod {name} on node {node}: {exc}", release)
+    if pod_token != token:
+        return Refusal(
+            RefusalKind.TOKEN_MISMATCH,
+            f"pod {name} on node {node}: its {keys.token} is {pod_token} but the node lock is at "
+            f"token {token}",
+        )
+    try:
+        leased = parse_assignment(
+            holder.data.get(ASSIGNMENT_DATA_KEY), key=f"{keys.assignment} (on the Lease)"
+        )
+        own = parse_assignment(annotations.get(keys.assignment), key=keys.assignment)
+    except MalformedAnnotation as exc:
+        return Refusal(RefusalKind.MALFORMED, f"pod {name} on node {node}: {exc}", release)
+    if own != leased:
+        return Refusal(
+            RefusalKind.FORGED,
+            f"pod {name} on node {node}: its {keys.assignment} {format_assignment(own)} differs "
+            f"from the lock's copy {format_assignment(leased)}; only the extender may assign",
+            release,
+        )
+    plan = _order(leased, pod, name, ctx)
+    if isinstance(plan, Refusal):
+        return Refusal(plan.kind, plan.message, release)
+    served: tuple[ContainerName, ...] = ()
+    if progress is not None and progress.same_handoff(holder, token):
+        served = progress.served
+    done = set(served)
+    next_index = next((i for i, (c, _) in enumerate(plan) if c not in done), len(plan))
+    return _Plan(
+        holder=holder,
+        token=token,
+        pod=name,
+        order=tuple(plan),
+        progress=HandoffProgress(holder.key, holder.uid, token, served),
+        next_index=next_index,
+    )
+
+
+def _order(
+    assignment: Assignment, pod: PodJSON, name: str, ctx: Context
+) -> list[tuple[ContainerName, tuple[DeviceID, ...]]] | Refusal:
+    """The assignment in spec order, checked against the spec's counts and this node's devices."""
+    where = f"pod {name} on node {ctx.node}"
+    try:
+        wanted = gpu_containers(pod, ctx.resource)
+    except ValueError as exc:
+        return Refusal(RefusalKind.SPEC_MISMATCH, f"{where}: {exc}")
+    names = [c for c, _ in wanted]
+    extra = [c for c in assignment if c not in names]
+    if extra:
+        return Refusal(
+            RefusalKind.SPEC_MISMATCH,
+            f"{where}: the assignment names containers that request no {ctx.resource}: {extra}",
+        )
+    out: list[tuple[ContainerName, tuple[DeviceID, ...]]] = []
+    for container, count in wanted:
+        ids = assignment.get(container)
+        if ids is None or len(ids) != count:
+            got = "nothing" if ids is None else f"{len(ids)}"
+            return Refusal(
+                RefusalKind.SPEC_MISMATCH,
+                f"{where}: container {container!r} requests {count} {ctx.resource} but is "
+                f"assigned {got}",
+            )
+        out.append((container, tuple(ids)))
+    if not out:
+        return Refusal(RefusalKind.SPEC_MISMATCH, f"{where}: no container requests {ctx.resource}")
+    unknown = sorted({d for _, ids in out for d in ids if d not in ctx.devices})
+    if unknown:
+        return Refusal(
+            RefusalKind.UNKNOWN_DEVICE,
+            f"{where}: assigned devices this node does not have: {unknown}",
+        )
+    return out
+
+
+def decide_allocate(
+    view: NodeLockView | None,
+    pod: PodJSON | None,
+    requested: Sequence[DeviceID],
+    progress: HandoffProgress | None,
+    ctx: Context,
+    *,
+    policy: MismatchPolicy = MismatchPolicy.REFUSE,
+) -> Allocation | Refusal:
+    """Answer kubelet's Allocate for one container that asked for ``requested``.
+
+    ``view`` is the node's lock, ``pod`` the lock holder's pod as read from the API server (None
+    when it was not found), ``progress`` the checkpointed progress of the current handoff.
+    """
+    plan = _verify(view, pod, progress, ctx)
+    if isinstance(plan, Refusal):
+        return plan
+    where = f"pod {plan.pod} on node {ctx.node}"
+    nxt = plan.next
+    if nxt is None:
+        return Refusal(
+            RefusalKind.ALL_SERVED,
+            f"{where}: every GPU container ({[c for c, _ in plan.order]}) was already served; "
+            "kubelet asked for one more",
+        )
+    container, devices = nxt
+    if len(requested) != len(devices):
+        return Refusal(
+            RefusalKind.COUNT_MISMATCH,
+            f"{where}: kubelet asks for {len(requested)} devices but the next GPU container "
+            f"{container!r} is assigned {len(devices)}",
+        )
+    sick = [d for d in devices if not ctx.devices.get(d, False)]
+    if sick:
+        return Refusal(
+            RefusalKind.UNHEALTHY,
+            f"{where}: container {container!r} is assigned unhealthy devices {sick}",
+        )
+    differs = set(requested) != set(devices)
+    if differs and policy is MismatchPolicy.REFUSE:
+        return Refusal(
+            RefusalKind.DEVICES_MISMATCH,
+            f"{where}: kubelet chose {sorted(requested)} for container {container!r} but the "
+            f"assignment is {list(devices)}",
+        )
+    served = (*plan.progress.served, container)
+    return Allocation(
+        holder=plan.holder,
+        token=plan.token,
+        container=container,
+        devices=devices,
+        progress=HandoffProgress(plan.holder.key, plan.holder.uid, plan.token, served),
+        last=plan.next_index + 1 == len(plan.order),
+        kubelet_differs=differs,
+    )
+
+
+def decide_preferred(
+    view: NodeLockView | None,
+    pod: PodJSON | None,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    progress: HandoffProgress | None,
+    ctx: Context,
+) -> Preference:
+    """Answer one GetPreferredAllocation container request.
+
+    A hit is the holder's next GPU container's assignment when its size equals ``size`` and every
+    assigned device is available to kubelet; anything else gets a hint from the available set
+    (``must_include`` first, then the rest in sorted order), which kubelet may use as it likes.
+    """
+    plan = _verify(view, pod, progress, ctx)
+    reason = ""
+    if isinstance(plan, Refusal):
+        reason = plan.message
+    elif plan.next is None:
+        reason = f"every GPU container of {plan.pod} was already served"
+    else:
+        container, devices = plan.next
+        offered = set(available) | set(must_include)
+        if len(devices) != size:
+            reason = f"asked for {size} devices, container {container!r} is assigned {len(devices)}"
+        elif not set(devices) <= offered:
+            reason = f"assigned devices {sorted(set(devices) - offered)} are not available"
+        else:
+            return Preference(devices=devices, hit=True)
+    return Preference(devices=hint(available, must_include, size), hit=False, reason=reason)
+
+
+def hint(available: Sequence[str], must_include: Sequence[str], size: int) -> tuple[DeviceID, ...]:
+    """``must_include`` then the other available devices in sorted order, at most ``size``."""
+    out: list[DeviceID] = []
+    for dev in [*must_include, *sorted(available)]:
+        if len(out) >= max(size, 0):
+            break
+        if dev not in out:
+            out.append(DeviceID(dev))
+    return tuple(out)
+
+
+def handoff_abandoned(pod: PodJSON | None, progress: HandoffProgress, node: NodeName) -> bool:
+    """Whether the pod of an interrupted handoff can no longer ask for its next container.
+
+    True when it is gone (or replaced under its name), bound elsewhere, being deleted, finished,
+    running, or has container statuses (kubelet got past admission).  A pod still Pending on this
+    node without container statuses may yet ask (kubelet restarted mid-admission), so that is
+    False.
+    """
+    if pod is None:
+        return True
+    meta = pod.get("metadata") or {}
+    if str(meta.get("uid", "")) != progress.uid or meta.get("deletionTimestamp"):
+        return True
+    if str((pod.get("spec") or {}).get("nodeName") or "") != node:
+        return True
+    status = pod.get("status") or {}
+    if status.get("phase") not in (None, "", "Pending"):
+        return True
+    # kubelet reports container statuses only for pods it admitted.
+    return bool(status.get("initContainerStatuses") or status.get("containerStatuses"))
+
+
+def known_devices(devices: Collection[DeviceID]) -> dict[DeviceID, bool]:
+    """An all-healthy device map, for callers and tests that do not track health."""
+    return dict.fromkeys(devices, True)

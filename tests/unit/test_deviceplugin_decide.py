@@ -1,0 +1,470 @@
+"""decide_allocate / decide_preferred with plain data: every refusal and the happy paths."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from deviceplugin.decide import (
+    Allocation,
+    Context,
+    HandoffProgress,
+    MismatchPolicy,
+    Refusal,
+    RefusalKind,
+    check_request,
+    decide_allocate,
+    decide_preferred,
+    gpu_containers,
+    handoff_abandoned,
+    hint,
+    known_devices,
+)
+from handoff.wire import ContainerName, DeviceID, format_assignment
+from lockd.model import (
+    FencingToken,
+    Holder,
+    HolderKey,
+    LastHandoff,
+    LockRecord,
+    NodeLockView,
+    NodeName,
+)
+
+NODE = NodeName("n1")
+GPUS = [DeviceID(f"GPU-{i:02d}") for i in range(8)]
+CTX = Context(node=NODE, devices=known_devices(GPUS))
+UID = "uid-1"
+TOKEN = FencingToken(7)
+C = ContainerName
+
+
+def assignment_of(**containers: Sequence[str]) -> dict[ContainerName, list[DeviceID]]:
+    return {C(k): [DeviceID(d) for d in v] for k, v in containers.items()}
+
+
+def lease(
+    assignment: dict[ContainerName, list[DeviceID]] | str | None,
+    *,
+    holder: str | None = "ns/p",
+    uid: str = UID,
+    token: int = TOKEN,
+) -> NodeLockView:
+    data: dict[str, str] = {}
+    if isinstance(assignment, str):
+        data["assignment"] = assignment
+    elif assignment is not None:
+        data["assignment"] = format_assignment(assignment)
+    h = Holder(HolderKey(holder), uid, data) if holder else None
+    record = LockRecord(
+        node=NODE,
+        holder=h,
+        token=FencingToken(token),
+        duration_s=15,
+        acquire_time=None,
+        renew_time=None,
+        resource_version="42",
+    )
+    return NodeLockView(record=record, unchanged_for_s=0.0, expired=False)
+
+
+def container(name: str, gpus: int | str | None) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": "x"}
+    if gpus is not None:
+        c["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return c
+
+
+def pod(
+    assignment: dict[ContainerName, list[DeviceID]] | str | None,
+    *,
+    containers: list[dict[str, Any]],
+    init: list[dict[str, Any]] | None = None,
+    uid: str = UID,
+    token: str | None = str(TOKEN),
+    node: str | None = NODE,
+) -> dict[str, Any]:
+    annotations: dict[str, str] = {}
+    if isinstance(assignment, str):
+        annotations["nodelock.io/assignment"] = assignment
+    elif assignment is not None:
+        annotations["nodelock.io/assignment"] = format_assignment(assignment)
+    if token is not None:
+        annotations["nodelock.io/token"] = token
+    spec: dict[str, Any] = {"containers": containers}
+    if init:
+        spec["initContainers"] = init
+    if node:
+        spec["nodeName"] = node
+    return {
+        "metadata": {"namespace": "ns", "name": "p", "uid": uid, "annotations": annotations},
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+def ids(*indexes: int) -> list[DeviceID]:
+    return [GPUS[i] for i in indexes]
+
+
+ONE = assignment_of(main=ids(3))
+ONE_POD = pod(ONE, containers=[container("main", 1)])
+
+
+def refused(result: Allocation | Refusal, kind: RefusalKind) -> Refusal:
+    assert isinstance(result, Refusal), result
+    assert result.kind is kind, result
+    return result
+
+
+def served(result: Allocation | Refusal) -> Allocation:
+    assert isinstance(result, Allocation), result
+    return result
+
+
+# -- happy paths ---------------------------------------------------------------------------------
+
+
+def test_one_gpu_is_served_and_is_the_last() -> None:
+    a = served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX))
+    assert a.container == "main"
+    assert a.devices == (GPUS[3],)
+    assert a.last
+    assert a.token == TOKEN
+    assert a.holder.uid == UID
+    assert a.progress == HandoffProgress(HolderKey("ns/p"), UID, TOKEN, (C("main"),))
+
+
+def test_four_gpus_served_in_assignment_order_whatever_kubelet_order() -> None:
+    four = assignment_of(train=ids(5, 1, 7, 2))
+    p = pod(four, containers=[container("train", 4)])
+    a = served(decide_allocate(lease(four), p, ids(1, 2, 5, 7), None, CTX))
+    assert a.devices == (GPUS[5], GPUS[1], GPUS[7], GPUS[2])
+    assert a.last
+
+
+def test_two_containers_served_in_spec_order_not_assignment_key_order() -> None:
+    # The JSON lists "b" first; the pod spec lists "a" first: spec order wins.
+    two = assignment_of(b=ids(2, 3), a=ids(0))
+    p = pod(two, containers=[container("a", 1), container("sidecar", None), container("b", 2)])
+    first = served(decide_allocate(lease(two), p, ids(0), None, CTX))
+    assert (first.container, first.devices, first.last) == ("a", (GPUS[0],), False)
+    second = served(decide_allocate(lease(two), p, ids(3, 2), first.progress, CTX))
+    assert (second.container, second.devices, second.last) == ("b", (GPUS[2], GPUS[3]), True)
+    assert second.progress.served == (C("a"), C("b"))
+
+
+def test_init_container_first_and_its_device_reused() -> None:
+    # kubelet reuses an init container's devices for later containers; the extender assigns so.
+    a = assignment_of(train=ids(1, 4), setup=ids(1))
+    p = pod(a, init=[container("setup", 1)], containers=[container("train", 2)])
+    first = served(decide_allocate(lease(a), p, ids(1), None, CTX))
+    assert first.container == "setup"
+    second = served(decide_allocate(lease(a), p, ids(4, 1), first.progress, CTX))
+    assert second.container == "train"
+    assert second.last
+
+
+def test_progress_from_a_checkpoint_continues_where_it_stopped() -> None:
+    two = assignment_of(a=ids(0), b=ids(1))
+    p = pod(two, containers=[container("a", 1), container("b", 1)])
+    restored = HandoffProgress(HolderKey("ns/p"), UID, TOKEN, (C("a"),))
+    a = served(decide_allocate(lease(two), p, ids(1), restored, CTX))
+    assert a.container == "b"  # not "a" again (no repeat) ...
+    # ... and a count that fits "a" but names "a"'s device is not served as "b" (no skip):
+    refused(decide_allocate(lease(two), p, ids(0), restored, CTX), RefusalKind.DEVICES_MISMATCH)
+
+
+def test_progress_of_an_older_finished_handoff_is_ignored() -> None:
+    old = HandoffProgress(HolderKey("ns/old"), "uid-0", FencingToken(3), ())
+    served(decide_allocate(lease(ONE), ONE_POD, ids(3), old, CTX))
+
+
+def test_mismatch_policy_assignment_serves_the_assignment() -> None:
+    a = served(
+        decide_allocate(lease(ONE), ONE_POD, ids(4), None, CTX, policy=MismatchPolicy.ASSIGNMENT)
+    )
+    assert a.devices == (GPUS[3],)
+    assert a.kubelet_differs
+
+
+def test_requests_only_quantity_counts() -> None:
+    p = copy.deepcopy(ONE_POD)
+    p["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpu": "1"}}
+    served(decide_allocate(lease(ONE), p, ids(3), None, CTX))
+
+
+# -- refusals ------------------------------------------------------------------------------------
+
+
+def test_no_lease_at_all() -> None:
+    r = refused(decide_allocate(None, None, ids(3), None, CTX), RefusalKind.NO_HOLDER)
+    assert "n1" in r.message
+    assert r.release is None
+
+
+def test_lease_without_holder_names_the_last_handoff() -> None:
+    free = lease(None, holder=None)
+    last = LastHandoff(HolderKey("ns/q"), "u", FencingToken(6), "allocated")
+    free = NodeLockView(
+        record=LockRecord(**{**free.record.__dict__, "last": last}),
+        unchanged_for_s=0.0,
+        expired=False,
+    )
+    r = refused(decide_allocate(free, ONE_POD, ids(3), None, CTX), RefusalKind.NO_HOLDER)
+    assert "ns/q" in r.message
+    assert r.release is None
+
+
+def test_token_mismatch_leaves_the_lock_alone() -> None:
+    p = pod(ONE, containers=[container("main", 1)], token="6")
+    r = refused(decide_allocate(lease(ONE), p, ids(3), None, CTX), RefusalKind.TOKEN_MISMATCH)
+    assert "ns/p" in r.message
+    assert "n1" in r.message
+    assert "6" in r.message
+    assert r.release is None
+
+
+def test_lease_taken_over_by_another_holder_mid_handoff() -> None:
+    interrupted = HandoffProgress(HolderKey("ns/p"), UID, TOKEN, (C("a"),))
+    q_lease = lease(ONE, holder="ns/q", uid="uid-q", token=TOKEN + 1)
+    q_pod = pod(ONE, containers=[container("main", 1)], uid="uid-q", token=str(TOKEN + 1))
+    q_pod["metadata"]["name"] = "q"
+    r = refused(decide_allocate(q_lease, q_pod, ids(3), interrupted, CTX), RefusalKind.TAKEN_OVER)
+    assert "ns/p" in r.message
+    assert "ns/q" in r.message
+    assert r.release is None
+
+
+def test_holder_pod_gone_releases() -> None:
+    r = refused(decide_allocate(lease(ONE), None, ids(3), None, CTX), RefusalKind.POD_GONE)
+    assert r.release is not None
+    assert r.release[1] == TOKEN
+
+
+def test_holder_pod_replaced_under_its_name_releases() -> None:
+    p = pod(ONE, containers=[container("main", 1)], uid="uid-2")
+    r = refused(decide_allocate(lease(ONE), p, ids(3), None, CTX), RefusalKind.POD_GONE)
+    assert r.release is not None
+
+
+def test_pod_bound_elsewhere() -> None:
+    p = pod(ONE, containers=[container("main", 1)], node="n2")
+    r = refused(decide_allocate(lease(ONE), p, ids(3), None, CTX), RefusalKind.WRONG_NODE)
+    assert "n2" in r.message
+    assert "n1" in r.message
+    assert r.release is None
+
+
+def test_pod_not_bound_yet_leaves_the_lock_alone() -> None:
+    p = pod(ONE, containers=[container("main", 1)], node=None)
+    r = refused(decide_allocate(lease(ONE), p, ids(3), None, CTX), RefusalKind.NOT_BOUND)
+    assert r.release is None
+
+
+@pytest.mark.parametrize(
+    ("pod_assignment", "pod_token"),
+    [
+        (None, str(TOKEN)),  # missing assignment
+        ("{not json", str(TOKEN)),
+        ('{"main": []}', str(TOKEN)),
+        ('{"main": ["bad id!"]}', str(TOKEN)),
+        ('["GPU-03"]', str(TOKEN)),
+        (ONE, None),  # missing token
+        (ONE, "seven"),
+        (ONE, "-1"),
+    ],
+)
+def test_malformed_pod_annotations_release(
+    pod_assignment: dict[ContainerName, list[DeviceID]] | str | None, pod_token: str | None
+) -> None:
+    p = pod(pod_assignment, containers=[container("main", 1)], token=pod_token)
+    r = refused(decide_allocate(lease(ONE), p, ids(3), None, CTX), RefusalKind.MALFORMED)
+    assert "ns/p" in r.message
+    assert "n1" in r.message
+    assert "nodelock.io/" in r.message
+    assert r.release == (lease(ONE).record.holder, TOKEN)
+
+
+def test_malformed_lease_copy_releases() -> None:
+    r = refused(decide_allocate(lease("{"), ONE_POD, ids(3), None, CTX), RefusalKind.MALFORMED)
+    assert "Lease" in r.message
+    assert r.release is not None
+
+
+def test_forged_assignment_on_the_pod_releases() -> None:
+    # HAMi #3076: the pod owner edits its own annotation to get other devices.
+    forged = pod(assignment_of(main=ids(6)), containers=[container("main", 1)])
+    r = refused(decide_allocate(lease(ONE), forged, ids(6), None, CTX), RefusalKind.FORGED)
+    assert "GPU-06" in r.message
+    assert "GPU-03" in r.message
+    assert r.release is not None
+
+
+def test_forged_even_when_kubelet_picked_the_forged_devices_under_assignment_policy() -> None:
+    forged = pod(assignment_of(main=ids(6)), containers=[container("main", 1)])
+    result = decide_allocate(
+        lease(ONE), forged, ids(6), None, CTX, policy=MismatchPolicy.ASSIGNMENT
+    )
+    refused(result, RefusalKind.FORGED)
+
+
+def test_spec_count_differs_from_assignment_releases() -> None:
+    p = pod(ONE, containers=[container("main", 2)])
+    r = refused(decide_allocate(lease(ONE), p, ids(3), None, CTX), RefusalKind.SPEC_MISMATCH)
+    assert "requests 2" in r.message
+    assert r.release is not None
+
+
+def test_assignment_names_a_container_without_gpus_releases() -> None:
+    a = assignment_of(main=ids(3), other=ids(4))
+    p = pod(a, containers=[container("main", 1), container("other", None)])
+    r = refused(decide_allocate(lease(a), p, ids(3), None, CTX), RefusalKind.SPEC_MISMATCH)
+    assert r.release is not None
+
+
+def test_assignment_of_devices_this_node_lacks_releases() -> None:
+    a = assignment_of(main=["GPU-elsewhere"])
+    p = pod(a, containers=[container("main", 1)])
+    r = refused(decide_allocate(lease(a), p, ids(3), None, CTX), RefusalKind.UNKNOWN_DEVICE)
+    assert r.release is not None
+
+
+def test_count_mismatch_with_kubelet_request_leaves_the_lock_alone() -> None:
+    # The spec agrees with the assignment, so kubelet is admitting some other container.
+    r = refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3, 4), None, CTX), RefusalKind.COUNT_MISMATCH
+    )
+    assert "2" in r.message
+    assert "main" in r.message
+    assert r.release is None
+
+
+def test_kubelet_ids_differ_refused_by_default() -> None:
+    r = refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(4), None, CTX), RefusalKind.DEVICES_MISMATCH
+    )
+    assert "GPU-04" in r.message
+    assert "GPU-03" in r.message
+    assert r.release is None
+
+
+def test_all_containers_already_served() -> None:
+    done = HandoffProgress(HolderKey("ns/p"), UID, TOKEN, (C("main"),))
+    r = refused(decide_allocate(lease(ONE), ONE_POD, ids(3), done, CTX), RefusalKind.ALL_SERVED)
+    assert r.release is None
+
+
+def test_unhealthy_assigned_device() -> None:
+    ctx = Context(node=NODE, devices={**known_devices(GPUS), GPUS[3]: False})
+    r = refused(decide_allocate(lease(ONE), ONE_POD, ids(3), None, ctx), RefusalKind.UNHEALTHY)
+    assert r.release is None
+
+
+def test_non_integer_gpu_quantity_is_a_spec_mismatch() -> None:
+    p = pod(ONE, containers=[container("main", "500m")])
+    refused(decide_allocate(lease(ONE), p, ids(3), None, CTX), RefusalKind.SPEC_MISMATCH)
+
+
+# -- request shape -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "requests",
+    [
+        [],
+        [[]],
+        [["GPU-00"], ["GPU-01"]],
+        [["GPU-00", "GPU-00"]],
+        [["GPU-99"]],
+        [["x" * 100]],
+        [[f"GPU-{i:02d}" for i in range(9)]],
+        [["GPU-00", ""]],
+    ],
+)
+def test_bad_requests_are_refused_as_input_errors(requests: list[list[str]]) -> None:
+    r = check_request(requests, CTX)
+    assert isinstance(r, Refusal)
+    assert r.kind is RefusalKind.BAD_REQUEST
+    assert r.release is None
+
+
+def test_good_request_passes() -> None:
+    assert check_request([["GPU-01", "GPU-00"]], CTX) == (GPUS[1], GPUS[0])
+
+
+# -- GetPreferredAllocation ----------------------------------------------------------------------
+
+
+def test_preferred_hit_returns_the_assignment() -> None:
+    four = assignment_of(train=ids(5, 1, 7, 2))
+    p = pod(four, containers=[container("train", 4)])
+    pref = decide_preferred(lease(four), p, GPUS, [], 4, None, CTX)
+    assert pref.hit
+    assert pref.devices == (GPUS[5], GPUS[1], GPUS[7], GPUS[2])
+
+
+def test_preferred_follows_progress_and_must_include() -> None:
+    a = assignment_of(setup=ids(1), train=ids(1, 4))
+    p = pod(a, init=[container("setup", 1)], containers=[container("train", 2)])
+    progress = HandoffProgress(HolderKey("ns/p"), UID, TOKEN, (C("setup"),))
+    # kubelet reuses GPU-01 from the init container: it is "must include", not "available".
+    available = [g for g in GPUS if g != GPUS[1]]
+    pref = decide_preferred(lease(a), p, available, [GPUS[1]], 2, progress, CTX)
+    assert pref.hit
+    assert pref.devices == (GPUS[1], GPUS[4])
+
+
+def test_preferred_miss_on_size_gives_a_hint() -> None:
+    pref = decide_preferred(lease(ONE), ONE_POD, GPUS[::-1], [GPUS[6]], 2, None, CTX)
+    assert not pref.hit
+    assert pref.devices == (GPUS[6], GPUS[0])
+    assert "main" in pref.reason
+
+
+def test_preferred_miss_when_assigned_device_unavailable() -> None:
+    pref = decide_preferred(lease(ONE), ONE_POD, ids(0, 1), [], 1, None, CTX)
+    assert not pref.hit
+    assert pref.devices == (GPUS[0],)
+
+
+def test_preferred_miss_without_holder() -> None:
+    pref = decide_preferred(None, None, ids(2, 0), [], 1, None, CTX)
+    assert not pref.hit
+    assert pref.devices == (GPUS[0],)
+
+
+def test_hint_never_exceeds_size_or_repeats() -> None:
+    assert hint(["b", "a", "a"], ["a"], 2) == ("a", "b")
+    assert hint(["a"], [], 0) == ()
+    assert hint(["a"], [], -3) == ()
+
+
+# -- spec reading and interrupted handoffs -------------------------------------------------------
+
+
+def test_gpu_containers_in_spec_order_init_first() -> None:
+    p = pod(
+        ONE,
+        init=[container("i1", 1), container("i2", None)],
+        containers=[container("c1", None), container("c2", 3), container("c3", 0)],
+    )
+    assert gpu_containers(p, "nvidia.com/gpu") == [(C("i1"), 1), (C("c2"), 3)]
+
+
+def test_interrupted_handoff_is_abandoned_unless_still_pending_here() -> None:
+    progress = HandoffProgress(HolderKey("ns/p"), UID, TOKEN, (C("main"),))
+    assert not handoff_abandoned(ONE_POD, progress, NODE)
+    assert handoff_abandoned(None, progress, NODE)
+    for change in (
+        {"status": {"phase": "Failed"}},
+        {"status": {"phase": "Running"}},
+        {"status": {"phase": "Pending", "containerStatuses": [{"name": "main"}]}},
+        {"metadata": {"uid": "other", "namespace": "ns", "name": "p"}},
+        {"metadata": {"uid": UID, "deletionTimestamp": "2024-01-01T00:00:00Z"}},
+        {"spec": {"nodeName": "n2"}},
+    ):
+        assert handoff_abandoned({**ONE_POD, **change}, progress, NODE), change
