@@ -11,6 +11,8 @@ from __future__ import annotations
 class ApiError(Exception):
     """The API server answered a request with an error status."""
 
+    user_facing = True
+
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
@@ -41,6 +43,8 @@ class Forbidden(ApiError):
 class ApiUnavailable(Exception):
     """The API server could not be reached, timed out, or answered 5xx/429."""
 
+    user_facing = True
+
 
 def api_error(status: int, reason: str, message: str) -> ApiError:
     """Map an HTTP error status to the most specific ``ApiError`` subclass."""
@@ -57,6 +61,8 @@ def api_error(status: int, reason: str, message: str) -> ApiError:
 
 class LockError(Exception):
     """A node lock operation could not be done as asked."""
+
+    user_facing = True
 
     def __init__(self, node: str, message: str) -> None:
         super().__init__(f"node {node}: {message}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import NewType
 
 NodeName = NewType("NodeName", str)
@@ -16,7 +16,7 @@ FencingToken = NewType("FencingToken", int)
 HolderKey = NewType("HolderKey", str)  # "namespace/name" of the pod in handoff
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """How a handoff ended; kept on the Lease as ``last-outcome`` when it is released."""
 
     ALLOCATED = "allocated"
@@ -66,6 +66,11 @@ class NodeLockView:
     record: LockRecord
     unchanged_for_s: float
     expired: bool
+    held_for_s: float = 0.0  # since this process first saw the current holder with this token
+
+    @property
+    def node(self) -> NodeName:
+        return self.record.node
 
 
 @dataclass(frozen=True)

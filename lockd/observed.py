@@ -1,0 +1,116 @@
+"""What this process has seen of each node's Lease, timed on the local clock.
+
+Expiry follows client-go's observed-time rule: a held lock is expired when its record (holder,
+token, duration, acquire/renew times, holder data) has stood unchanged for ``leaseDurationSeconds``
+*since this process saw it change*.  Remote timestamps are never compared with the local clock,
+so clock skew between machines cannot expire a lock early; the price is that a process that has
+just started (or just forgotten a node) must watch a record for a full duration before it can call
+it expired.
+
+Observations arrive out of order (a watch event may trail a write's response).  Records of one
+node are ordered by ``(token, free-after-held)``: a token only grows, and within one token the
+lock is first held, then free.  An older observation is ignored unless ``replace=True`` (an
+authoritative read after the Lease may have been deleted and created again).
+
+No I/O: times are passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from lockd.model import LockRecord, NodeLockView, NodeName
+
+JSON = dict[str, Any]
+
+
+def history_key(record: LockRecord) -> tuple[int, int]:
+    """Orders records of one Lease: by token, and within a token held before free."""
+    return (record.token, 0 if record.holder is not None else 1)
+
+
+def same_content(a: LockRecord, b: LockRecord) -> bool:
+    """Whether two records say the same thing (the resourceVersion aside)."""
+    return a == dataclasses.replace(b, resource_version=a.resource_version)
+
+
+@dataclass
+class Seen:
+    """The latest record of one node, the Lease it came in, and when it (or its holder) changed."""
+
+    record: LockRecord
+    lease: JSON
+    changed_at: float
+    held_since: float
+    expiry_reported: bool = False
+
+    def view(self, now: float) -> NodeLockView:
+        """The record as of ``now`` on the local clock."""
+        unchanged = max(0.0, now - self.changed_at)
+        held = self.record.holder is not None
+        return NodeLockView(
+            record=self.record,
+            unchanged_for_s=unchanged,
+            expired=held and unchanged >= self.record.duration_s,
+            held_for_s=max(0.0, now - self.held_since) if held else 0.0,
+        )
+
+
+class Observations:
+    """Per node, the latest record seen and the local times of its last change."""
+
+    def __init__(self) -> None:
+        self._seen: dict[NodeName, Seen] = {}
+
+    def observe(
+        self, record: LockRecord, lease: JSON, now: float, *, replace: bool = False
+    ) -> Seen:
+        """Take in one observation at local time ``now``; returns what is now known."""
+        node = record.node
+        old = self._seen.get(node)
+        if old is None:
+            seen = Seen(record, lease, changed_at=now, held_since=now)
+        elif not replace and history_key(record) < history_key(old.record):
+            return old  # an older state trailing a newer one: keep the newer
+        elif same_content(old.record, record):
+            old.record, old.lease = record, lease  # same content, maybe a new resourceVersion
+            return old
+        else:
+            same_holding = (
+                record.holder is not None
+                and old.record.holder is not None
+                and record.token == old.record.token
+                and record.holder.key == old.record.holder.key
+            )
+            seen = Seen(
+                record, lease, changed_at=now, held_since=old.held_since if same_holding else now
+            )
+        self._seen[node] = seen
+        return seen
+
+    def get(self, node: NodeName) -> Seen | None:
+        """The latest observation of ``node``, if any."""
+        return self._seen.get(node)
+
+    def forget(self, node: NodeName) -> None:
+        """Drop what is known of ``node`` (its Lease was deleted or is unknown)."""
+        self._seen.pop(node, None)
+
+    def nodes(self) -> list[NodeName]:
+        """Nodes with an observation, sorted."""
+        return sorted(self._seen)
+
+    def view(self, node: NodeName, now: float) -> NodeLockView | None:
+        """The view of ``node`` at local time ``now``, or None if never seen."""
+        seen = self._seen.get(node)
+        return seen.view(now) if seen is not None else None
+
+    def report_expiry(self, node: NodeName, now: float) -> bool:
+        """True exactly once per expired record: for counting expired locks seen."""
+        seen = self._seen.get(node)
+        if seen is None or seen.expiry_reported or not seen.view(now).expired:
+            return False
+        seen.expiry_reported = True
+        return True
