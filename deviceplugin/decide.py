@@ -74,10 +74,8 @@ class RefusalKind(StrEnum):
     COUNT_MISMATCH = "count-mismatch"
     UNHEALTHY = "unhealthy"
     DEVICES_MISMATCH = "devices-mismatch"
-
-
-# Refusals about the caller's input rather than the cluster's state (gRPC INVALID_ARGUMENT).
-INPUT_REFUSALS = frozenset({RefusalKind.BAD_REQUEST})
+    UNAVAILABLE = "unavailable"  # the API server could not be read (not decided here)
+    INTERNAL = "internal"  # the plugin could not record its progress (not decided here)
 
 
 @dataclass(frozen=True)

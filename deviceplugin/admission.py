@@ -1,0 +1,391 @@
+"""The plugin's side of pod admission: read the lock and its holder, decide, record, release.
+
+The decisions are ``deviceplugin.decide``'s; this module only gathers their inputs (the node's
+Lease from the ``NodeLocks`` watch, one GET of the holder pod per handoff), writes the checkpoint
+and releases the lock.  Calls are serialized (kubelet makes them one at a time anyway).
+
+Guarantees:
+- A decision that refuses from watch-fed data is made again from fresh reads (one Lease GET, one
+  pod GET) before anything is refused or released, so a lagging watch never fails a pod.
+- Progress is written to the checkpoint before kubelet gets the answer; if it cannot be written
+  the container is refused (kubelet then fails the pod) and the lock released ``rejected``.
+- Every release is first recorded in the checkpoint (pending), then written; one that fails
+  (API server unreachable) is retried in the background, also after a restart, until it is
+  written or the Lease has moved on (``StaleToken``/``LockLost``: nothing to do).  So the plugin
+  never leaks a lock it decided to release.
+- The lock is released ``allocated`` right after the holder's last GPU container is answered, and
+  ``rejected`` only when ``decide`` says the holder can never be served.  Every other refusal
+  leaves the lock alone (docs/deviceplugin.md, "Lock paths").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from deviceplugin import checkpoint
+from deviceplugin.answer import ContainerAnswer, DeviceMode, container_answer
+from deviceplugin.checkpoint import Checkpoint, PendingRelease
+from deviceplugin.decide import (
+    Allocation,
+    Context,
+    HandoffProgress,
+    MismatchPolicy,
+    PodJSON,
+    Preference,
+    Refusal,
+    RefusalKind,
+    check_request,
+    decide_allocate,
+    decide_preferred,
+    handoff_abandoned,
+    hint,
+)
+from deviceplugin.devices import DeviceState
+from deviceplugin.metrics import PluginMetrics, ReleaseResult
+from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
+from lockd.errors import ApiError, ApiUnavailable, LockLost, NotFound, StaleToken
+from lockd.kube import KubeClient, pod_path
+from lockd.locks import NodeLocks
+from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView, NodeName, Outcome
+
+API_RETRY_S = 8.0  # how long a read may keep failing before kubelet's call is refused
+RELEASE_INLINE_S = 5.0  # how long Allocate waits for its release before leaving it to the retrier
+RELEASE_BACKOFF_S = (0.2, 10.0)
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreferenceAsk:
+    """One container request of GetPreferredAllocation."""
+
+    available: Sequence[str]
+    must_include: Sequence[str]
+    size: int
+
+
+class Admission:
+    """Answers Allocate and GetPreferredAllocation for one node."""
+
+    def __init__(
+        self,
+        *,
+        node: NodeName,
+        kube: KubeClient,
+        locks: NodeLocks,
+        state: DeviceState,
+        checkpoint_file: Path,
+        metrics: PluginMetrics,
+        device_nodes: Callable[[Sequence[DeviceID]], list[str]] = lambda ids: [],
+        resource: str = DEFAULT_RESOURCE,
+        keys: Keys | None = None,
+        policy: MismatchPolicy = MismatchPolicy.REFUSE,
+        mode: DeviceMode = DeviceMode.DEVICE_NODES,
+        api_retry_s: float = API_RETRY_S,
+    ) -> None:
+        self.node = node
+        self._kube = kube
+        self._locks = locks
+        self._state = state
+        self._file = checkpoint_file
+        self._metrics = metrics
+        self._device_nodes = device_nodes
+        self._resource = resource
+        self._keys = keys or Keys()
+        self._policy = policy
+        self._mode = mode
+        self._api_retry_s = api_retry_s
+        self._lock = asyncio.Lock()
+        self._cp = Checkpoint(node)
+        self._pod_cache: tuple[tuple[HolderKey, str, FencingToken], PodJSON] | None = None
+        self._pending_changed = asyncio.Event()
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Read the checkpoint (raises ``CheckpointError`` for an unusable one)."""
+        self._cp = checkpoint.load(self._file, self.node)
+        self._metrics.pending_releases.set(len(self._cp.pending))
+        if self._cp.progress is not None:
+            log.info("resuming handoff progress from checkpoint: %s", self._cp.progress)
+        if self._cp.pending:
+            self._pending_changed.set()
+
+    @property
+    def progress(self) -> HandoffProgress | None:
+        return self._cp.progress
+
+    @property
+    def pending(self) -> tuple[PendingRelease, ...]:
+        return self._cp.pending
+
+    def _context(self) -> Context:
+        return Context(
+            node=self.node, devices=self._state.health(), resource=self._resource, keys=self._keys
+        )
+
+    async def _save(self, cp: Checkpoint) -> None:
+        """Write ``cp`` and adopt it; on failure keep the old one and raise ``OSError``."""
+        await asyncio.to_thread(checkpoint.save, self._file, cp)
+        self._cp = cp
+        self._metrics.pending_releases.set(len(cp.pending))
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def _retrying(self, read: Callable[[], Awaitable[T]]) -> T:
+        deadline = time.monotonic() + self._api_retry_s
+        delay = 0.1
+        while True:
+            try:
+                return await read()
+            except ApiUnavailable:
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _view(self, *, fresh: bool) -> NodeLockView | None:
+        if not fresh:
+            return self._locks.view(self.node)
+        return await self._retrying(lambda: self._locks.inspect(self.node))
+
+    async def _pod(self, key: HolderKey) -> PodJSON | None:
+        namespace, _, name = key.partition("/")
+        if not namespace or not name:
+            return None
+        try:
+            return await self._retrying(lambda: self._kube.get(pod_path(namespace, name)))
+        except NotFound:
+            return None
+
+    async def _holder_pod(self, view: NodeLockView | None, *, fresh: bool) -> PodJSON | None:
+        if view is None or view.record.holder is None:
+            return None
+        holder = view.record.holder
+        key = (holder.key, holder.uid, view.record.token)
+        if not fresh and self._pod_cache is not None and self._pod_cache[0] == key:
+            return self._pod_cache[1]
+        pod = await self._pod(holder.key)
+        if pod is not None:
+            self._pod_cache = (key, pod)
+        return pod
+
+    # -- Allocate -------------------------------------------------------------------------------
+
+    async def allocate(
+        self, requests: Sequence[Sequence[str]]
+    ) -> tuple[Allocation, ContainerAnswer] | Refusal:
+        """Decide one Allocate call and do what follows from it (checkpoint, release)."""
+        started = time.monotonic()
+        async with self._lock:
+            result = await self._allocate(requests)
+        if isinstance(result, Refusal):
+            self._metrics.allocations.labels(result=result.kind.value).inc()
+            log.warning("Allocate refused (%s): %s", result.kind.value, result.message)
+        else:
+            self._metrics.allocations.labels(result="allocated").inc()
+        self._metrics.allocate_seconds.observe(time.monotonic() - started)
+        return result
+
+    async def _allocate(
+        self, requests: Sequence[Sequence[str]]
+    ) -> tuple[Allocation, ContainerAnswer] | Refusal:
+        ctx = self._context()
+        ids = check_request(requests, ctx)
+        if isinstance(ids, Refusal):
+            return ids
+        try:
+            result = await self._decide(ids, ctx, fresh=False)
+            if isinstance(result, Refusal):
+                result = await self._decide(ids, ctx, fresh=True)
+            if isinstance(result, Refusal) and result.kind is RefusalKind.TAKEN_OVER:
+                result = await self._interrupted(ids, ctx, result)
+        except (ApiUnavailable, ApiError) as exc:
+            return Refusal(
+                RefusalKind.UNAVAILABLE,
+                f"node {self.node}: cannot read the node lock or its holder pod: {exc}",
+            )
+        except OSError as exc:
+            return self._checkpoint_refusal(exc)
+        if isinstance(result, Refusal):
+            if result.release is not None:
+                await self._reject(result.release)
+            return result
+        return await self._serve(result)
+
+    async def _decide(
+        self, ids: Sequence[DeviceID], ctx: Context, *, fresh: bool
+    ) -> Allocation | Refusal:
+        view = await self._view(fresh=fresh)
+        pod = await self._holder_pod(view, fresh=fresh)
+        return decide_allocate(view, pod, ids, self._cp.progress, ctx, policy=self._policy)
+
+    async def _interrupted(
+        self, ids: Sequence[DeviceID], ctx: Context, refusal: Refusal
+    ) -> Allocation | Refusal:
+        """The checkpoint holds a partial handoff of a pod that no longer holds the lock.
+
+        If that pod can no longer ask (gone, failed, admitted…) its progress is dropped and the
+        call decided afresh; otherwise the call is refused once (it may be that pod's next
+        container) and the progress dropped, so the lock's new holder is served next time.
+        """
+        old = self._cp.progress
+        assert old is not None
+        pod = await self._pod(old.holder)
+        await self._save(self._cp.with_progress(None))
+        log.info("dropped progress of interrupted handoff %s", old)
+        if handoff_abandoned(pod, old, self.node):
+            return await self._decide(ids, ctx, fresh=False)
+        return refusal
+
+    async def _serve(self, alloc: Allocation) -> tuple[Allocation, ContainerAnswer] | Refusal:
+        cp = self._cp.with_progress(None if alloc.last else alloc.progress)
+        pending = None
+        if alloc.last:
+            pending = PendingRelease.of(alloc.holder, alloc.token, Outcome.ALLOCATED)
+            cp = cp.with_pending(pending)
+        try:
+            await self._save(cp)
+        except OSError as exc:
+            await self._reject((alloc.holder, alloc.token))
+            return self._checkpoint_refusal(exc)
+        if alloc.kubelet_differs:
+            log.warning(
+                "served %s's assignment for container %s although kubelet chose other devices "
+                "(--mismatch-policy=assignment)",
+                alloc.holder.key,
+                alloc.container,
+            )
+        if pending is not None:
+            await self._release_soon(pending)
+        answer = container_answer(
+            alloc.devices, mode=self._mode, host_nodes=self._device_nodes(alloc.devices)
+        )
+        log.info(
+            "Allocate: %s container %s -> %s%s",
+            alloc.holder.key,
+            alloc.container,
+            ",".join(alloc.devices),
+            " (last; lock released)" if alloc.last else "",
+        )
+        return alloc, answer
+
+    def _checkpoint_refusal(self, exc: OSError) -> Refusal:
+        return Refusal(
+            RefusalKind.INTERNAL,
+            f"node {self.node}: cannot write the device plugin checkpoint {self._file}: {exc}",
+        )
+
+    async def _reject(self, release: tuple[Holder, FencingToken]) -> None:
+        """Release the holder's lock ``rejected`` (recorded first; retried if it fails)."""
+        holder, token = release
+        pending = PendingRelease.of(holder, token, Outcome.REJECTED)
+        cp = self._cp.with_pending(pending)
+        if cp.progress is not None and cp.progress.token == token:
+            cp = cp.with_progress(None)
+        try:
+            await self._save(cp)
+        except OSError as exc:  # keep it in memory: the retrier still releases it
+            log.error("cannot record a pending release in %s: %s", self._file, exc)
+            self._cp = cp
+        await self._release_soon(pending)
+
+    # -- GetPreferredAllocation -----------------------------------------------------------------
+
+    async def preferred(self, asks: Sequence[PreferenceAsk]) -> list[Preference]:
+        """A preference per container request; only a single request can be a hit."""
+        async with self._lock:
+            out = [await self._preferred(ask, single=len(asks) == 1) for ask in asks]
+        for pref in out:
+            self._metrics.preferred.labels(result="hit" if pref.hit else "miss").inc()
+            if not pref.hit:
+                log.info("GetPreferredAllocation miss: %s", pref.reason)
+        return out
+
+    async def _preferred(self, ask: PreferenceAsk, *, single: bool) -> Preference:
+        if not single:
+            return Preference(
+                hint(ask.available, ask.must_include, ask.size),
+                hit=False,
+                reason="more than one container in one request",
+            )
+        ctx = self._context()
+        pref = Preference((), hit=False)
+        try:
+            for fresh in (False, True):
+                view = await self._view(fresh=fresh)
+                pod = await self._holder_pod(view, fresh=fresh)
+                pref = decide_preferred(
+                    view, pod, ask.available, ask.must_include, ask.size, self._cp.progress, ctx
+                )
+                if pref.hit:
+                    break
+        except (ApiUnavailable, ApiError) as exc:
+            return Preference(
+                hint(ask.available, ask.must_include, ask.size), hit=False, reason=str(exc)
+            )
+        return pref
+
+    # -- releases -------------------------------------------------------------------------------
+
+    async def _release_soon(self, pending: PendingRelease) -> None:
+        """Try the release now (bounded); on failure the background retrier owns it."""
+        try:
+            await asyncio.wait_for(self._release(pending), RELEASE_INLINE_S)
+        except TimeoutError:
+            log.warning("release of token %d is slow; retrying in the background", pending.token)
+        self._pending_changed.set()
+
+    async def _release(self, pending: PendingRelease) -> ReleaseResult:
+        lock = HeldLock(self.node, Holder(pending.holder, pending.uid), pending.token, "")
+        try:
+            await self._locks.release(lock, outcome=pending.outcome)
+            result = ReleaseResult.RELEASED
+            log.info(
+                "released node lock of %s (token %d): %s",
+                pending.holder,
+                pending.token,
+                pending.outcome.value,
+            )
+        except (StaleToken, LockLost) as exc:
+            result = ReleaseResult.ALREADY
+            log.info("lock of %s needs no release: %s", pending.holder, exc)
+        except (ApiUnavailable, ApiError) as exc:
+            self._metrics.releases.labels(
+                outcome=pending.outcome.value, result=ReleaseResult.RETRY.value
+            ).inc()
+            log.warning("cannot release lock of %s yet: %s", pending.holder, exc)
+            return ReleaseResult.RETRY
+        self._metrics.releases.labels(outcome=pending.outcome.value, result=result.value).inc()
+        cp = self._cp.without_pending(pending.token)
+        try:
+            await self._save(cp)
+        except OSError as exc:
+            log.error("cannot record a finished release in %s: %s", self._file, exc)
+            self._cp = cp
+        return result
+
+    async def run_releases(self) -> None:
+        """Retry pending releases until cancelled (capped exponential backoff)."""
+        delay = RELEASE_BACKOFF_S[0]
+        while True:
+            await self._pending_changed.wait()
+            self._pending_changed.clear()
+            retry = False
+            for pending in list(self._cp.pending):
+                async with self._lock:
+                    if pending in self._cp.pending:
+                        retry |= await self._release(pending) is ReleaseResult.RETRY
+            if retry:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RELEASE_BACKOFF_S[1])
+                self._pending_changed.set()
+            else:
+                delay = RELEASE_BACKOFF_S[0]

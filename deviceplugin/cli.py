@@ -1,0 +1,212 @@
+"""``nodelock device-plugin``: serve the kubelet device plugin for one node's GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+
+from deviceplugin.answer import DeviceMode
+from deviceplugin.decide import MismatchPolicy
+from deviceplugin.devices import DeviceBackend
+from deviceplugin.endpoint import KUBELET_SOCKET
+from deviceplugin.metrics import PluginMetrics
+from deviceplugin.plugin import (
+    DEFAULT_LEASE_DURATION_S,
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_SOCKET,
+    DEFAULT_STATE_DIR,
+    DevicePlugin,
+    PluginConfig,
+)
+from deviceplugin.simulated import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, SimSpec, SimulatedBackend
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
+from lockd.kube import KubeClient
+from lockd.model import NodeName
+
+
+class ConfigError(Exception):
+    """A flag value the plugin cannot run with."""
+
+    user_facing = True
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "device-plugin",
+        help="serve the kubelet device plugin that gives pods exactly their assigned GPUs",
+        description="Serve kubelet's device plugin API on a unix socket in the plugin "
+        "directory: advertise the node's GPUs, steer kubelet to the node lock holder's "
+        "assignment, answer Allocate with it, release the lock, publish the GPU inventory.",
+    )
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster)")
+    p.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="this node's name (default $NODE_NAME)",
+    )
+    p.add_argument(
+        "--plugin-dir",
+        type=Path,
+        default=DEFAULT_PLUGIN_DIR,
+        help=f"kubelet's device plugin directory, holding {KUBELET_SOCKET} "
+        f"(default {DEFAULT_PLUGIN_DIR})",
+    )
+    p.add_argument(
+        "--socket-name",
+        default=DEFAULT_SOCKET,
+        help=f"the plugin's socket file name (default {DEFAULT_SOCKET})",
+    )
+    p.add_argument(
+        "--resource-name",
+        default=DEFAULT_RESOURCE,
+        help=f"extended resource to serve (default {DEFAULT_RESOURCE})",
+    )
+    p.add_argument(
+        "--backend",
+        choices=["nvml", "simulated"],
+        default="nvml",
+        help="nvml: the node's NVIDIA GPUs; simulated: GPUs from flags or --sim-file",
+    )
+    p.add_argument("--sim-gpus", type=int, default=8, help="simulated GPU count (default 8)")
+    p.add_argument("--sim-model", default=DEFAULT_MODEL, help="simulated GPU model")
+    p.add_argument(
+        "--sim-memory-mib",
+        type=int,
+        default=DEFAULT_MEMORY_MIB,
+        help=f"simulated GPU memory in MiB (default {DEFAULT_MEMORY_MIB})",
+    )
+    p.add_argument(
+        "--sim-numa-nodes",
+        type=int,
+        default=0,
+        help="spread simulated GPUs over this many NUMA nodes (default 0: no NUMA information)",
+    )
+    p.add_argument(
+        "--sim-file",
+        type=Path,
+        default=None,
+        help="JSON file describing the simulated GPUs; edits (e.g. health) are picked up live",
+    )
+    p.add_argument(
+        "--lock-namespace",
+        default=DEFAULT_LOCK_NAMESPACE,
+        help=f"namespace of the node lock Leases (default {DEFAULT_LOCK_NAMESPACE})",
+    )
+    p.add_argument(
+        "--annotation-prefix",
+        default=DEFAULT_PREFIX,
+        help=f"prefix of nodelock's annotations (default {DEFAULT_PREFIX})",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help=f"directory of the node-local checkpoint (default {DEFAULT_STATE_DIR})",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics on this port (default 0: off)",
+    )
+    p.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics server")
+    p.add_argument(
+        "--cdi",
+        action="store_true",
+        help="name devices for CDI (nvidia.com/gpu=<UUID>) instead of passing device nodes",
+    )
+    p.add_argument(
+        "--mismatch-policy",
+        choices=[m.value for m in MismatchPolicy],
+        default=MismatchPolicy.REFUSE.value,
+        help="when kubelet picks other devices than the assignment: refuse (default: the pod "
+        "fails admission and is recreated) or serve the assignment anyway",
+    )
+    p.add_argument(
+        "--lease-duration",
+        type=int,
+        default=DEFAULT_LEASE_DURATION_S,
+        metavar="SECONDS",
+        help=f"node lock duration used to judge expiry (default {DEFAULT_LEASE_DURATION_S})",
+    )
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.set_defaults(func=_run)
+
+
+def config_from_args(args: argparse.Namespace) -> PluginConfig:
+    """The plugin's configuration from parsed flags; raises ``ConfigError`` if unusable."""
+    if not args.node_name:
+        raise ConfigError("--node-name is required (or set $NODE_NAME)")
+    if "/" in args.socket_name or not args.socket_name:
+        raise ConfigError(f"--socket-name {args.socket_name!r} must be a plain file name")
+    if args.lease_duration <= 0:
+        raise ConfigError("--lease-duration must be positive")
+    if not 0 <= args.metrics_port <= 65535:
+        raise ConfigError("--metrics-port must be a port number (0 = off)")
+    return PluginConfig(
+        node=NodeName(args.node_name),
+        plugin_dir=args.plugin_dir,
+        socket_name=args.socket_name,
+        resource=args.resource_name,
+        lock_namespace=args.lock_namespace,
+        prefix=args.annotation_prefix,
+        state_dir=args.state_dir,
+        lease_duration_s=args.lease_duration,
+        mode=DeviceMode.CDI if args.cdi else DeviceMode.DEVICE_NODES,
+        policy=MismatchPolicy(args.mismatch_policy),
+    )
+
+
+def backend_from_args(args: argparse.Namespace) -> DeviceBackend:
+    """The device backend named by ``--backend``."""
+    if args.backend == "simulated":
+        if args.sim_gpus < 0 or args.sim_memory_mib < 0 or args.sim_numa_nodes < 0:
+            raise ConfigError("--sim-gpus, --sim-memory-mib and --sim-numa-nodes must be >= 0")
+        spec = SimSpec(
+            count=args.sim_gpus,
+            model=args.sim_model,
+            memory_mib=args.sim_memory_mib,
+            numa_nodes=args.sim_numa_nodes,
+        )
+        return SimulatedBackend(args.node_name, spec, sim_file=args.sim_file)
+    from deviceplugin.nvml import NvmlBackend  # imports pynvml only when asked for
+
+    return NvmlBackend()
+
+
+async def _serve(args: argparse.Namespace, config: PluginConfig) -> None:
+    backend = backend_from_args(args)
+    kube = await KubeClient.connect(args.kubeconfig)
+    try:
+        metrics = PluginMetrics()
+        if args.metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(
+                args.metrics_port, addr=args.metrics_address, registry=metrics.registry
+            )
+        plugin = DevicePlugin(config, kube=kube, backend=backend, metrics=metrics)
+        task = asyncio.create_task(plugin.run())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        await kube.close()
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = config_from_args(args)
+    asyncio.run(_serve(args, config))
+    return 0

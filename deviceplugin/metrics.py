@@ -1,0 +1,96 @@
+"""Prometheus metrics of the device plugin (names and meaning: docs/metrics.md, ``deviceplugin``).
+
+Every metric lives in the plugin's own registry (several plugins can share a test process) and is
+prefixed ``nodelock_deviceplugin_``.  Labels are bounded enums, never a pod name or UID; the node
+is the scrape target's own label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from handoff.wire import GPU
+from lockd.model import Outcome
+
+PREFIX = "nodelock_deviceplugin_"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ReleaseResult(StrEnum):
+    """How a lock release attempt ended (label ``result``)."""
+
+    RELEASED = "released"
+    ALREADY = "already"  # the Lease had moved on (released, newer token): nothing to do
+    RETRY = "retry"  # the API server was unreachable: kept in the checkpoint and retried
+
+
+class PluginMetrics:
+    """The device plugin's metrics in one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.allocate_seconds = Histogram(
+            f"{PREFIX}allocate_seconds",
+            "Time to answer kubelet's Allocate, including any API reads and the lock release.",
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.allocations = Counter(
+            f"{PREFIX}allocations",
+            "Allocate calls by result: allocated, or the refusal reason.",
+            ["result"],
+            registry=r,
+        )
+        self.preferred = Counter(
+            f"{PREFIX}preferred_allocations",
+            "GetPreferredAllocation answers: hit (the holder's assignment) or miss (a hint).",
+            ["result"],
+            registry=r,
+        )
+        self.releases = Counter(
+            f"{PREFIX}lock_releases",
+            "Node lock release attempts by handoff outcome and result.",
+            ["outcome", "result"],
+            registry=r,
+        )
+        self.pending_releases = Gauge(
+            f"{PREFIX}pending_releases",
+            "Lock releases decided but not yet written (kept in the checkpoint, retried).",
+            registry=r,
+        )
+        self.registrations = Counter(
+            f"{PREFIX}registrations",
+            "Register calls to kubelet by result (ok, error).",
+            ["result"],
+            registry=r,
+        )
+        self.devices = Gauge(
+            f"{PREFIX}devices",
+            "Devices this plugin advertises, by health.",
+            ["health"],
+            registry=r,
+        )
+        self.inventory_writes = Counter(
+            f"{PREFIX}inventory_writes",
+            "Writes of the node's GPU inventory annotation by result (ok, error).",
+            ["result"],
+            registry=r,
+        )
+        for result in ("ok", "error"):
+            self.registrations.labels(result=result)
+            self.inventory_writes.labels(result=result)
+        for pref in ("hit", "miss"):
+            self.preferred.labels(result=pref)
+        for outcome in (Outcome.ALLOCATED, Outcome.REJECTED):
+            for rr in ReleaseResult:
+                self.releases.labels(outcome=outcome.value, result=rr.value)
+        self.allocations.labels(result="allocated")
+
+    def set_devices(self, gpus: Sequence[GPU]) -> None:
+        healthy = sum(1 for g in gpus if g.healthy)
+        self.devices.labels(health="healthy").set(healthy)
+        self.devices.labels(health="unhealthy").set(len(gpus) - healthy)

@@ -1,0 +1,171 @@
+"""One node's device plugin, assembled: devices, lock watch, admission, endpoint, inventory.
+
+``DevicePlugin.start`` discovers the devices, reads the checkpoint, starts watching the node's
+Lease, serves the socket (and registers with kubelet in the background), publishes the inventory
+and retries pending releases.  ``stop`` undoes all of it.  ``run`` does both around a wait that
+ends on cancellation or when any part fails, so a broken plugin exits (and its DaemonSet restarts
+it) rather than limping on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deviceplugin import checkpoint
+from deviceplugin.admission import Admission
+from deviceplugin.answer import DeviceMode
+from deviceplugin.decide import MismatchPolicy
+from deviceplugin.devices import DeviceBackend, DeviceState
+from deviceplugin.endpoint import Endpoint
+from deviceplugin.inventory import InventoryPublisher
+from deviceplugin.metrics import PluginMetrics
+from deviceplugin.servicer import DevicePluginServicer
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
+from lockd.kube import KubeClient
+from lockd.locks import NodeLocks
+from lockd.metrics import LockMetrics
+from lockd.model import NodeName
+
+DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_SOCKET = "nodelock-gpu.sock"
+DEFAULT_STATE_DIR = Path("/var/lib/nodelock")
+DEFAULT_LEASE_DURATION_S = 15
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Everything a plugin needs to know besides its API client and device backend."""
+
+    node: NodeName
+    plugin_dir: Path = DEFAULT_PLUGIN_DIR
+    socket_name: str = DEFAULT_SOCKET
+    resource: str = DEFAULT_RESOURCE
+    lock_namespace: str = DEFAULT_LOCK_NAMESPACE
+    prefix: str = DEFAULT_PREFIX
+    state_dir: Path = DEFAULT_STATE_DIR
+    lease_duration_s: int = DEFAULT_LEASE_DURATION_S
+    mode: DeviceMode = DeviceMode.DEVICE_NODES
+    policy: MismatchPolicy = MismatchPolicy.REFUSE
+    poll_s: float = 0.2
+    keys: Keys = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", Keys(self.prefix))
+
+
+class DevicePlugin:
+    """A running device plugin for one node."""
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        *,
+        kube: KubeClient,
+        backend: DeviceBackend,
+        metrics: PluginMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.kube = kube
+        self.backend = backend
+        self.metrics = metrics if metrics is not None else PluginMetrics()
+        self.locks = NodeLocks(
+            kube,
+            namespace=config.lock_namespace,
+            prefix=config.prefix,
+            duration_s=config.lease_duration_s,
+            metrics=LockMetrics(registry=self.metrics.registry),
+        )
+        self.state = DeviceState()
+        self.admission = Admission(
+            node=config.node,
+            kube=kube,
+            locks=self.locks,
+            state=self.state,
+            checkpoint_file=checkpoint.checkpoint_path(config.state_dir, config.node),
+            metrics=self.metrics,
+            device_nodes=backend.device_nodes,
+            resource=config.resource,
+            keys=config.keys,
+            policy=config.policy,
+            mode=config.mode,
+        )
+        self.endpoint = Endpoint(
+            plugin_dir=config.plugin_dir,
+            socket_name=config.socket_name,
+            resource=config.resource,
+            servicer=DevicePluginServicer(self.admission, self.state),
+            metrics=self.metrics,
+            poll_s=config.poll_s,
+        )
+        self.inventory = InventoryPublisher(
+            kube=kube, node=config.node, keys=config.keys, metrics=self.metrics
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=f"deviceplugin-{name}"))
+
+    async def start(self) -> None:
+        """Start every part; returns once the plugin's socket is served."""
+        self.admission.load()
+        await self.state.update(await self.backend.discover())
+        self.metrics.set_devices(self.state.gpus)
+        log.info(
+            "node %s: %d GPUs (%s backend)",
+            self.config.node,
+            len(self.state.gpus),
+            self.backend.name,
+        )
+        self._spawn("lease-watch", self.locks.watch(node=self.config.node))
+        self._spawn("devices", self.backend.watch(self.state))
+        self._spawn("health-gauges", self._follow_health())
+        self._spawn("releases", self.admission.run_releases())
+        self._spawn("inventory", self.inventory.run(self.state))
+        self._spawn("endpoint", self.endpoint.run())
+        serving = asyncio.create_task(self.endpoint.serving.wait())
+        done, _ = await asyncio.wait([serving, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        if serving not in done:
+            serving.cancel()
+            await self.stop()
+            for task in done:
+                task.result()  # raises what broke the start
+            raise RuntimeError("a device plugin task ended during start")
+
+    async def _follow_health(self) -> None:
+        while True:
+            version = self.state.version
+            self.metrics.set_devices(self.state.gpus)
+            await self.state.wait_newer(version)
+
+    async def wait(self) -> None:
+        """Until a part fails (raising its error) or the caller is cancelled."""
+        done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+        raise RuntimeError(f"device plugin task {next(iter(done)).get_name()} ended")
+
+    async def stop(self) -> None:
+        """Stop every part (the socket is no longer served; the checkpoint stays)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        self.backend.close()
+
+    async def run(self) -> None:
+        """Start, run until cancelled or a part fails, stop."""
+        await self.start()
+        try:
+            await self.wait()
+        finally:
+            await self.stop()
