@@ -1,0 +1,351 @@
+"""Bind: choose the pod's GPUs, take the node lock, prove the choice, bind with one write.
+
+The steps (DESIGN §3.2):
+
+1. *Choose* devices from the cache plus the lock holder's assignment (pure, ``choose``).
+2. *Acquire* the node's lock for the pod, its assignment in the Lease.  On contention the bind
+   fails at once with the holder and its age; kube-scheduler backs the pod off and retries.
+3. *Confirm* against a view of the node that cannot miss a finished handoff: the Lease names the
+   previous holder; once the cache has seen that pod bound (or deleted), the watch's ordering
+   means it has seen every earlier binding on the node.  When the previous holder never bound
+   (bind-failed, broken, taken over) or is not seen within ``confirm_wait_s``, the node's pods are
+   listed instead (one consistent LIST of that node).  A conflicting choice is made again and
+   the Lease's copy rewritten (conditional on our token), or the bind fails.
+4. *Bind* with one ``pods/binding`` create carrying the assignment, token and bind time as
+   annotations and the pod UID as precondition.
+5. Any failure after acquiring releases the lock (conditional on our token) — except when the
+   binding's outcome is unknown (the API server did not answer); then the lock is kept, since the
+   pod may be bound, and is taken over later only once its holder is seen not bound here.
+
+Guarantees: no device is given to two live pods by binds that all go through node locks (two
+extender replicas included), provided the inventory's device IDs are stable.  A bind is never
+written more than ``duration_s / 3`` after the lock was acquired, so a bind that stalls cannot
+land after another holder took the lock over (takeover needs ``duration_s`` of no change).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from handoff.wire import Assignment, format_assignment
+from lockd.errors import ApiError, ApiUnavailable, Conflict, LockError, LockHeld, NotFound
+from lockd.kube import KubeClient, pod_path
+from lockd.locks import NodeLocks
+from lockd.microtime import now_microtime
+from lockd.model import HeldLock, Holder, HolderKey, LockRecord, NodeName, Outcome
+from scheduler_ext.cache import ClusterCache, node_gpus
+from scheduler_ext.choose import Fit, NodeGPUs, NoFit, choose, conflicts, fit
+from scheduler_ext.metrics import ExtenderMetrics, Result
+from scheduler_ext.need import PodNeed
+from scheduler_ext.protocol import BindingArgs
+from scheduler_ext.state import BadObject, PodState, pod_state
+from scheduler_ext.takeover import judge
+from scheduler_ext.verbs import ASSIGNMENT_DATA, with_lock_holder
+
+log = logging.getLogger(__name__)
+
+CONFIRM_WAIT_S = 2.0
+PROVEN_OUTCOMES = frozenset({Outcome.ALLOCATED.value, Outcome.REJECTED.value})
+
+
+@dataclass(frozen=True)
+class BindOutcome:
+    """What a bind call ended with: ``error`` empty when bound."""
+
+    result: Result
+    error: str = ""
+    assignment: Assignment | None = None
+    token: int | None = None
+
+
+class BindFailed(Exception):
+    """A bind step failed; the message goes to kube-scheduler (and the pod's events)."""
+
+    def __init__(self, result: Result, message: str) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class Binder:
+    """Carries out bind calls against one cache, one ``NodeLocks`` and one API client."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        cache: ClusterCache,
+        locks: NodeLocks,
+        metrics: ExtenderMetrics,
+        *,
+        duration_s: int,
+        confirm_wait_s: float = CONFIRM_WAIT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kube = kube
+        self._cache = cache
+        self._locks = locks
+        self._metrics = metrics
+        self._duration_s = duration_s
+        self._confirm_wait_s = confirm_wait_s
+        self._clock = clock
+
+    # ---- the takeover check (DESIGN §3.4) ---------------------------------------------------
+
+    async def may_take_over(self, record: LockRecord) -> bool:
+        """True only when the expired lock's holder has left the handoff (``takeover.judge``)."""
+        holder = record.holder
+        if holder is None:
+            return True
+        cached = self._cache.pod(holder.uid)
+        verdict = judge(
+            cached,
+            holder_uid=holder.uid,
+            node=record.node,
+            fresh=False,
+            known_gone=self._cache.is_gone(holder.uid),
+        )
+        if verdict.allowed is None:
+            namespace, _, name = holder.key.partition("/")
+            fresh: PodState | None
+            try:
+                obj = await self._kube.get(pod_path(namespace, name))
+                fresh = pod_state(obj, keys=self._cache.keys, resource=self._cache.resource)
+            except NotFound:
+                fresh = None
+            except (ApiError, ApiUnavailable, BadObject) as exc:
+                log.warning("node %s: cannot read lock holder %s: %s", record.node, holder.key, exc)
+                return False
+            verdict = judge(fresh, holder_uid=holder.uid, node=record.node, fresh=True)
+        log.info(
+            "node %s: expired lock of %s (token %d): takeover %s: %s",
+            record.node,
+            holder.key,
+            record.token,
+            "allowed" if verdict.allowed else "refused",
+            verdict.why,
+        )
+        return bool(verdict.allowed)
+
+    # ---- bind -------------------------------------------------------------------------------
+
+    async def bind(self, args: BindingArgs) -> BindOutcome:
+        """Bind the pod of ``args`` to its node; never raises for expected failures."""
+        try:
+            return await self._bind(args)
+        except BindFailed as exc:
+            return BindOutcome(exc.result, str(exc))
+
+    async def _pod(self, args: BindingArgs) -> PodState:
+        pod = self._cache.pod(args.pod_uid)
+        if pod is not None:
+            return pod
+        try:
+            obj = await self._kube.get(pod_path(args.pod_namespace, args.pod_name))
+            pod = pod_state(obj, keys=self._cache.keys, resource=self._cache.resource)
+        except NotFound as exc:
+            raise BindFailed(Result.ERROR, f"pod {args.key} not found") from exc
+        except (ApiError, ApiUnavailable, BadObject) as exc:
+            raise BindFailed(Result.ERROR, f"cannot read pod {args.key}: {exc}") from exc
+        if pod.uid != args.pod_uid:
+            raise BindFailed(Result.ERROR, f"pod {args.key} has UID {pod.uid}, not {args.pod_uid}")
+        return pod
+
+    def _picture(self, node: NodeName, uid: str) -> NodeGPUs:
+        gpus = self._cache.node_gpus(node, exclude_uid=uid)
+        if gpus is None:
+            raise BindFailed(Result.ERROR, f"node {node} is not in the GPU extender's cache")
+        return with_lock_holder(gpus, self._locks.view(node), pod_uid=uid, keys=self._cache.keys)
+
+    async def _bind(self, args: BindingArgs) -> BindOutcome:
+        node = args.node
+        pod = await self._pod(args)
+        if pod.node is not None:
+            raise BindFailed(Result.ERROR, f"pod {args.key} is already bound to {pod.node}")
+        if pod.need is None:
+            raise BindFailed(Result.ERROR, f"pod {args.key}: {pod.need_error}")
+        if not pod.need.wants_gpus:
+            await self._post_binding(args, annotations={})
+            self._metrics.bound(args.pod_uid)
+            return BindOutcome(Result.OK)
+        try:
+            assignment = choose(self._picture(node, args.pod_uid), pod.need)
+        except NoFit as exc:
+            raise BindFailed(Result.NO_FIT, f"pod {args.key}: {exc}") from exc
+        holder = self._holder(args, assignment)
+        try:
+            held = await self._locks.acquire(node, holder, may_take_over=self.may_take_over)
+        except LockHeld as exc:
+            self._metrics.contended(args.pod_uid)
+            raise BindFailed(Result.CONTENDED, f"{exc}; the scheduler will retry") from exc
+        except (LockError, ApiError, ApiUnavailable, ValueError) as exc:
+            raise BindFailed(Result.ERROR, f"cannot take the lock of node {node}: {exc}") from exc
+        acquired_at = self._clock()
+        try:
+            held, assignment = await self._confirm(held, args, pod.need, assignment)
+            annotations = {
+                self._cache.keys.assignment: format_assignment(assignment),
+                self._cache.keys.token: str(held.token),
+                self._cache.keys.bound_at: now_microtime(),
+            }
+            left = self._duration_s / 3 - (self._clock() - acquired_at)
+            if left <= 0:
+                raise BindFailed(
+                    Result.ERROR,
+                    f"bind of {args.key} to {node} took longer than {self._duration_s / 3:.1f}s "
+                    "after taking the lock; released it",
+                )
+            await self._post_binding(args, annotations=annotations, timeout_s=left)
+        except _Unknown as exc:
+            log.warning("%s; keeping the lock of %s (token %d)", exc, node, held.token)
+            raise BindFailed(Result.ERROR, str(exc)) from exc
+        except BaseException as exc:
+            await self._release(held, args)
+            if isinstance(exc, BindFailed):
+                raise
+            if isinstance(exc, (ApiError, ApiUnavailable, LockError)):
+                raise BindFailed(Result.ERROR, f"bind of {args.key} failed: {exc}") from exc
+            raise
+        self._metrics.bound(args.pod_uid)
+        log.info("bound %s to %s with token %d: %s", args.key, node, held.token, assignment)
+        return BindOutcome(Result.OK, assignment=assignment, token=held.token)
+
+    def _holder(self, args: BindingArgs, assignment: Assignment) -> Holder:
+        return Holder(
+            key=HolderKey(args.key),
+            uid=args.pod_uid,
+            data={ASSIGNMENT_DATA: format_assignment(assignment)},
+        )
+
+    async def _release(self, held: HeldLock, args: BindingArgs) -> None:
+        try:
+            await self._locks.release(held, outcome=Outcome.BIND_FAILED)
+        except (LockError, ApiError, ApiUnavailable) as exc:
+            log.warning(
+                "could not release the lock of %s for %s (token %d): %s; it will expire",
+                held.node,
+                args.key,
+                held.token,
+                exc,
+            )
+
+    # ---- step 3: confirm --------------------------------------------------------------------
+
+    async def _complete_view(self, held: HeldLock, uid: str) -> NodeGPUs:
+        """The node's GPUs from a view that includes every finished handoff before ours."""
+        node = held.node
+        view = self._locks.view(node)
+        last = view.record.last if view is not None and view.record.token == held.token else None
+        if last is not None and last.outcome in PROVEN_OUTCOMES and last.uid:
+            started = self._clock()
+            seen = await self._cache.wait_until(
+                lambda: self._cache.seen_bound_or_gone(last.uid), timeout_s=self._confirm_wait_s
+            )
+            self._metrics.confirm_wait.observe(self._clock() - started)
+            if seen:
+                gpus = self._cache.node_gpus(node, exclude_uid=uid)
+                if gpus is not None:
+                    return gpus
+        elif last is None:
+            # no handoff before ours on this Lease: the cache is as complete as anything
+            gpus = self._cache.node_gpus(node, exclude_uid=uid)
+            if gpus is not None:
+                return gpus
+        return await self._listed_view(node, uid)
+
+    async def _listed_view(self, node: NodeName, uid: str) -> NodeGPUs:
+        self._metrics.confirm_fallbacks.inc()
+        state = self._cache.node(node)
+        if state is None:
+            raise BindFailed(Result.ERROR, f"node {node} is not in the GPU extender's cache")
+        answer = await self._kube.list(pod_path(), field_selector=f"spec.nodeName={node}")
+        pods: list[PodState] = []
+        for obj in answer.get("items") or []:
+            try:
+                pods.append(pod_state(obj, keys=self._cache.keys, resource=self._cache.resource))
+            except BadObject:
+                continue
+        return node_gpus(state, [p for p in pods if p.uid != uid])
+
+    async def _confirm(
+        self, held: HeldLock, args: BindingArgs, need: PodNeed, assignment: Assignment
+    ) -> tuple[HeldLock, Assignment]:
+        gpus = await self._complete_view(held, args.pod_uid)
+        problems = conflicts(assignment, gpus)
+        if not problems and fit(gpus, need).fit is Fit.FITS:
+            return held, assignment
+        log.info(
+            "node %s: choice for %s conflicts with a handoff the cache had not seen (%s); "
+            "choosing again",
+            held.node,
+            args.key,
+            "; ".join(problems) or "too few free GPUs",
+        )
+        try:
+            again = choose(gpus, need)
+        except NoFit as exc:
+            raise BindFailed(
+                Result.CONFLICT, f"pod {args.key}: {exc} (seen after taking the lock)"
+            ) from exc
+        rewritten = HeldLock(
+            held.node, self._holder(args, again), held.token, held.resource_version
+        )
+        try:
+            renewed = await self._locks.renew(rewritten)
+        except (LockError, ApiError, ApiUnavailable) as exc:
+            raise BindFailed(
+                Result.CONFLICT, f"pod {args.key}: could not rewrite the lock's assignment: {exc}"
+            ) from exc
+        return renewed, again
+
+    # ---- step 4: the one write --------------------------------------------------------------
+
+    async def _post_binding(
+        self, args: BindingArgs, *, annotations: dict[str, str], timeout_s: float | None = None
+    ) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": args.pod_name,
+                "namespace": args.pod_namespace,
+                "uid": args.pod_uid,
+                "annotations": annotations,
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
+        }
+        path = pod_path(args.pod_namespace, args.pod_name, subresource="binding")
+        try:
+            await self._kube.request("POST", path, body=body, timeout_s=timeout_s)
+        except ApiUnavailable as exc:
+            if await self._bound_anyway(args, annotations):
+                return
+            if annotations:  # it may still land: keep the lock (see the module docstring)
+                raise _Unknown(
+                    f"binding {args.key} to {args.node}: the API server did not answer ({exc}); "
+                    "the pod may or may not be bound"
+                ) from exc
+            raise
+        except Conflict as exc:
+            if await self._bound_anyway(args, annotations):
+                return
+            raise BindFailed(Result.ERROR, f"binding {args.key} refused: {exc}") from exc
+
+    async def _bound_anyway(self, args: BindingArgs, annotations: dict[str, str]) -> bool:
+        """Whether the pod is bound to the node with exactly our annotations (a lost answer)."""
+        try:
+            obj = await self._kube.get(pod_path(args.pod_namespace, args.pod_name))
+        except (ApiError, ApiUnavailable):
+            return False
+        meta = obj.get("metadata") or {}
+        on_pod = meta.get("annotations") or {}
+        return (
+            meta.get("uid") == args.pod_uid
+            and (obj.get("spec") or {}).get("nodeName") == args.node
+            and all(on_pod.get(k) == v for k, v in annotations.items())
+        )
+
+
+class _Unknown(Exception):
+    """The binding may or may not have happened: keep the lock."""

@@ -1,0 +1,266 @@
+"""The extender's picture of the cluster: nodes' GPUs and pods' assignments, fed by watches.
+
+``ClusterCache`` is a plain in-memory state machine: ``replace_*`` takes a full LIST, ``apply_*``
+one watch event, in the order the API server sent them.  It never calls the API server, so filter
+and prioritize (which read ``node_gpus``) are pure functions of what was seen.
+
+Guarantees:
+- A GPU counts as taken while any bound, non-terminal pod's assignment names it; a pod that asks
+  for GPUs but has no (or a malformed) assignment is counted as holding that many unknown GPUs.
+- A pod's GPUs are freed when it is seen terminal (Succeeded/Failed) or deleted, or disappears
+  from a relist.
+- ``seen_bound_or_gone(uid)`` is true once this cache saw the pod bound or deleted; because a
+  watch delivers writes in order, the cache has then also seen every write before that one.
+Non-guarantee: the cache lags the API server; bind proves its choice against that lag separately
+(``scheduler_ext.binder``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from handoff.wire import DeviceID, Keys
+from lockd.model import HolderKey, NodeName
+from scheduler_ext.choose import NodeGPUs
+from scheduler_ext.need import BadPod
+from scheduler_ext.state import BadObject, NodeState, PodState, node_state, pod_state
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+TOMBSTONES = 50_000  # deleted pod UIDs remembered for the bind's confirm step
+
+
+def node_gpus(
+    node: NodeState, pods: Iterable[PodState], *, extra_taken: Iterable[DeviceID] = ()
+) -> NodeGPUs:
+    """A node's GPU picture from its state and the pods bound to it (pure)."""
+    taken: set[DeviceID] = set(extra_taken)
+    unattributed = 0
+    for pod in pods:
+        if not pod.holds_gpus:
+            continue
+        if pod.assignment is not None:
+            taken.update(d for ids in pod.assignment.values() for d in ids)
+        elif pod.need is not None:
+            unattributed += pod.need.total
+        else:
+            unattributed += 1  # malformed spec but bound: at least one unknown device
+    return NodeGPUs(
+        node=node.name,
+        devices=node.devices,
+        taken=frozenset(taken),
+        unattributed=unattributed,
+        allocatable=node.allocatable,
+        problem=node.problem,
+    )
+
+
+class ClusterCache:
+    """Nodes and pods as last seen, indexed for the extender's questions.
+
+    Not thread-safe; use from one event loop.  ``clock`` is a monotonic clock (seconds).
+    """
+
+    def __init__(
+        self,
+        *,
+        keys: Keys | None = None,
+        resource: str = "nvidia.com/gpu",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.keys = keys or Keys()
+        self.resource = resource
+        self._clock = clock
+        self._nodes: dict[NodeName, NodeState] = {}
+        self._pods: dict[str, PodState] = {}  # by UID
+        self._by_key: dict[HolderKey, str] = {}  # namespace/name -> UID
+        self._on_node: dict[NodeName, set[str]] = {}  # node -> UIDs of pods bound to it
+        self._gpus: dict[NodeName, NodeGPUs] = {}  # memo, dropped when the node or its pods change
+        self._gone: OrderedDict[str, None] = OrderedDict()  # UIDs seen deleted
+        self.nodes_synced = False
+        self.pods_synced = False
+        self.last_event: dict[str, float] = {}  # "nodes"/"pods" -> clock of last event or relist
+        self._changed = asyncio.Event()
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    def node_names(self) -> list[NodeName]:
+        return sorted(self._nodes)
+
+    def node(self, name: NodeName) -> NodeState | None:
+        return self._nodes.get(name)
+
+    def pod(self, uid: str) -> PodState | None:
+        return self._pods.get(uid)
+
+    def pod_by_key(self, key: HolderKey) -> PodState | None:
+        uid = self._by_key.get(key)
+        return self._pods.get(uid) if uid is not None else None
+
+    def pods_on(self, node: NodeName) -> list[PodState]:
+        return [self._pods[u] for u in sorted(self._on_node.get(node, ()))]
+
+    def is_gone(self, uid: str) -> bool:
+        return uid in self._gone
+
+    def seen_bound_or_gone(self, uid: str) -> bool:
+        """Whether this cache saw the pod bound to a node, or deleted."""
+        pod = self._pods.get(uid)
+        return uid in self._gone or (pod is not None and pod.node is not None)
+
+    def node_gpus(self, name: NodeName, *, exclude_uid: str | None = None) -> NodeGPUs | None:
+        """The node's GPUs from cached pods (without lock holders); None for an unknown node."""
+        node = self._nodes.get(name)
+        if node is None:
+            return None
+        if exclude_uid is None:
+            memo = self._gpus.get(name)
+            if memo is None:
+                memo = self._gpus[name] = node_gpus(node, self.pods_on(name))
+            return memo
+        return node_gpus(node, [p for p in self.pods_on(name) if p.uid != exclude_uid])
+
+    def staleness_s(self, resource: str) -> float | None:
+        """Seconds since the last watch event or relist of ``resource`` ("nodes"/"pods")."""
+        last = self.last_event.get(resource)
+        return None if last is None else max(0.0, self._clock() - last)
+
+    async def wait_until(self, predicate: Callable[[], bool], *, timeout_s: float) -> bool:
+        """Wait until ``predicate()`` holds after some cache change; False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not predicate():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            event = self._changed
+            try:
+                await asyncio.wait_for(event.wait(), timeout=left)
+            except TimeoutError:
+                return predicate()
+        return True
+
+    # ---- writing ----------------------------------------------------------------------------
+
+    def _touch(self, resource: str) -> None:
+        self.last_event[resource] = self._clock()
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def mark_alive(self, resource: str) -> None:
+        """A bookmark or an empty watch round: the stream is live though nothing changed."""
+        self.last_event[resource] = self._clock()
+
+    def _put_node(self, obj: Mapping[str, Any]) -> None:
+        try:
+            state = node_state(obj, keys=self.keys, resource=self.resource)
+        except BadObject as exc:
+            log.warning("ignoring a node without identity: %s", exc)
+            return
+        self._nodes[state.name] = state
+        self._gpus.pop(state.name, None)
+
+    def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """Take a full LIST of nodes."""
+        self._nodes.clear()
+        self._gpus.clear()
+        for obj in items:
+            self._put_node(obj)
+        self.nodes_synced = True
+        self._touch("nodes")
+
+    def apply_node(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """Take one node watch event (ADDED, MODIFIED, DELETED)."""
+        if kind == "DELETED":
+            name = (obj.get("metadata") or {}).get("name")
+            if isinstance(name, str):
+                self._nodes.pop(NodeName(name), None)
+                self._gpus.pop(NodeName(name), None)
+        else:
+            self._put_node(obj)
+        self._touch("nodes")
+
+    def _unindex(self, pod: PodState) -> None:
+        if self._by_key.get(pod.key) == pod.uid:
+            del self._by_key[pod.key]
+        if pod.node is not None:
+            on = self._on_node.get(pod.node)
+            if on is not None:
+                on.discard(pod.uid)
+                if not on:
+                    del self._on_node[pod.node]
+            self._gpus.pop(pod.node, None)
+
+    def _index(self, pod: PodState) -> None:
+        self._by_key[pod.key] = pod.uid
+        if pod.node is not None:
+            self._on_node.setdefault(pod.node, set()).add(pod.uid)
+            self._gpus.pop(pod.node, None)
+
+    def _put_pod(self, obj: Mapping[str, Any]) -> None:
+        try:
+            state = pod_state(obj, keys=self.keys, resource=self.resource)
+        except (BadObject, BadPod) as exc:
+            log.warning("ignoring a pod without identity: %s", exc)
+            return
+        old = self._pods.get(state.uid)
+        if old is not None:
+            self._unindex(old)
+        self._pods[state.uid] = state
+        self._index(state)
+
+    def _drop_pod(self, uid: str) -> None:
+        old = self._pods.pop(uid, None)
+        if old is not None:
+            self._unindex(old)
+        self._gone[uid] = None
+        self._gone.move_to_end(uid)
+        while len(self._gone) > TOMBSTONES:
+            self._gone.popitem(last=False)
+
+    def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """Take a full LIST of pods; pods missing from it count as deleted."""
+        before = set(self._pods)
+        self._pods.clear()
+        self._by_key.clear()
+        self._on_node.clear()
+        self._gpus.clear()
+        for obj in items:
+            self._put_pod(obj)
+        for uid in before - set(self._pods):
+            self._drop_pod(uid)
+        self.pods_synced = True
+        self._touch("pods")
+
+    def apply_pod(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """Take one pod watch event (ADDED, MODIFIED, DELETED)."""
+        if kind == "DELETED":
+            uid = (obj.get("metadata") or {}).get("uid")
+            if isinstance(uid, str):
+                self._drop_pod(uid)
+        else:
+            self._put_pod(obj)
+        self._touch("pods")
+
+    # ---- for metrics ------------------------------------------------------------------------
+
+    def gpu_counts(self) -> dict[NodeName, tuple[int, int]]:
+        """Per node with an inventory: (GPUs in inventory, GPUs assigned)."""
+        out: dict[NodeName, tuple[int, int]] = {}
+        for name, node in self._nodes.items():
+            if not node.devices:
+                continue
+            gpus = self.node_gpus(name)
+            assert gpus is not None
+            out[name] = (len(node.devices), gpus.assigned)
+        return out

@@ -1,0 +1,179 @@
+"""Which nodes fit a pod, how to rank them, and which exact GPUs it gets (pure).
+
+Exclusive whole GPUs: a device is free when it is healthy and neither assigned to a live pod on
+the node nor named in the node lock holder's assignment.  Pods bound to the node that request
+GPUs but carry no assignment (bound around the extender) occupy unknown devices; they are counted
+against the node's free count (``unattributed``), never ignored.
+
+Guarantees: every function here is deterministic for equal inputs (devices are taken in index
+order, ties in ID order); ``choose`` never returns a device that is unhealthy or in ``taken``, and
+never gives two app containers the same device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from handoff.wire import GPU, Assignment, ContainerName, DeviceID
+from lockd.model import NodeName
+from scheduler_ext.need import PodNeed
+
+MAX_SCORE = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
+
+
+class Policy(StrEnum):
+    """How to rank the nodes a pod fits on."""
+
+    BINPACK = "binpack"  # fill nodes: fewest free GPUs left after placing the pod scores highest
+    SPREAD = "spread"  # most free GPUs left scores highest
+
+
+class Fit(StrEnum):
+    """Filter verdict for one node."""
+
+    FITS = "fits"
+    NO_ROOM = "no-room"  # could fit once other pods leave (kube-scheduler: Unschedulable)
+    NEVER = "never"  # cannot fit whatever leaves (UnschedulableAndUnresolvable)
+
+
+@dataclass(frozen=True)
+class NodeGPUs:
+    """One node's GPUs as the extender sees them: inventory, what is taken, what kubelet reports.
+
+    ``problem`` is set when the node cannot take GPU pods at all (no inventory published, or an
+    inventory that does not parse); the message says which.
+    """
+
+    node: NodeName
+    devices: tuple[GPU, ...] = ()
+    taken: frozenset[DeviceID] = frozenset()
+    unattributed: int = 0
+    allocatable: int | None = None
+    problem: str | None = None
+    free: tuple[GPU, ...] = field(init=False, repr=False, compare=False)
+    healthy: int = field(init=False, repr=False, compare=False)
+    capacity: int = field(init=False, repr=False, compare=False)
+    assigned: int = field(init=False, repr=False, compare=False)
+    available: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """Derive, once, what filter and prioritize read for every candidate node.
+
+        ``free``: healthy untaken devices by index; ``capacity``: healthy devices capped by
+        kubelet's allocatable (what a pod could ever get); ``assigned``: devices held by pods or
+        the lock holder, attributed or not; ``available``: what a new pod can get now.
+        """
+        free = sorted(
+            (g for g in self.devices if g.healthy and g.id not in self.taken),
+            key=lambda g: (g.index, g.id),
+        )
+        healthy = sum(1 for g in self.devices if g.healthy)
+        capacity = healthy if self.allocatable is None else min(healthy, self.allocatable)
+        assigned = sum(1 for g in self.devices if g.id in self.taken) + self.unattributed
+        available = len(free) - self.unattributed
+        if self.allocatable is not None:
+            available = min(available, self.allocatable - assigned)
+        for name, value in (
+            ("free", tuple(free)),
+            ("healthy", healthy),
+            ("capacity", capacity),
+            ("assigned", assigned),
+            ("available", max(available, 0)),
+        ):
+            object.__setattr__(self, name, value)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a pod fits a node and, if not, a reason a person can read."""
+
+    fit: Fit
+    reason: str = ""
+
+
+class NoFit(Exception):
+    """The pod does not fit the node (the reason is the message)."""
+
+
+def fit(node: NodeGPUs, need: PodNeed) -> Verdict:
+    """Filter one node for a pod."""
+    if not need.wants_gpus:
+        return Verdict(Fit.FITS)
+    if node.problem is not None:
+        return Verdict(Fit.NEVER, node.problem)
+    if node.capacity < need.total:
+        if node.allocatable is not None and node.allocatable < node.healthy:
+            reason = (
+                f"node has {node.healthy} healthy GPUs but kubelet reports {node.allocatable} "
+                f"allocatable, pod needs {need.total}"
+            )
+        else:
+            reason = f"node has {node.healthy} healthy GPUs, pod needs {need.total}"
+        return Verdict(Fit.NEVER, reason)
+    if node.available < need.total:
+        return Verdict(
+            Fit.NO_ROOM,
+            f"node has {node.available} free GPUs of {node.capacity}, pod needs {need.total}",
+        )
+    return Verdict(Fit.FITS)
+
+
+def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
+    """Rank a node the pod fits on, 0..MAX_SCORE (0 for nodes it does not fit)."""
+    if not need.wants_gpus:
+        return 0
+    if fit(node, need).fit is not Fit.FITS or node.capacity == 0:
+        return 0
+    cap = node.capacity
+    free_after = node.available - need.total
+    filled = cap - free_after if policy is Policy.BINPACK else free_after
+    # round half up in integers: deterministic on every platform
+    return min(MAX_SCORE, (2 * MAX_SCORE * filled + cap) // (2 * cap))
+
+
+def steer_from_locked(
+    scores: Mapping[NodeName, int], locked: Iterable[NodeName]
+) -> dict[NodeName, int]:
+    """Lower nodes whose lock is held when some fitting node's lock is free.
+
+    A locked node makes a bind fail (and the scheduler back the pod off), so while any unlocked
+    node fits (score > 0), locked nodes get 0 and unlocked fitting nodes at least 1.  When every
+    fitting node is locked the scores are left as they are.
+    """
+    locked_set = set(locked)
+    if not any(s > 0 and n not in locked_set for n, s in scores.items()):
+        return dict(scores)
+    return {n: (0 if n in locked_set else (max(1, s) if s > 0 else 0)) for n, s in scores.items()}
+
+
+def choose(node: NodeGPUs, need: PodNeed) -> Assignment:
+    """The devices each container gets on ``node``: container name -> device IDs, kubelet order.
+
+    Takes the lowest-index free healthy devices; raises ``NoFit`` with the filter's reason.
+    """
+    verdict = fit(node, need)
+    if verdict.fit is not Fit.FITS:
+        raise NoFit(f"node {node.node}: {verdict.reason}")
+    devices = [g.id for g in node.free[: need.total]]
+    return {name: [devices[s] for s in slots] for name, slots in need.plan}
+
+
+def conflicts(assignment: Mapping[ContainerName, Sequence[DeviceID]], node: NodeGPUs) -> list[str]:
+    """Why ``assignment`` cannot stand on ``node`` now (empty when it can)."""
+    health = {g.id: g.healthy for g in node.devices}
+    problems: list[str] = []
+    for dev in sorted({d for ids in assignment.values() for d in ids}):
+        if dev not in health:
+            problems.append(f"{dev} is not in the node's inventory")
+        elif not health[dev]:
+            problems.append(f"{dev} is unhealthy")
+        elif dev in node.taken:
+            problems.append(f"{dev} is assigned to another pod")
+    return problems
+
+
+def devices_of(assignment: Mapping[ContainerName, Sequence[DeviceID]]) -> frozenset[DeviceID]:
+    """Every device an assignment names."""
+    return frozenset(d for ids in assignment.values() for d in ids)

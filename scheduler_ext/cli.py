@@ -1,0 +1,129 @@
+"""``nodelock extender``: serve the kube-scheduler extender (filter, prioritize, bind)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
+from lockd.kube import KubeClient
+from scheduler_ext.choose import Policy
+from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES
+from scheduler_ext.service import Extender, Settings, check_settings, parse_listen
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "extender",
+        help="serve the kube-scheduler extender that picks GPUs and binds under node locks",
+        description="Serve the kube-scheduler extender protocol: filter and prioritize nodes by "
+        "free GPUs, and bind by taking the node's lock, writing the pod's GPU assignment on the "
+        "Binding and leaving the lock for the device plugin to release.",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig (default: $KUBECONFIG, or in-cluster credentials)",
+    )
+    p.add_argument(
+        "--listen", default="127.0.0.1:8888", help="host:port to serve on (default 127.0.0.1:8888)"
+    )
+    p.add_argument(
+        "--lock-namespace",
+        default=DEFAULT_LOCK_NAMESPACE,
+        help=f"namespace of the node lock Leases (default {DEFAULT_LOCK_NAMESPACE})",
+    )
+    p.add_argument(
+        "--annotation-prefix",
+        default=DEFAULT_PREFIX,
+        help=f"prefix of nodelock's annotations (default {DEFAULT_PREFIX})",
+    )
+    p.add_argument(
+        "--resource-name",
+        default=DEFAULT_RESOURCE,
+        help=f"extended resource of the GPUs (default {DEFAULT_RESOURCE})",
+    )
+    p.add_argument(
+        "--policy",
+        choices=[x.value for x in Policy],
+        default=Policy.BINPACK.value,
+        help="binpack: fill nodes first; spread: most free GPUs first",
+    )
+    p.add_argument(
+        "--lease-duration",
+        type=int,
+        default=15,
+        metavar="SECONDS",
+        help="node lock duration: a lock unchanged this long may be taken over once "
+        "its holder left the handoff (default 15)",
+    )
+    p.add_argument(
+        "--lock-aware",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prioritize away from nodes whose lock is held (default on)",
+    )
+    p.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key", default=None, help="private key of --tls-cert (PEM)")
+    p.add_argument(
+        "--client-ca",
+        default=None,
+        help="require client certificates signed by "
+        "this CA (kube-scheduler's tlsConfig certFile/keyFile)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help=f"largest request body accepted (default {DEFAULT_MAX_BODY_BYTES})",
+    )
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.set_defaults(func=_run)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The extender's settings from parsed flags; raises ``ConfigError`` if unusable."""
+    host, port = parse_listen(args.listen)
+    settings = Settings(
+        host=host,
+        port=port,
+        lock_namespace=args.lock_namespace,
+        annotation_prefix=args.annotation_prefix,
+        resource_name=args.resource_name,
+        policy=Policy(args.policy),
+        lease_duration_s=args.lease_duration,
+        lock_aware=args.lock_aware,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        client_ca=args.client_ca,
+        max_body_bytes=args.max_body_bytes,
+    )
+    check_settings(settings)
+    return settings
+
+
+async def _serve(args: argparse.Namespace, settings: Settings) -> None:
+    kube = await KubeClient.connect(args.kubeconfig)
+    try:
+        extender = Extender(kube, settings)
+        task = asyncio.create_task(extender.serve_forever())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        await kube.close()
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = settings_from_args(args)
+    asyncio.run(_serve(args, settings))
+    return 0

@@ -1,0 +1,110 @@
+"""kube-scheduler's configuration for this extender (``kubescheduler.config.k8s.io/v1``).
+
+``extender_entry`` is the one ``extenders:`` item; ``scheduler_config`` a whole
+KubeSchedulerConfiguration around it (leader election off, the given kubeconfig), which devcluster
+writes to a file and starts kube-scheduler with.  ``deploy/scheduler/`` holds the same as YAML.
+
+Why ``ignoredByScheduler: false``: the resource stays in the default NodeResourcesFit check, so
+kube-scheduler's own accounting (which includes pods it has *assumed* on a node while their bind
+is still running) keeps a node's GPU count from being over-committed before the extender's cache
+can see those binds, and a node whose kubelet reports fewer allocatable GPUs than its inventory
+is never chosen for more.  The extender then picks the exact devices.  docs/extender.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from handoff.wire import DEFAULT_RESOURCE
+
+JSON = dict[str, Any]
+
+DEFAULT_WEIGHT = 5
+DEFAULT_HTTP_TIMEOUT = "10s"
+
+
+@dataclass(frozen=True)
+class ExtenderTLS:
+    """kube-scheduler's ``tlsConfig`` for the extender: CA to verify it, client cert to show."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None
+    insecure: bool = False
+
+    def as_config(self) -> JSON:
+        out: JSON = {}
+        if self.insecure:
+            out["insecure"] = True
+        if self.server_name:
+            out["serverName"] = self.server_name
+        if self.cert_file:
+            out["certFile"] = self.cert_file
+        if self.key_file:
+            out["keyFile"] = self.key_file
+        if self.ca_file:
+            out["caFile"] = self.ca_file
+        return out
+
+
+def extender_entry(
+    extender_url: str,
+    *,
+    node_cache_capable: bool = True,
+    tls: ExtenderTLS | None = None,
+    resource_name: str = DEFAULT_RESOURCE,
+    weight: int = DEFAULT_WEIGHT,
+    http_timeout: str = DEFAULT_HTTP_TIMEOUT,
+) -> JSON:
+    """One ``extenders:`` item: filter, prioritize and bind, only for pods asking for the GPU."""
+    if weight <= 0:
+        raise ValueError("weight must be positive (kube-scheduler rejects it otherwise)")
+    https = extender_url.startswith("https://")
+    if tls is not None and not https:
+        raise ValueError("a tlsConfig needs an https:// extender URL")
+    entry: JSON = {
+        "urlPrefix": extender_url.rstrip("/"),
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "bindVerb": "bind",
+        "weight": weight,
+        "enableHTTPS": https,
+        "httpTimeout": http_timeout,
+        "nodeCacheCapable": node_cache_capable,
+        "managedResources": [{"name": resource_name, "ignoredByScheduler": False}],
+        "ignorable": False,
+    }
+    if tls is not None:
+        entry["tlsConfig"] = tls.as_config()
+    return entry
+
+
+def scheduler_config(
+    extender_url: str,
+    *,
+    kubeconfig: str,
+    node_cache_capable: bool = True,
+    tls: ExtenderTLS | None = None,
+    resource_name: str = DEFAULT_RESOURCE,
+    weight: int = DEFAULT_WEIGHT,
+    http_timeout: str = DEFAULT_HTTP_TIMEOUT,
+) -> JSON:
+    """A whole KubeSchedulerConfiguration using the extender at ``extender_url``."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": kubeconfig},
+        "leaderElection": {"leaderElect": False},
+        "extenders": [
+            extender_entry(
+                extender_url,
+                node_cache_capable=node_cache_capable,
+                tls=tls,
+                resource_name=resource_name,
+                weight=weight,
+                http_timeout=http_timeout,
+            )
+        ],
+    }

@@ -1,0 +1,128 @@
+"""List-then-watch of one collection into a cache, as client-go's reflector does.
+
+Guarantees: events reach ``apply`` in the order the API server sent them; after a 410 Gone (or any
+error the stream cannot resume from) the collection is listed again and handed whole to
+``replace``, so objects deleted while the stream was down are dropped.  A broken connection is
+retried with capped exponential backoff, resuming from the last resourceVersion seen.
+Non-guarantee: while the API server is unreachable the cache stays as it was (its staleness is
+exported as a metric).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lockd.errors import ApiError, ApiUnavailable, Gone
+from lockd.kube import KubeClient
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+
+class Reflector:
+    """Keeps ``replace``/``apply`` fed with one collection's state; ``run`` never returns."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        path: str,
+        *,
+        name: str,
+        replace: Callable[[list[JSON]], None],
+        apply: Callable[[str, Mapping[str, Any]], None],
+        alive: Callable[[], None],
+        on_relist: Callable[[], None] = lambda: None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = 500,
+        watch_timeout_s: int = 300,
+        max_backoff_s: float = 10.0,
+    ) -> None:
+        self._kube = kube
+        self._path = path
+        self.name = name
+        self._replace = replace
+        self._apply = apply
+        self._alive = alive
+        self._on_relist = on_relist
+        self._field_selector = field_selector
+        self._label_selector = label_selector
+        self._page_size = page_size
+        self._watch_timeout_s = watch_timeout_s
+        self._max_backoff_s = max_backoff_s
+        self.resource_version: str | None = None
+
+    async def list_all(self) -> tuple[list[JSON], str]:
+        """One consistent LIST, page by page; returns the items and the list's resourceVersion."""
+        items: list[JSON] = []
+        token: str | None = None
+        version = ""
+        while True:
+            page = await self._kube.list(
+                self._path,
+                field_selector=self._field_selector,
+                label_selector=self._label_selector,
+                limit=self._page_size,
+                continue_token=token,
+            )
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            version = str(meta.get("resourceVersion", version))
+            token = meta.get("continue") or None
+            if not token:
+                return items, version
+
+    async def relist(self) -> None:
+        items, version = await self.list_all()
+        self._replace(items)
+        self.resource_version = version
+        self._on_relist()
+
+    async def _watch_once(self) -> None:
+        async for event in self._kube.watch(
+            self._path,
+            resource_version=self.resource_version,
+            field_selector=self._field_selector,
+            label_selector=self._label_selector,
+            timeout_seconds=self._watch_timeout_s,
+        ):
+            version = (event.object.get("metadata") or {}).get("resourceVersion")
+            if event.type == "BOOKMARK":
+                self._alive()
+            elif event.type in ("ADDED", "MODIFIED", "DELETED"):
+                self._apply(event.type, event.object)
+            if version:
+                self.resource_version = str(version)
+        self._alive()
+
+    async def run(self) -> None:
+        """List, then watch forever; relist on 410 Gone; back off on errors."""
+        backoff = 0.2
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self.relist()
+                    need_list = False
+                await self._watch_once()
+                backoff = 0.2
+            except asyncio.CancelledError:
+                raise
+            except Gone:
+                log.info("%s: watch too old (410), listing again", self.name)
+                need_list = True
+            except (ApiUnavailable, ApiError) as exc:
+                log.warning("%s: %s; retrying in %.1fs", self.name, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff_s)
+                if self.resource_version is None:
+                    need_list = True
+            except Exception:
+                log.exception("%s: unexpected error; listing again in %.1fs", self.name, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff_s)
+                need_list = True

@@ -1,0 +1,231 @@
+"""The extender's HTTP endpoints: thin translation between the wire and the pure verbs.
+
+POST ``/filter``, ``/prioritize``, ``/bind`` (kube-scheduler calls ``urlPrefix + "/" + verb``),
+GET ``/healthz`` (the process serves), ``/readyz`` (the caches are listed), ``/metrics``.
+
+Guarantees: a body that is not the protocol (not JSON, wrong types, missing fields) gets a 400,
+one over the size limit a 413, each with ``{"Error": reason}``; nothing a client sends stops the
+server.  Filter and prioritize read only the cache and the lock views: they never call the API
+server.  A bind runs to its end even if kube-scheduler gives up waiting (it is shielded), so a
+lock is never left half-handled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from lockd.locks import NodeLocks
+from lockd.model import NodeName
+from scheduler_ext.binder import Binder
+from scheduler_ext.cache import ClusterCache, node_gpus
+from scheduler_ext.choose import NodeGPUs, Policy
+from scheduler_ext.metrics import ExtenderMetrics, Result, Verb
+from scheduler_ext.need import BadPod, PodNeed, pod_need
+from scheduler_ext.protocol import (
+    BadRequest,
+    ExtenderArgs,
+    binding_result,
+    filter_error,
+    filter_result,
+    host_priority_list,
+    parse_binding_args,
+    parse_extender_args,
+)
+from scheduler_ext.state import BadObject, node_state
+from scheduler_ext.verbs import (
+    filter_nodes,
+    locked_by_others,
+    prioritize_nodes,
+    with_lock_holder,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # 5,000 full Node objects fit (nodeCacheCapable: false)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How the endpoints decide."""
+
+    policy: Policy = Policy.BINPACK
+    lock_aware: bool = True
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"Error": message}, status=status)
+
+
+class Endpoints:
+    """The request handlers over one cache, one ``NodeLocks`` and one ``Binder``."""
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        locks: NodeLocks,
+        binder: Binder,
+        metrics: ExtenderMetrics,
+        options: ServerOptions,
+        *,
+        ready: Callable[[], list[str]] | None = None,
+    ) -> None:
+        self.cache = cache
+        self.locks = locks
+        self.binder = binder
+        self.metrics = metrics
+        self.options = options
+        self._ready = ready
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> object:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"body is not JSON: {exc}") from exc
+
+    def _gpus_of(self, args: ExtenderArgs, pod_uid: str) -> Callable[[NodeName], NodeGPUs | None]:
+        keys = self.cache.keys
+        if args.nodes is None:
+
+            def from_cache(name: NodeName) -> NodeGPUs | None:
+                gpus = self.cache.node_gpus(name)
+                if gpus is None:
+                    return None
+                return with_lock_holder(gpus, self.locks.view(name), pod_uid=pod_uid, keys=keys)
+
+            return from_cache
+        # not node-cache capable: the scheduler sent the Node objects; read inventories there
+        given = dict(zip(args.node_names, args.nodes, strict=True))
+
+        def from_args(name: NodeName) -> NodeGPUs | None:
+            try:
+                state = node_state(given[name], keys=keys, resource=self.cache.resource)
+            except BadObject:
+                return None
+            gpus = node_gpus(state, self.cache.pods_on(name))
+            return with_lock_holder(gpus, self.locks.view(name), pod_uid=pod_uid, keys=keys)
+
+        return from_args
+
+    def _parse(self, body: object) -> tuple[ExtenderArgs, PodNeed, str]:
+        args = parse_extender_args(body)
+        uid = str((args.pod.get("metadata") or {}).get("uid", ""))
+        try:
+            need = pod_need(args.pod, self.cache.resource)
+        except BadPod as exc:
+            raise BadRequest(f"ExtenderArgs.Pod: {exc}") from exc
+        return args, need, uid
+
+    def _done(self, verb: Verb, result: Result, started: float) -> None:
+        self.metrics.latency.labels(verb.value).observe(time.perf_counter() - started)
+        self.metrics.requests.labels(verb.value, result.value).inc()
+
+    # ---- the verbs --------------------------------------------------------------------------
+
+    async def filter(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        try:
+            args, need, uid = self._parse(await self._body(request))
+        except BadRequest as exc:
+            self._done(Verb.FILTER, Result.BAD_REQUEST, started)
+            return _error(400, str(exc))
+        try:
+            out = filter_nodes(need, args.node_names, self._gpus_of(args, uid))
+        except Exception as exc:  # a bug must not fail scheduling silently: say so in Error
+            log.exception("filter failed")
+            self._done(Verb.FILTER, Result.ERROR, started)
+            return web.json_response(filter_error(f"GPU extender filter failed: {exc!r}"))
+        self.metrics.filter_nodes.labels("passed").inc(len(out.passed))
+        self.metrics.filter_nodes.labels("failed").inc(len(out.failed))
+        self.metrics.filter_nodes.labels("unresolvable").inc(len(out.unresolvable))
+        body = filter_result(args, out.passed, out.failed, out.unresolvable)
+        self._done(Verb.FILTER, Result.OK, started)
+        return web.json_response(body)
+
+    async def prioritize(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        try:
+            args, need, uid = self._parse(await self._body(request))
+        except BadRequest as exc:
+            self._done(Verb.PRIORITIZE, Result.BAD_REQUEST, started)
+            return _error(400, str(exc))
+        locked = locked_by_others(args.node_names, self.locks.view, pod_uid=uid)
+        scores = prioritize_nodes(
+            need,
+            args.node_names,
+            self._gpus_of(args, uid),
+            policy=self.options.policy,
+            locked=locked if self.options.lock_aware else (),
+        )
+        self._done(Verb.PRIORITIZE, Result.OK, started)
+        return web.json_response(host_priority_list(scores))
+
+    async def bind(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        try:
+            args = parse_binding_args(await self._body(request))
+        except BadRequest as exc:
+            self._done(Verb.BIND, Result.BAD_REQUEST, started)
+            return _error(400, str(exc))
+        outcome = await asyncio.shield(self.binder.bind(args))
+        if outcome.error:
+            log.info("bind %s to %s: %s", args.key, args.node, outcome.error)
+        self._done(Verb.BIND, outcome.result, started)
+        return web.json_response(binding_result(outcome.error))
+
+    # ---- probes -----------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        missing = [] if self.cache.nodes_synced else ["nodes"]
+        if not self.cache.pods_synced:
+            missing.append("pods")
+        if self._ready is not None:
+            missing.extend(self._ready())
+        if missing:
+            return web.Response(status=503, text=f"waiting for: {', '.join(missing)}\n")
+        return web.Response(text="ok\n")
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        data = generate_latest(self.metrics.registry)
+        return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@web.middleware
+async def _too_large(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return _error(413, f"body too large: {exc.text}")
+    return response
+
+
+def make_app(endpoints: Endpoints) -> web.Application:
+    """The aiohttp application serving ``endpoints``."""
+    app = web.Application(
+        client_max_size=endpoints.options.max_body_bytes, middlewares=[_too_large]
+    )
+    app.router.add_post("/filter", endpoints.filter)
+    app.router.add_post("/prioritize", endpoints.prioritize)
+    app.router.add_post("/bind", endpoints.bind)
+    app.router.add_get("/healthz", endpoints.healthz)
+    app.router.add_get("/readyz", endpoints.readyz)
+    app.router.add_get("/metrics", endpoints.metrics_page)
+    return app

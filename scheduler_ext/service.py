@@ -1,0 +1,231 @@
+"""A running extender: the watch-fed caches, the lock watch and the HTTP(S) server, wired up.
+
+``Extender.start`` lists nodes and pods and starts their watches, starts ``NodeLocks.watch()``,
+and serves the endpoints; ``stop`` ends all of it.  One ``Extender`` per event loop; several may
+run in one process (tests run two replicas side by side) when each gets its own registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
+from lockd.kube import KubeClient, node_path, pod_path
+from lockd.locks import NodeLocks
+from lockd.metrics import LockMetrics
+from scheduler_ext.binder import Binder
+from scheduler_ext.cache import ClusterCache
+from scheduler_ext.choose import Policy
+from scheduler_ext.metrics import ExtenderMetrics
+from scheduler_ext.reflector import Reflector
+from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES, Endpoints, ServerOptions, make_app
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A setting of the extender is unusable; the message says which and why."""
+
+    user_facing = True
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the extender is configured with (the CLI flags)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8888
+    lock_namespace: str = DEFAULT_LOCK_NAMESPACE
+    annotation_prefix: str = DEFAULT_PREFIX
+    resource_name: str = DEFAULT_RESOURCE
+    policy: Policy = Policy.BINPACK
+    lease_duration_s: int = 15
+    lock_aware: bool = True
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    client_ca: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6) -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"--listen {value!r}: expected host:port, e.g. 127.0.0.1:8888")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        number = int(port)
+    except ValueError as exc:
+        raise ConfigError(f"--listen {value!r}: port {port!r} is not a number") from exc
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"--listen {value!r}: port {number} is out of range")
+    return host, number
+
+
+def server_ssl_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
+    """TLS for the endpoints; with ``client_ca``, every client must present a certificate it
+    signed (kube-scheduler's ``tlsConfig.certFile``/``keyFile``)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert, key)
+        if client_ca is not None:
+            ctx.load_verify_locations(cafile=client_ca)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load TLS files: {exc}") from exc
+    return ctx
+
+
+def check_settings(settings: Settings) -> None:
+    """Raise ``ConfigError`` for contradictory or impossible settings."""
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if settings.client_ca is not None and settings.tls_cert is None:
+        raise ConfigError(
+            "--client-ca needs --tls-cert and --tls-key (client certificates "
+            "are only checked over HTTPS)"
+        )
+    if settings.lease_duration_s < 3:
+        raise ConfigError("--lease-duration must be at least 3 seconds")
+    if settings.max_body_bytes < 1024:
+        raise ConfigError("--max-body-bytes must be at least 1024")
+    if not settings.annotation_prefix.endswith("/"):
+        raise ConfigError("--annotation-prefix must end with '/', e.g. nodelock.io/")
+
+
+class Extender:
+    """One running extender."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        settings: Settings,
+        *,
+        registry: CollectorRegistry = REGISTRY,
+        lock_metrics: LockMetrics | None = None,
+    ) -> None:
+        check_settings(settings)
+        self.settings = settings
+        self.kube = kube
+        self.cache = ClusterCache(
+            keys=Keys(settings.annotation_prefix), resource=settings.resource_name
+        )
+        self.metrics = ExtenderMetrics(self.cache, registry=registry)
+        self.locks = NodeLocks(
+            kube,
+            namespace=settings.lock_namespace,
+            prefix=settings.annotation_prefix,
+            duration_s=settings.lease_duration_s,
+            metrics=lock_metrics,
+        )
+        self.binder = Binder(
+            kube, self.cache, self.locks, self.metrics, duration_s=settings.lease_duration_s
+        )
+        self.endpoints = Endpoints(
+            self.cache,
+            self.locks,
+            self.binder,
+            self.metrics,
+            ServerOptions(
+                policy=settings.policy,
+                lock_aware=settings.lock_aware,
+                max_body_bytes=settings.max_body_bytes,
+            ),
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.port = settings.port
+
+    @property
+    def url(self) -> str:
+        """The base URL kube-scheduler's ``urlPrefix`` should name."""
+        scheme = "https" if self.settings.tls else "http"
+        host = self.settings.host
+        host = f"[{host}]" if ":" in host else host
+        return f"{scheme}://{host}:{self.port}"
+
+    def _reflectors(self) -> list[Reflector]:
+        cache = self.cache
+        return [
+            Reflector(
+                self.kube,
+                node_path(),
+                name="nodes",
+                replace=cache.replace_nodes,
+                apply=cache.apply_node,
+                alive=lambda: cache.mark_alive("nodes"),
+                on_relist=lambda: self.metrics.relists.labels("nodes").inc(),
+            ),
+            Reflector(
+                self.kube,
+                pod_path(),
+                name="pods",
+                replace=cache.replace_pods,
+                apply=cache.apply_pod,
+                alive=lambda: cache.mark_alive("pods"),
+                on_relist=lambda: self.metrics.relists.labels("pods").inc(),
+            ),
+        ]
+
+    async def start(self, *, wait_synced_s: float | None = 60.0) -> None:
+        """Start watching and serving; with ``wait_synced_s``, wait until the caches are listed."""
+        for reflector in self._reflectors():
+            self._tasks.append(asyncio.create_task(reflector.run(), name=reflector.name))
+        self._tasks.append(asyncio.create_task(self.locks.watch(), name="leases"))
+        ssl_ctx = None
+        if self.settings.tls_cert is not None and self.settings.tls_key is not None:
+            ssl_ctx = server_ssl_context(
+                self.settings.tls_cert, self.settings.tls_key, self.settings.client_ca
+            )
+        self._runner = web.AppRunner(make_app(self.endpoints), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner, self.settings.host, self.settings.port, ssl_context=ssl_ctx
+        )
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.stop()
+            raise ConfigError(
+                f"cannot listen on {self.settings.host}:{self.settings.port}: {exc}"
+            ) from exc
+        addresses = self._runner.addresses
+        if addresses:
+            self.port = int(addresses[0][1])
+        log.info("extender serving on %s", self.url)
+        if wait_synced_s is not None:
+            synced = await self.cache.wait_until(lambda: self.cache.synced, timeout_s=wait_synced_s)
+            if not synced:
+                log.warning("caches not listed after %.0fs; serving anyway", wait_synced_s)
+
+    async def stop(self) -> None:
+        """Stop serving and watching."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def serve_forever(self) -> None:
+        """Run until cancelled (SIGINT/SIGTERM in the CLI)."""
+        await self.start(wait_synced_s=None)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.stop()

@@ -1,0 +1,102 @@
+"""The takeover check (DESIGN §3.4): an expired lock moves on only once its holder left handoff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from handoff.wire import Keys
+from lockd.model import NodeName
+from scheduler_ext.state import PodState, pod_state
+from scheduler_ext.takeover import HolderState, holder_state, judge
+
+NODE = NodeName("gpu-1")
+UID = "uid-1"
+
+
+def pod(
+    *,
+    node: str | None = "gpu-1",
+    phase: str = "Pending",
+    uid: str = UID,
+    statuses: list[dict[str, Any]] | None = None,
+    init_statuses: list[dict[str, Any]] | None = None,
+) -> PodState:
+    obj: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": uid},
+        "spec": {"containers": [{"name": "c"}]},
+        "status": {"phase": phase},
+    }
+    if node is not None:
+        obj["spec"]["nodeName"] = node
+    if statuses is not None:
+        obj["status"]["containerStatuses"] = statuses
+    if init_statuses is not None:
+        obj["status"]["initContainerStatuses"] = init_statuses
+    return pod_state(obj, keys=Keys(), resource="nvidia.com/gpu")
+
+
+WAITING = {"name": "c", "state": {"waiting": {"reason": "ContainerCreating"}}}
+RUNNING = {"name": "c", "state": {"running": {}}, "containerID": "containerd://abc"}
+INIT_DONE = {"name": "i", "state": {"terminated": {"exitCode": 0}}}
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        (None, HolderState.GONE),
+        (pod(uid="other"), HolderState.GONE),
+        (pod(phase="Failed"), HolderState.FINISHED),
+        (pod(phase="Succeeded"), HolderState.FINISHED),
+        (pod(node=None), HolderState.NOT_BOUND),
+        (pod(node="gpu-2"), HolderState.BOUND_ELSEWHERE),
+        (pod(phase="Running"), HolderState.ADMITTED),
+        (pod(statuses=[RUNNING]), HolderState.ADMITTED),
+        (pod(init_statuses=[INIT_DONE]), HolderState.ADMITTED),
+        (pod(), HolderState.IN_HANDOFF),
+        (pod(statuses=[WAITING]), HolderState.IN_HANDOFF),
+        (pod(phase="Unknown"), HolderState.UNKNOWN_PHASE),
+    ],
+)
+def test_holder_state(state: PodState | None, expected: HolderState) -> None:
+    assert holder_state(state, holder_uid=UID, node=NODE) is expected
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        None,
+        pod(uid="other"),
+        pod(phase="Failed"),
+        pod(node=None),
+        pod(node="gpu-2"),
+        pod(phase="Running"),
+    ],
+)
+def test_fresh_read_allows_takeover_once_the_holder_left_handoff(state: PodState | None) -> None:
+    verdict = judge(state, holder_uid=UID, node=NODE, fresh=True)
+    assert verdict.allowed is True
+    assert verdict.why
+
+
+@pytest.mark.parametrize("state", [pod(), pod(statuses=[WAITING]), pod(phase="Unknown")])
+def test_pending_unadmitted_holder_keeps_the_lock_however_old(state: PodState) -> None:
+    # the HAMi #3096 failure: handing this lock on would let two pods swap devices silently
+    for fresh in (True, False):
+        verdict = judge(state, holder_uid=UID, node=NODE, fresh=fresh)
+        assert verdict.allowed is False
+
+
+def test_cache_answers_yes_only_for_states_that_never_revert() -> None:
+    for state in (pod(phase="Failed"), pod(node="gpu-2"), pod(phase="Running"), pod(uid="x")):
+        assert judge(state, holder_uid=UID, node=NODE, fresh=False).allowed is True
+    # "not bound" may turn into "bound here" any moment: the cache must not decide it
+    assert judge(pod(node=None), holder_uid=UID, node=NODE, fresh=False).allowed is None
+
+
+def test_pod_unknown_to_the_cache_needs_a_read_unless_seen_deleted() -> None:
+    assert judge(None, holder_uid=UID, node=NODE, fresh=False).allowed is None
+    seen_gone = judge(None, holder_uid=UID, node=NODE, fresh=False, known_gone=True)
+    assert seen_gone.allowed is True
+    assert seen_gone.state is HolderState.GONE
