@@ -139,7 +139,7 @@ class Binder:
 
     async def _pod(self, args: BindingArgs) -> PodState:
         pod = self._cache.pod(args.pod_uid)
-        if pod is not None:
+        if pod is not None and pod.key == args.key:
             return pod
         try:
             obj = await self._kube.get(pod_path(args.pod_namespace, args.pod_name))
@@ -156,7 +156,13 @@ class Binder:
         gpus = self._cache.node_gpus(node, exclude_uid=uid)
         if gpus is None:
             raise BindFailed(Result.ERROR, f"node {node} is not in the GPU extender's cache")
-        return with_lock_holder(gpus, self._locks.view(node), pod_uid=uid, keys=self._cache.keys)
+        return with_lock_holder(
+            gpus,
+            self._locks.view(node),
+            pod_uid=uid,
+            keys=self._cache.keys,
+            finished=self._cache.finished,
+        )
 
     async def _bind(self, args: BindingArgs) -> BindOutcome:
         node = args.node

@@ -113,6 +113,11 @@ class ClusterCache:
     def is_gone(self, uid: str) -> bool:
         return uid in self._gone
 
+    def finished(self, uid: str) -> bool:
+        """Whether this cache saw the pod deleted or terminal (it holds no GPUs any more)."""
+        pod = self._pods.get(uid)
+        return uid in self._gone or (pod is not None and pod.phase.terminal)
+
     def seen_bound_or_gone(self, uid: str) -> bool:
         """Whether this cache saw the pod bound to a node, or deleted."""
         pod = self._pods.get(uid)

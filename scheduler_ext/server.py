@@ -100,13 +100,16 @@ class Endpoints:
 
     def _gpus_of(self, args: ExtenderArgs, pod_uid: str) -> Callable[[NodeName], NodeGPUs | None]:
         keys = self.cache.keys
+        finished = self.cache.finished
         if args.nodes is None:
 
             def from_cache(name: NodeName) -> NodeGPUs | None:
                 gpus = self.cache.node_gpus(name)
                 if gpus is None:
                     return None
-                return with_lock_holder(gpus, self.locks.view(name), pod_uid=pod_uid, keys=keys)
+                return with_lock_holder(
+                    gpus, self.locks.view(name), pod_uid=pod_uid, keys=keys, finished=finished
+                )
 
             return from_cache
         # not node-cache capable: the scheduler sent the Node objects; read inventories there
@@ -118,7 +121,9 @@ class Endpoints:
             except BadObject:
                 return None
             gpus = node_gpus(state, self.cache.pods_on(name))
-            return with_lock_holder(gpus, self.locks.view(name), pod_uid=pod_uid, keys=keys)
+            return with_lock_holder(
+                gpus, self.locks.view(name), pod_uid=pod_uid, keys=keys, finished=finished
+            )
 
         return from_args
 

@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -20,7 +22,7 @@ from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURC
 from lockd.kube import KubeClient, node_path, pod_path
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
-from scheduler_ext.binder import Binder
+from scheduler_ext.binder import CONFIRM_WAIT_S, Binder
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.choose import Policy
 from scheduler_ext.metrics import ExtenderMetrics
@@ -115,7 +117,10 @@ class Extender:
         *,
         registry: CollectorRegistry = REGISTRY,
         lock_metrics: LockMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        confirm_wait_s: float = CONFIRM_WAIT_S,
     ) -> None:
+        """``clock`` (monotonic seconds) judges lock expiry and the bind deadline."""
         check_settings(settings)
         self.settings = settings
         self.kube = kube
@@ -129,9 +134,16 @@ class Extender:
             prefix=settings.annotation_prefix,
             duration_s=settings.lease_duration_s,
             metrics=lock_metrics,
+            clock=clock,
         )
         self.binder = Binder(
-            kube, self.cache, self.locks, self.metrics, duration_s=settings.lease_duration_s
+            kube,
+            self.cache,
+            self.locks,
+            self.metrics,
+            duration_s=settings.lease_duration_s,
+            confirm_wait_s=confirm_wait_s,
+            clock=clock,
         )
         self.endpoints = Endpoints(
             self.cache,

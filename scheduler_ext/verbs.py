@@ -46,8 +46,10 @@ def with_lock_holder(
     *,
     pod_uid: str | None = None,
     keys: Keys = DEFAULT_KEYS,
+    finished: Callable[[str], bool] | None = None,
 ) -> NodeGPUs:
-    """``gpus`` with the lock holder's assigned devices taken (unless the holder is ``pod_uid``).
+    """``gpus`` with the lock holder's assigned devices taken (unless the holder is ``pod_uid``,
+    or ``finished(holder_uid)`` says its pod was seen deleted or terminal).
 
     The holder's pod annotation may not have reached the cache yet; the Lease's copy of its
     assignment covers that gap.
@@ -56,6 +58,8 @@ def with_lock_holder(
         return gpus
     holder = view.record.holder
     if pod_uid is not None and holder.uid == pod_uid:
+        return gpus
+    if finished is not None and finished(holder.uid):
         return gpus
     raw = holder.data.get(ASSIGNMENT_DATA)
     if raw is None:

@@ -202,3 +202,16 @@ async def test_wait_until_wakes_on_a_change() -> None:
     assert await cache.wait_until(lambda: cache.seen_bound_or_gone("uid-a"), timeout_s=5.0)
     await task
     assert not await cache.wait_until(lambda: cache.is_gone("uid-zzz"), timeout_s=0.01)
+
+
+def test_finished_lock_holder_does_not_keep_its_devices() -> None:
+    cache = cache_with(pod_obj("h", node="n1", assignment={"c": ["GPU-1"]}, phase="Failed"))
+    base = cache.node_gpus(NodeName("n1"))
+    assert base is not None
+    holder = Holder(HolderKey("ns/h"), "uid-h", {"assignment": '{"c":["GPU-1"]}'})
+    assert cache.finished("uid-h")
+    assert with_lock_holder(base, _view(holder), finished=cache.finished) is base
+    assert "GPU-1" in with_lock_holder(base, _view(holder)).taken
+    cache.apply_pod("DELETED", pod_obj("h", node="n1"))
+    assert cache.finished("uid-h")
+    assert not cache.finished("uid-unknown")
