@@ -1,0 +1,89 @@
+{{/* Name prefix of every object: the release name when it contains "nodelock". */}}
+{{- define "nodelock.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "nodelock.lockNamespace" -}}
+{{- .Values.lockNamespace | default .Release.Namespace -}}
+{{- end -}}
+
+{{- define "nodelock.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: nodelock
+{{- end -}}
+
+{{/* Selector labels of one component: include "nodelock.selector" (list . "extender") */}}
+{{- define "nodelock.selector" -}}
+{{- $ctx := index . 0 -}}
+app.kubernetes.io/name: {{ $ctx.Chart.Name }}
+app.kubernetes.io/instance: {{ $ctx.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "nodelock.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "nodelock.extenderName" -}}{{ include "nodelock.fullname" . }}-extender{{- end -}}
+{{- define "nodelock.devicePluginName" -}}{{ include "nodelock.fullname" . }}-device-plugin{{- end -}}
+{{- define "nodelock.schedulerName" -}}{{ include "nodelock.fullname" . }}-scheduler{{- end -}}
+
+{{/* The service account usernames the API server authenticates the parts as. */}}
+{{- define "nodelock.extenderUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "nodelock.extenderName" . }}
+{{- end -}}
+{{- define "nodelock.devicePluginUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "nodelock.devicePluginName" . }}
+{{- end -}}
+
+{{- define "nodelock.extenderHost" -}}
+{{ include "nodelock.extenderName" . }}.{{ .Release.Namespace }}.svc
+{{- end -}}
+
+{{- define "nodelock.extenderSecret" -}}
+{{- .Values.tls.extenderSecretName | default (printf "%s-extender-tls" (include "nodelock.fullname" .)) -}}
+{{- end -}}
+{{- define "nodelock.schedulerSecret" -}}
+{{- .Values.tls.schedulerSecretName | default (printf "%s-scheduler-tls" (include "nodelock.fullname" .)) -}}
+{{- end -}}
+
+{{/* The annotation keys only the extender may write (handoff/wire.py). */}}
+{{- define "nodelock.assignmentKeys" -}}
+{{- $p := .Values.annotationPrefix -}}
+{{- list (printf "%sassignment" $p) (printf "%stoken" $p) (printf "%sbound-at" $p) | toJson -}}
+{{- end -}}
+
+{{/* The one extenders: entry of a KubeSchedulerConfiguration (scheduler_ext/config.py). */}}
+{{- define "nodelock.extenderConfig" -}}
+{{- $https := .Values.tls.enabled -}}
+- urlPrefix: {{ printf "%s://%s:%d" (ternary "https" "http" $https) (include "nodelock.extenderHost" .) (ternary 443 80 $https) }}
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  bindVerb: bind
+  weight: {{ .Values.scheduler.weight }}
+  enableHTTPS: {{ $https }}
+  httpTimeout: {{ .Values.scheduler.httpTimeout }}
+  nodeCacheCapable: true
+  managedResources:
+    - name: {{ .Values.resourceName }}
+      ignoredByScheduler: false
+  ignorable: false
+  {{- if $https }}
+  tlsConfig:
+    serverName: {{ include "nodelock.extenderHost" . }}
+    {{- if .Values.tls.requireClientCert }}
+    certFile: /etc/nodelock/scheduler-tls/tls.crt
+    keyFile: /etc/nodelock/scheduler-tls/tls.key
+    {{- end }}
+    caFile: /etc/nodelock/scheduler-tls/ca.crt
+  {{- end }}
+{{- end -}}
