@@ -31,7 +31,9 @@ REGISTER_TIMEOUT_S = 5.0
 REGISTER_RETRY_S = 1.0
 STOP_GRACE_S = 0.5
 
-FileId = tuple[int, int]  # (st_dev, st_ino): a file recreated under the same name differs
+# (st_dev, st_ino, st_ctime_ns): a file recreated under the same name differs even when the
+# file system hands out the freed inode number again
+FileId = tuple[int, int, int]
 log = logging.getLogger(__name__)
 
 
@@ -40,7 +42,7 @@ def file_id(path: Path) -> FileId | None:
         st = os.stat(path)
     except FileNotFoundError:
         return None
-    return (st.st_dev, st.st_ino)
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def register_request(socket_name: str, resource: str) -> pb.RegisterRequest:
@@ -117,8 +119,12 @@ class Endpoint:
         next_try = 0.0
         while file_id(self.socket) == sock:
             kubelet = file_id(self.kubelet_socket)
+            if kubelet is None and registered_with is not None:
+                log.info("kubelet.sock is gone (kubelet restarting?); waiting for it")
+                registered_with = None
+                self.registered.clear()
             if kubelet is not None and kubelet != registered_with and loop.time() >= next_try:
-                if registered_with is not None:
+                if self.registered.is_set():
                     log.info("kubelet.sock was recreated; registering again")
                     self.registered.clear()
                 if await self._register():

@@ -1,0 +1,623 @@
+"""The device plugin against the real API server, driven over its unix socket by a gRPC client.
+
+Each test plays the extender itself (takes the node lock with lockd, binds the pod with its
+assignment on the Binding) and kubelet's part with a grpc.aio client of the plugin's socket, or a
+Registration server on a temporary ``kubelet.sock``.  The real kubelet device manager drives the
+plugin in the e2e tests (Go harness).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from deviceplugin import checkpoint
+from deviceplugin.answer import DeviceMode
+from deviceplugin.checkpoint import Checkpoint, PendingRelease
+from deviceplugin.plugin import DevicePlugin, PluginConfig
+from deviceplugin.simulated import SimSpec, SimulatedBackend, simulated_id
+from handoff.wire import (
+    ContainerName,
+    DeviceID,
+    format_assignment,
+    format_inventory,
+    parse_inventory,
+)
+from lockd import (
+    HeldLock,
+    Holder,
+    HolderKey,
+    KubeClient,
+    LockMetrics,
+    NodeLocks,
+    NodeLockView,
+    NodeName,
+    NotFound,
+    Outcome,
+)
+from lockd.kube import node_path, pod_path
+from proto import deviceplugin_v1beta1_pb2 as pb
+from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+GPU_COUNT = 8
+WAIT_S = 30.0
+
+
+@dataclass
+class Env:
+    """One test's node, directories and extender-side lock client."""
+
+    kube: KubeClient
+    namespace: str
+    node: NodeName
+    plugin_dir: Path
+    state_dir: Path
+    locks: NodeLocks  # the test's stand-in for the extender
+
+    def gpu(self, index: int) -> DeviceID:
+        return simulated_id(self.node, index)
+
+    def config(self, **overrides: Any) -> PluginConfig:
+        base = PluginConfig(
+            node=self.node,
+            plugin_dir=self.plugin_dir,
+            state_dir=self.state_dir,
+            lock_namespace=self.namespace,
+        )
+        return replace(base, **overrides)
+
+
+@pytest.fixture
+async def env(kube: KubeClient, namespace: str) -> AsyncIterator[Env]:
+    node = NodeName(f"dp-{secrets.token_hex(4)}")
+    await kube.create(node_path(), {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    # unix socket paths must stay short (108 bytes), so not under pytest's tmp_path
+    root = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
+    locks = NodeLocks(kube, namespace=namespace, metrics=LockMetrics(registry=CollectorRegistry()))
+    try:
+        yield Env(kube, namespace, node, root / "plugins", root / "state", locks)
+    finally:
+        with contextlib.suppress(NotFound):
+            await kube.delete(node_path(node))
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    env: Env, *, sim_file: Path | None = None, **overrides: Any
+) -> AsyncIterator[DevicePlugin]:
+    backend = SimulatedBackend(env.node, SimSpec(count=GPU_COUNT), sim_file=sim_file)
+    plugin = DevicePlugin(env.config(**overrides), kube=env.kube, backend=backend)
+    await plugin.start()
+    try:
+        yield plugin
+    finally:
+        await plugin.stop()
+
+
+@contextlib.asynccontextmanager
+async def dial(plugin: DevicePlugin) -> AsyncIterator[pb_grpc.DevicePluginAsyncStub]:
+    async with grpc.aio.insecure_channel(f"unix://{plugin.endpoint.socket}") as channel:
+        yield pb_grpc.DevicePluginStub(channel)
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], what: str) -> T:
+    """Poll ``probe`` until it returns something other than None (or fail after WAIT_S)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while True:
+        value = await probe()
+        if value is not None:
+            return value
+        if loop.time() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def container(name: str, gpus: int) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": "registry.k8s.io/pause:3.10"}
+    if gpus:
+        c["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return c
+
+
+async def bind(
+    env: Env,
+    name: str,
+    assignment: Mapping[str, Sequence[DeviceID]],
+    *,
+    containers: Sequence[tuple[str, int]],
+    init: Sequence[tuple[str, int]] = (),
+) -> tuple[dict[str, Any], HeldLock]:
+    """What the extender does: create-time pod, lock for it, Binding with the annotations."""
+    spec: dict[str, Any] = {
+        "schedulerName": "nodelock-test-nobody",  # no scheduler touches it
+        "containers": [container(n, g) for n, g in containers],
+    }
+    if init:
+        spec["initContainers"] = [container(n, g) for n, g in init]
+    pod = await env.kube.create(
+        pod_path(env.namespace),
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec},
+    )
+    value = format_assignment({ContainerName(k): list(v) for k, v in assignment.items()})
+    holder = Holder(
+        HolderKey(f"{env.namespace}/{name}"), pod["metadata"]["uid"], {"assignment": value}
+    )
+    held = await env.locks.acquire(env.node, holder)
+    await env.kube.create(
+        pod_path(env.namespace, name, subresource="binding"),
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": name,
+                "annotations": {
+                    "nodelock.io/assignment": value,
+                    "nodelock.io/token": str(held.token),
+                },
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": env.node},
+        },
+    )
+    return await env.kube.get(pod_path(env.namespace, name)), held
+
+
+async def allocate(stub: pb_grpc.DevicePluginAsyncStub, *ids: str) -> pb.ContainerAllocateResponse:
+    resp = await stub.Allocate(
+        pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+    )
+    assert len(resp.container_responses) == 1
+    return resp.container_responses[0]
+
+
+async def refused(call: Awaitable[object], code: grpc.StatusCode) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    assert info.value.code() == code, info.value.details()
+    return info.value.details() or ""
+
+
+async def preferred(
+    stub: pb_grpc.DevicePluginAsyncStub,
+    available: Sequence[str],
+    size: int,
+    must: Sequence[str] = (),
+) -> list[str]:
+    resp = await stub.GetPreferredAllocation(
+        pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available,
+                    must_include_deviceIDs=must,
+                    allocation_size=size,
+                )
+            ]
+        )
+    )
+    return list(resp.container_responses[0].deviceIDs)
+
+
+async def lease(env: Env) -> NodeLockView:
+    view = await env.locks.inspect(env.node)
+    assert view is not None
+    return view
+
+
+async def released(env: Env, token: int) -> NodeLockView | None:
+    view = await env.locks.inspect(env.node)
+    if view is None or view.record.holder is not None or view.record.last is None:
+        return None
+    return view if view.record.last.token == token else None
+
+
+def sample(plugin: DevicePlugin, name: str, **labels: str) -> float:
+    return plugin.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+# -- the happy path ------------------------------------------------------------------------------
+
+
+async def test_init_and_main_container_then_the_lock_is_released(env: Env) -> None:
+    gpus = [env.gpu(i) for i in range(GPU_COUNT)]
+    assignment = {"setup": [gpus[2]], "train": [gpus[2], gpus[5]]}
+    _, held = await bind(env, "p", assignment, init=[("setup", 1)], containers=[("train", 2)])
+    async with running(env) as plugin, dial(plugin) as stub:
+        # kubelet: preference, then Allocate, per container (init first)
+        assert await preferred(stub, gpus, 1) == [gpus[2]]
+        setup = await allocate(stub, gpus[2])
+        assert dict(setup.envs) == {"NVIDIA_VISIBLE_DEVICES": gpus[2]}
+        assert list(setup.devices) == []  # simulated GPUs have no device nodes
+        assert (await lease(env)).record.holder is not None  # one container still to go
+
+        others = [g for g in gpus if g != gpus[2]]
+        assert await preferred(stub, others, 2, must=[gpus[2]]) == [gpus[2], gpus[5]]
+        train = await allocate(stub, gpus[5], gpus[2])
+        assert train.envs["NVIDIA_VISIBLE_DEVICES"] == f"{gpus[2]},{gpus[5]}"
+
+        view = await eventually(lambda: released(env, held.token), "the lock release")
+        assert view.record.last is not None
+        assert view.record.last.outcome == Outcome.ALLOCATED.value
+        assert view.record.last.holder == f"{env.namespace}/p"
+        assert view.record.token == held.token  # released, not re-acquired
+        assert plugin.admission.progress is None
+        assert plugin.admission.pending == ()
+        assert sample(plugin, "nodelock_deviceplugin_allocations_total", result="allocated") == 2
+        assert (
+            sample(plugin, "nodelock_deviceplugin_preferred_allocations_total", result="hit") == 2
+        )
+        assert sample(plugin, "nodelock_lock_releases_total", outcome="allocated") == 1
+        assert sample(plugin, "nodelock_deviceplugin_allocate_seconds_count") == 2
+
+
+async def test_cdi_mode_names_devices(env: Env) -> None:
+    g = env.gpu(1)
+    await bind(env, "p", {"main": [g]}, containers=[("main", 1)])
+    async with running(env, mode=DeviceMode.CDI) as plugin, dial(plugin) as stub:
+        resp = await allocate(stub, g)
+    assert [d.name for d in resp.cdi_devices] == [f"nvidia.com/gpu={g}"]
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+
+async def test_bad_grpc_input_never_crashes_the_plugin_or_touches_the_lock(env: Env) -> None:
+    g = [env.gpu(i) for i in range(GPU_COUNT)]
+    _, held = await bind(env, "p", {"main": [g[0]]}, containers=[("main", 1)])
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    async with running(env) as plugin, dial(plugin) as stub:
+
+        def req(*containers: Sequence[str]) -> pb.AllocateRequest:
+            return pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=c) for c in containers]
+            )
+
+        await refused(stub.Allocate(pb.AllocateRequest()), invalid)
+        await refused(stub.Allocate(req([])), invalid)
+        await refused(stub.Allocate(req(["GPU-not-here"])), invalid)
+        await refused(stub.Allocate(req(["GPU\x00", "\u2603" * 70])), invalid)
+        await refused(stub.Allocate(req([g[0], g[0]])), invalid)
+        await refused(stub.Allocate(req([f"GPU-{i:060d}" for i in range(20_000)])), invalid)
+        await refused(stub.Allocate(req(*([[g[0]]] * 100))), invalid)
+        await refused(stub.Allocate(req([g[0]], [g[1]])), invalid)
+
+        empty = await stub.GetPreferredAllocation(pb.PreferredAllocationRequest())
+        assert list(empty.container_responses) == []
+        many = await stub.GetPreferredAllocation(
+            pb.PreferredAllocationRequest(
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(available_deviceIDs=g, allocation_size=1)
+                ]
+                * 50
+            )
+        )
+        assert len(many.container_responses) == 50
+        for size in (-5, 0, 2**31 - 1):
+            hint = await preferred(stub, ["x" * 200, *g], size)
+            assert len(hint) <= max(size, 0)
+        assert await preferred(stub, [], 3) == []
+        await stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["junk"] * 1000))
+        await stub.GetDevicePluginOptions(pb.Empty())
+
+        view = await lease(env)  # nothing above released or changed the lock
+        assert view.record.holder is not None
+        assert view.record.token == held.token
+        assert sample(plugin, "nodelock_deviceplugin_allocations_total", result="bad-request") == 8
+
+        resp = await allocate(stub, g[0])  # and the plugin still serves
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == g[0]
+        await eventually(lambda: released(env, held.token), "the lock release")
+
+
+# -- refusals and the lock -----------------------------------------------------------------------
+
+
+async def test_no_holder_is_refused_and_nothing_is_written(env: Env) -> None:
+    async with running(env) as plugin, dial(plugin) as stub:
+        msg = await refused(
+            stub.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=[env.gpu(0)])]
+                )
+            ),
+            grpc.StatusCode.FAILED_PRECONDITION,
+        )
+        assert env.node in msg
+        assert "no pod holds the node lock" in msg
+        assert await env.locks.inspect(env.node) is None  # no Lease was created
+        assert plugin.admission.pending == ()
+
+
+async def test_forged_assignment_is_refused_and_the_lock_released_rejected(env: Env) -> None:
+    g = [env.gpu(i) for i in range(GPU_COUNT)]
+    _, held = await bind(env, "p", {"main": [g[0]]}, containers=[("main", 1)])
+    # HAMi #3076: the pod owner rewrites its own annotation to get GPU 7
+    forged = format_assignment({ContainerName("main"): [g[7]]})
+    await env.kube.patch(
+        pod_path(env.namespace, "p"),
+        {"metadata": {"annotations": {"nodelock.io/assignment": forged}}},
+    )
+    async with running(env) as plugin, dial(plugin) as stub:
+        assert await preferred(stub, [g[7]], 1) == [g[7]]  # a hint only: a miss
+        assert sample(plugin, "nodelock_deviceplugin_preferred_allocations_total", result="miss")
+        msg = await refused(
+            stub.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=[g[7]])]
+                )
+            ),
+            grpc.StatusCode.FAILED_PRECONDITION,
+        )
+        assert f"{env.namespace}/p" in msg
+        assert env.node in msg
+        assert "differs from the lock's copy" in msg
+        view = await eventually(lambda: released(env, held.token), "the rejected release")
+        assert view.record.last is not None
+        assert view.record.last.outcome == Outcome.REJECTED.value
+        assert sample(plugin, "nodelock_deviceplugin_allocations_total", result="forged") == 1
+
+
+async def test_holder_pod_deleted_releases_rejected(env: Env) -> None:
+    _, held = await bind(env, "p", {"main": [env.gpu(0)]}, containers=[("main", 1)])
+    await env.kube.delete(pod_path(env.namespace, "p"), grace_period_seconds=0)
+    async with running(env) as plugin, dial(plugin) as stub:
+        await refused(stub.Allocate(_one(env.gpu(0))), grpc.StatusCode.FAILED_PRECONDITION)
+        view = await eventually(lambda: released(env, held.token), "the rejected release")
+        assert view.record.last is not None
+        assert view.record.last.outcome == Outcome.REJECTED.value
+        assert plugin.admission.pending == ()
+
+
+def _one(*ids: str) -> pb.AllocateRequest:
+    return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+
+
+async def test_refusals_that_may_concern_another_pod_leave_the_lock_to_its_holder(
+    env: Env,
+) -> None:
+    g = [env.gpu(i) for i in range(GPU_COUNT)]
+    _, held = await bind(env, "p", {"main": [g[3]]}, containers=[("main", 1)])
+    failed = grpc.StatusCode.FAILED_PRECONDITION
+    async with running(env) as plugin, dial(plugin) as stub:
+        msg = await refused(stub.Allocate(_one(g[3], g[4])), failed)  # count mismatch
+        assert "asks for 2 devices" in msg
+        msg = await refused(stub.Allocate(_one(g[4])), failed)  # kubelet chose other IDs
+        assert "kubelet chose" in msg
+        view = await lease(env)
+        assert view.record.holder is not None
+        assert view.record.token == held.token
+        # ... so the holder is still served when kubelet admits it, and then it is released
+        resp = await allocate(stub, g[3])
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == g[3]
+        await eventually(lambda: released(env, held.token), "the lock release")
+
+
+async def test_token_mismatch_is_refused_and_the_lock_left_alone(env: Env) -> None:
+    _, held = await bind(env, "p", {"main": [env.gpu(0)]}, containers=[("main", 1)])
+    await env.kube.patch(
+        pod_path(env.namespace, "p"),
+        {"metadata": {"annotations": {"nodelock.io/token": str(held.token + 5)}}},
+    )
+    async with running(env) as plugin, dial(plugin) as stub:
+        msg = await refused(stub.Allocate(_one(env.gpu(0))), grpc.StatusCode.FAILED_PRECONDITION)
+        assert f"node lock is at token {held.token}" in msg
+        view = await lease(env)
+        assert view.record.holder is not None
+        assert view.record.token == held.token
+        assert plugin.admission.pending == ()
+
+
+async def test_lock_taken_over_mid_handoff_refuses_once_then_serves_the_new_holder(
+    env: Env,
+) -> None:
+    g = [env.gpu(i) for i in range(GPU_COUNT)]
+    await bind(env, "p", {"a": [g[0]], "b": [g[1]]}, containers=[("a", 1), ("b", 1)])
+    async with running(env) as plugin, dial(plugin) as stub:
+        await allocate(stub, g[0])  # p's first container; p's second is still to come
+        assert plugin.admission.progress is not None
+        await env.locks.break_lock(env.node)  # by hand, as `nodelock locks break` would
+        _, q_held = await bind(env, "q", {"main": [g[5]]}, containers=[("main", 1)])
+        msg = await refused(stub.Allocate(_one(g[5])), grpc.StatusCode.FAILED_PRECONDITION)
+        assert f"{env.namespace}/p" in msg  # names the interrupted handoff ...
+        assert f"{env.namespace}/q" in msg  # ... and the new holder
+        view = await lease(env)
+        assert view.record.holder is not None
+        assert view.record.holder.key == f"{env.namespace}/q"  # left alone
+        resp = await allocate(stub, g[5])
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == g[5]
+        await eventually(lambda: released(env, q_held.token), "q's lock release")
+
+
+# -- restarts ------------------------------------------------------------------------------------
+
+
+async def test_progress_survives_a_plugin_restart(env: Env) -> None:
+    g = [env.gpu(i) for i in range(GPU_COUNT)]
+    _, held = await bind(env, "p", {"a": [g[0]], "b": [g[1]]}, containers=[("a", 1), ("b", 1)])
+    async with running(env) as plugin, dial(plugin) as stub:
+        await allocate(stub, g[0])
+    async with running(env) as plugin, dial(plugin) as stub:  # a new process, same state dir
+        assert plugin.admission.progress is not None
+        assert plugin.admission.progress.served == ("a",)
+        # kubelet (restarted too) asks for b only: its checkpoint already has a's devices
+        assert await preferred(stub, g, 1) == [g[1]]
+        resp = await allocate(stub, g[1])
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == g[1]
+        await eventually(lambda: released(env, held.token), "the lock release")
+
+
+async def test_a_pending_release_is_retried_after_a_restart(env: Env) -> None:
+    pod, held = await bind(env, "p", {"main": [env.gpu(0)]}, containers=[("main", 1)])
+    # the previous process served the last container and died before its release reached the
+    # API server: the checkpoint says so
+    cp = Checkpoint(env.node).with_pending(
+        PendingRelease.of(held.holder, held.token, Outcome.ALLOCATED)
+    )
+    checkpoint.save(checkpoint.checkpoint_path(env.state_dir, env.node), cp)
+    async with running(env) as plugin:
+        view = await eventually(lambda: released(env, held.token), "the pending release")
+        assert view.record.last is not None
+        assert view.record.last.outcome == Outcome.ALLOCATED.value
+
+        async def drained() -> bool | None:
+            return True if plugin.admission.pending == () else None
+
+        await eventually(drained, "the checkpoint to forget the release")
+    again = checkpoint.load(checkpoint.checkpoint_path(env.state_dir, env.node), env.node)
+    assert again.pending == ()
+    del pod
+
+
+# -- registration --------------------------------------------------------------------------------
+
+
+class FakeKubelet(pb_grpc.RegistrationServicer):
+    """A Registration server on kubelet.sock that, like kubelet, dials the plugin back."""
+
+    def __init__(self, plugin_dir: Path) -> None:
+        self.plugin_dir = plugin_dir
+        self.requests: asyncio.Queue[tuple[pb.RegisterRequest, pb.DevicePluginOptions]] = (
+            asyncio.Queue()
+        )
+
+    async def Register(
+        self,
+        request: pb.RegisterRequest,
+        context: grpc.aio.ServicerContext[pb.RegisterRequest, pb.Empty],
+    ) -> pb.Empty:
+        target = f"unix://{self.plugin_dir / request.endpoint}"
+        async with grpc.aio.insecure_channel(target) as channel:
+            options = await pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
+                pb.Empty(), timeout=5
+            )
+        await self.requests.put((request, options))
+        return pb.Empty()
+
+
+@contextlib.asynccontextmanager
+async def kubelet(plugin_dir: Path) -> AsyncIterator[FakeKubelet]:
+    await asyncio.to_thread(plugin_dir.mkdir, parents=True, exist_ok=True)
+    fake = FakeKubelet(plugin_dir)
+    server = grpc.aio.server()
+    pb_grpc.add_RegistrationServicer_to_server(fake, server)
+    server.add_insecure_port(f"unix://{plugin_dir / 'kubelet.sock'}")
+    await server.start()
+    try:
+        yield fake
+    finally:
+        await server.stop(None)
+
+
+async def registrations(plugin: DevicePlugin, count: int) -> None:
+    async def reached() -> bool | None:
+        return True if plugin.endpoint.registrations >= count else None
+
+    await eventually(reached, f"{count} registrations")
+    assert plugin.endpoint.registrations == count
+
+
+async def test_registers_after_serving_and_again_after_a_kubelet_restart(env: Env) -> None:
+    async with kubelet(env.plugin_dir) as first, running(env) as plugin:
+        request, options = await asyncio.wait_for(first.requests.get(), WAIT_S)
+        assert request.version == "v1beta1"
+        assert request.endpoint == "nodelock-gpu.sock"
+        assert request.resource_name == "nvidia.com/gpu"
+        assert request.options.get_preferred_allocation_available
+        assert options.get_preferred_allocation_available  # it was serving during Register
+        await registrations(plugin, 1)
+    # kubelet restarts: it goes away and wipes the plugin directory, then comes back
+    for entry in env.plugin_dir.iterdir():
+        entry.unlink()
+    # (the plugin above was stopped with its kubelet; run a new one through the restart)
+    async with running(env) as plugin:
+        async with kubelet(env.plugin_dir) as k1:
+            await asyncio.wait_for(k1.requests.get(), WAIT_S)
+        for entry in env.plugin_dir.iterdir():
+            entry.unlink()  # kubelet's cleanup deletes the plugin's socket
+        async with kubelet(env.plugin_dir) as k2:
+            request, options = await asyncio.wait_for(k2.requests.get(), WAIT_S)
+            assert request.endpoint == "nodelock-gpu.sock"
+            assert options.get_preferred_allocation_available
+            assert plugin.endpoint.restarts == 1
+            await registrations(plugin, 2)
+            async with dial(plugin) as stub:  # the new socket serves the devices
+                stream = stub.ListAndWatch(pb.Empty())
+                first_list = await asyncio.wait_for(stream.read(), WAIT_S)
+                assert isinstance(first_list, pb.ListAndWatchResponse)
+                assert len(first_list.devices) == GPU_COUNT
+                stream.cancel()
+        assert sample(plugin, "nodelock_deviceplugin_registrations_total", result="ok") == 2
+
+
+async def test_kubelet_sock_recreated_without_touching_our_socket_reregisters(env: Env) -> None:
+    async with running(env) as plugin:
+        async with kubelet(env.plugin_dir) as k1:
+            await asyncio.wait_for(k1.requests.get(), WAIT_S)
+        (env.plugin_dir / "kubelet.sock").unlink(missing_ok=True)  # gRPC may have removed it
+        async with kubelet(env.plugin_dir) as k2:
+            await asyncio.wait_for(k2.requests.get(), WAIT_S)
+            await registrations(plugin, 2)
+        assert plugin.endpoint.restarts == 0
+
+
+# -- devices and inventory -----------------------------------------------------------------------
+
+
+async def test_list_and_watch_and_the_inventory_follow_health_changes(env: Env) -> None:
+    sim = env.plugin_dir.parent / "gpus.json"
+    sim.write_text(json.dumps({"count": 2}))
+    async with running(env, sim_file=sim) as plugin, dial(plugin) as stub:
+        stream = stub.ListAndWatch(pb.Empty())
+        first = await asyncio.wait_for(stream.read(), WAIT_S)
+        assert isinstance(first, pb.ListAndWatchResponse)
+        assert [d.health for d in first.devices] == ["Healthy", "Healthy"]
+        assert [d.ID for d in first.devices] == [env.gpu(0), env.gpu(1)]
+
+        sim.write_text(json.dumps({"count": 2, "unhealthy": [1]}))
+        second = await asyncio.wait_for(stream.read(), WAIT_S)
+        assert isinstance(second, pb.ListAndWatchResponse)
+        assert [d.health for d in second.devices] == ["Healthy", "Unhealthy"]
+        stream.cancel()
+
+        async def annotated_unhealthy() -> list[bool] | None:
+            node = await env.kube.get(node_path(env.node))
+            raw = node["metadata"].get("annotations", {}).get("nodelock.io/gpus")
+            gpus = parse_inventory(raw) if raw else []
+            health = [x.healthy for x in gpus]
+            return health if health == [True, False] else None
+
+        await eventually(annotated_unhealthy, "the inventory annotation to show the change")
+        assert sample(plugin, "nodelock_deviceplugin_devices", health="unhealthy") == 1
+        assert sample(plugin, "nodelock_deviceplugin_devices", health="healthy") == 1
+
+
+async def test_inventory_is_written_only_when_it_changes(env: Env) -> None:
+    async with running(env) as plugin:
+
+        async def written() -> int | None:
+            return plugin.inventory.writes or None
+
+        assert await eventually(written, "the inventory write") == 1
+        node = await env.kube.get(node_path(env.node))
+        expected = format_inventory(plugin.state.gpus)
+        assert node["metadata"]["annotations"]["nodelock.io/gpus"] == expected
+    async with running(env) as plugin:  # same devices after a restart: no write
+
+        async def checked() -> str | None:
+            return plugin.inventory.written
+
+        assert await eventually(checked, "the inventory check") == expected
+        assert plugin.inventory.writes == 0
