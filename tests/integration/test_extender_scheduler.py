@@ -1,0 +1,225 @@
+"""The extender behind the REAL kube-scheduler of devcluster, in every configuration it supports.
+
+kube-scheduler is restarted with our ``extender_entry`` (nodeCacheCapable true and false, one
+replica or two behind a round-robin proxy) and restored afterwards.  Nodes are Node objects made
+by the test; no kubelet runs, so bound pods stay Pending.  ``Releaser`` releases each lock once its
+holder is bound, as the device plugin would after Allocate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from devcluster import lb
+from devcluster.cluster import Cluster
+from devcluster.processes import free_port
+from lockd.errors import NotFound
+from lockd.kube import KubeClient, namespace_path, pod_path
+from scheduler_ext.config import extender_entry
+from scheduler_ext.metrics import Verb
+from scheduler_ext.service import Extender
+from tests.integration.extender_kit import (
+    Releaser,
+    create_gpu_node,
+    create_pod,
+    delete_nodes,
+    device_ids,
+    devices_in,
+    pod_body,
+    running_extender,
+    wait_for,
+)
+
+
+@dataclass
+class Scheduled:
+    """kube-scheduler wired to extender replica(s) in this process."""
+
+    kube: KubeClient
+    lock_namespace: str
+    replicas: list[Extender]
+    node_cache_capable: bool
+
+    def calls(self, verb: Verb) -> float:
+        total = 0.0
+        for ext in self.replicas:
+            for metric in ext.metrics.requests.collect():
+                for sample in metric.samples:
+                    if sample.name.endswith("_total") and sample.labels["verb"] == verb.value:
+                        total += sample.value
+        return total
+
+
+MODES = [
+    pytest.param((1, True), id="node-cache"),
+    pytest.param((1, False), id="node-list"),
+    pytest.param((2, True), id="two-replicas"),
+]
+
+
+@pytest.fixture(scope="module", params=MODES)
+async def scheduled(request: pytest.FixtureRequest, cluster: Cluster) -> AsyncIterator[Scheduled]:
+    replicas, node_cache_capable = request.param
+    kube = await KubeClient.connect(str(cluster.kubeconfig))
+    lock_ns = f"locks-{secrets.token_hex(4)}"
+    await kube.create(
+        namespace_path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": lock_ns}}
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        exts = [
+            await stack.enter_async_context(running_extender(kube, lock_ns))
+            for _ in range(replicas)
+        ]
+        url = exts[0].url
+        if replicas > 1:
+            port = free_port()
+            proxy = asyncio.create_task(lb.serve(port, [("127.0.0.1", e.port) for e in exts]))
+            stack.callback(proxy.cancel)
+            url = f"http://127.0.0.1:{port}"
+        entry = extender_entry(url, node_cache_capable=node_cache_capable)
+        await asyncio.to_thread(cluster.restart_scheduler, {"extenders": [entry]})
+        try:
+            yield Scheduled(kube, lock_ns, exts, node_cache_capable)
+        finally:
+            await asyncio.to_thread(cluster.restart_scheduler, {})
+    with contextlib.suppress(NotFound):
+        await kube.delete(namespace_path(lock_ns))
+    await kube.close()
+
+
+@pytest.fixture
+async def nodes(kube: KubeClient) -> AsyncIterator[list[str]]:
+    made: list[str] = []
+    yield made
+    await delete_nodes(kube, made)
+
+
+@pytest.fixture
+async def releaser(scheduled: Scheduled) -> AsyncIterator[Releaser]:
+    async with Releaser(scheduled.kube, scheduled.lock_namespace) as r:
+        yield r
+
+
+async def gpu_node(kube: KubeClient, nodes: list[str], test: str, gpus: int, **kw: Any) -> str:
+    name = f"{test}-n{len(nodes)}"
+    nodes.append(name)
+    await create_gpu_node(kube, name, test=test, gpus=gpus, **kw)
+    return name
+
+
+def scheduled_pod(name: str, test: str, gpus: int) -> dict[str, Any]:
+    return pod_body(name, test=test, gpus=gpus, scheduler="default-scheduler")
+
+
+async def bound(kube: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
+    pod = await kube.get(pod_path(namespace, name))
+    return pod if pod["spec"].get("nodeName") else None
+
+
+async def unschedulable_message(kube: KubeClient, namespace: str, name: str) -> str | None:
+    pod = await kube.get(pod_path(namespace, name))
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message", ""))
+    return None
+
+
+async def test_gpu_pods_land_only_where_gpus_are_free(
+    scheduled: Scheduled,
+    releaser: Releaser,
+    kube: KubeClient,
+    namespace: str,
+    nodes: list[str],
+) -> None:
+    # "sick" passes kube-scheduler's own allocatable check, but 3 of its 4 GPUs are unhealthy
+    sick = await gpu_node(kube, nodes, namespace, 4, unhealthy=(0, 1, 2))
+    good = await gpu_node(kube, nodes, namespace, 4)
+    for name in ("p0", "p1"):
+        await create_pod(kube, namespace, scheduled_pod(name, namespace, 2))
+    pods = [await wait_for(lambda n=n: bound(kube, namespace, n)) for n in ("p0", "p1")]
+    assert {p["spec"]["nodeName"] for p in pods} == {good}
+    first, second = (devices_in(p) for p in pods)
+    assert first | second == set(device_ids(good, 4))
+    assert not first & second
+    tokens = {p["metadata"]["annotations"]["nodelock.io/token"] for p in pods}
+    assert len(tokens) == 2
+    assert sick not in {p["spec"]["nodeName"] for p in pods}
+
+
+async def test_pods_without_gpus_never_reach_the_extender(
+    scheduled: Scheduled, kube: KubeClient, namespace: str, nodes: list[str]
+) -> None:
+    await gpu_node(kube, nodes, namespace, 2)
+    before = [scheduled.calls(v) for v in Verb]
+    await create_pod(kube, namespace, scheduled_pod("web", namespace, 0))
+    pod = await wait_for(lambda: bound(kube, namespace, "web"))
+    assert "nodelock.io/assignment" not in (pod["metadata"].get("annotations") or {})
+    assert [scheduled.calls(v) for v in Verb] == before
+
+
+async def test_pod_larger_than_any_node_stays_pending_with_a_reason(
+    scheduled: Scheduled, kube: KubeClient, namespace: str, nodes: list[str]
+) -> None:
+    await gpu_node(kube, nodes, namespace, 4, unhealthy=(0, 1, 2))
+    # more than kubelet reports anywhere: kube-scheduler's own check says so
+    await create_pod(kube, namespace, scheduled_pod("huge", namespace, 16))
+    message = await wait_for(lambda: unschedulable_message(kube, namespace, "huge"))
+    assert "Insufficient nvidia.com/gpu" in message
+    # fits the allocatable count but not the healthy devices: the extender's reason is shown
+    await create_pod(kube, namespace, scheduled_pod("three", namespace, 3))
+    message = await wait_for(lambda: unschedulable_message(kube, namespace, "three"))
+    assert "node has 1 healthy GPUs, pod needs 3" in message
+    for name in ("huge", "three"):
+        assert await bound(kube, namespace, name) is None
+
+
+async def test_burst_onto_few_nodes_never_assigns_a_gpu_twice(
+    scheduled: Scheduled,
+    releaser: Releaser,
+    kube: KubeClient,
+    namespace: str,
+    nodes: list[str],
+) -> None:
+    names = [await gpu_node(kube, nodes, namespace, 4) for _ in range(2)]
+    pods = [f"b{i}" for i in range(8)]
+    await asyncio.gather(
+        *(create_pod(kube, namespace, scheduled_pod(p, namespace, 1)) for p in pods)
+    )
+    got = [await wait_for(lambda p=p: bound(kube, namespace, p), timeout_s=120) for p in pods]
+    seen: dict[str, str] = {}
+    for pod in got:
+        node = pod["spec"]["nodeName"]
+        assert node in names
+        for dev in devices_in(pod):
+            assert dev in device_ids(node, 4)
+            assert dev not in seen, f"{dev} given to {seen.get(dev)} and {pod['metadata']['name']}"
+            seen[dev] = pod["metadata"]["name"]
+    assert len(seen) == 8
+    # every bind went through a lock: tokens on each node are distinct
+    for node in names:
+        tokens = [
+            p["metadata"]["annotations"]["nodelock.io/token"]
+            for p in got
+            if p["spec"]["nodeName"] == node
+        ]
+        assert len(tokens) == len(set(tokens))
+    # with two replicas, both took part (the proxy spreads kube-scheduler's connections)
+    assert scheduled.calls(Verb.BIND) >= 8
+    if len(scheduled.replicas) > 1:
+        assert all(served_calls(ext) > 0 for ext in scheduled.replicas)
+
+
+def served_calls(ext: Extender) -> float:
+    return sum(
+        s.value
+        for m in ext.metrics.requests.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
