@@ -19,10 +19,11 @@ import pytest
 
 from devcluster import lb
 from devcluster.cluster import Cluster
+from devcluster.pki import PKI, SCHEDULER
 from devcluster.processes import free_port
 from lockd.errors import NotFound
 from lockd.kube import KubeClient, namespace_path, pod_path
-from scheduler_ext.config import extender_entry
+from scheduler_ext.config import ExtenderTLS, extender_entry
 from scheduler_ext.metrics import Verb
 from scheduler_ext.service import Extender
 from tests.integration.extender_kit import (
@@ -58,23 +59,39 @@ class Scheduled:
 
 
 MODES = [
-    pytest.param((1, True), id="node-cache"),
-    pytest.param((1, False), id="node-list"),
-    pytest.param((2, True), id="two-replicas"),
+    pytest.param((1, True, False), id="node-cache"),
+    pytest.param((1, False, False), id="node-list"),
+    pytest.param((2, True, False), id="two-replicas"),
+    pytest.param((1, True, True), id="https-client-certs"),
 ]
 
 
 @pytest.fixture(scope="module", params=MODES)
 async def scheduled(request: pytest.FixtureRequest, cluster: Cluster) -> AsyncIterator[Scheduled]:
-    replicas, node_cache_capable = request.param
+    replicas, node_cache_capable, https = request.param
     kube = await KubeClient.connect(str(cluster.kubeconfig))
     lock_ns = f"locks-{secrets.token_hex(4)}"
+    settings: dict[str, Any] = {}
+    tls: ExtenderTLS | None = None
+    if https:
+        pki = PKI(cluster.state_dir / f"extender-pki-{lock_ns}")
+        pki.ensure()
+        settings = {
+            "tls_cert": str(pki.serving_cert),
+            "tls_key": str(pki.serving_key),
+            "client_ca": str(pki.ca_cert),
+        }
+        tls = ExtenderTLS(
+            ca_file=str(pki.ca_cert),
+            cert_file=str(pki.client_cert(SCHEDULER)),
+            key_file=str(pki.client_key(SCHEDULER)),
+        )
     await kube.create(
         namespace_path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": lock_ns}}
     )
     async with contextlib.AsyncExitStack() as stack:
         exts = [
-            await stack.enter_async_context(running_extender(kube, lock_ns))
+            await stack.enter_async_context(running_extender(kube, lock_ns, **settings))
             for _ in range(replicas)
         ]
         url = exts[0].url
@@ -83,7 +100,7 @@ async def scheduled(request: pytest.FixtureRequest, cluster: Cluster) -> AsyncIt
             proxy = asyncio.create_task(lb.serve(port, [("127.0.0.1", e.port) for e in exts]))
             stack.callback(proxy.cancel)
             url = f"http://127.0.0.1:{port}"
-        entry = extender_entry(url, node_cache_capable=node_cache_capable)
+        entry = extender_entry(url, node_cache_capable=node_cache_capable, tls=tls)
         await asyncio.to_thread(cluster.restart_scheduler, {"extenders": [entry]})
         try:
             yield Scheduled(kube, lock_ns, exts, node_cache_capable)
