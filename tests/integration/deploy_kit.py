@@ -1,0 +1,230 @@
+"""Test support for the deploy tests: the chart installed as a release of its own, real tokens.
+
+``TestRelease`` renders ``deploy/helm/nodelock`` with a unique release name and namespace (so its
+cluster-scoped objects, ClusterRoles and admission policies, have unique names too), with the pod
+admission policy bound to one labelled workload namespace only, so that it cannot touch other
+tests' pods on the session cluster.  ``install`` applies the identity and policy objects (never
+the workloads: no image runs here); ``uninstall`` deletes everything it applied.
+
+Identities are real: ``token`` asks the API server for a service account token (TokenRequest),
+optionally bound to a pod, which gives it the pod's node as the user extra
+``authentication.kubernetes.io/node-name``, exactly as kubelet's projected tokens have it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devcluster.cluster import Cluster
+from devcluster.helm import render
+
+JSON = dict[str, Any]
+
+TEST_LABEL = "nodelock-deploy-test"
+# What ``install`` applies: identities, permissions, policies, configuration; no workloads.
+INSTALLED_KINDS = (
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "Secret",
+    "ConfigMap",
+)
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
+def parse_documents(rendered: str) -> list[JSON]:
+    """The objects of a ``helm template`` output."""
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+@dataclass
+class TestRelease:
+    """One rendering of the chart for a test: release ``name`` in ``namespace`` (also the lock
+    namespace), pod policy bound to ``workload_namespace`` only."""
+
+    __test__ = False  # not a pytest test class
+
+    name: str
+    namespace: str
+    workload_namespace: str
+    tag: str
+    objects: list[JSON] = field(default_factory=list)
+    applied: list[JSON] = field(default_factory=list)
+
+    @classmethod
+    def render(
+        cls, helm: Path, *, settings: Mapping[str, str] | None = None, tag: str | None = None
+    ) -> TestRelease:
+        tag = tag or secrets.token_hex(4)
+        name, namespace = f"nodelock-{tag}", f"nl-{tag}"
+        values = {
+            "createNamespace": "true",
+            f"admission.podNamespaceSelector.matchLabels.{TEST_LABEL}": tag,
+            **(settings or {}),
+        }
+        release = cls(name, namespace, f"nl-{tag}-work", tag)
+        release.objects = parse_documents(
+            render(helm, release=name, namespace=namespace, settings=values)
+        )
+        return release
+
+    @property
+    def extender_sa(self) -> str:
+        return f"{self.name}-extender"
+
+    @property
+    def device_plugin_sa(self) -> str:
+        return f"{self.name}-device-plugin"
+
+    @property
+    def scheduler_sa(self) -> str:
+        return f"{self.name}-scheduler"
+
+    def user(self, service_account: str) -> str:
+        return f"system:serviceaccount:{self.namespace}:{service_account}"
+
+    def of_kind(self, *kinds: str) -> list[JSON]:
+        return [o for o in self.objects if o["kind"] in kinds]
+
+    def one(self, kind: str, name: str) -> JSON:
+        found = [o for o in self.of_kind(kind) if o["metadata"]["name"] == name]
+        assert len(found) == 1, f"{kind} {name}: {len(found)} rendered"
+        return found[0]
+
+    def install(self, cluster: Cluster, *, kinds: Iterable[str] = INSTALLED_KINDS) -> None:
+        """Create the workload namespace and apply the rendered objects of ``kinds``."""
+        wanted = set(kinds)
+        work = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": self.workload_namespace, "labels": {TEST_LABEL: self.tag}},
+        }
+        objs = [o for o in self.objects if o["kind"] in wanted]
+        # namespaces first, then the rest in the chart's order
+        objs.sort(key=lambda o: o["kind"] != "Namespace")
+        self.applied = [work, *objs]
+        apply(cluster, self.applied)
+
+    def uninstall(self, cluster: Cluster) -> None:
+        """Delete what ``install`` applied (namespaces last, without waiting for them)."""
+        rest = [o for o in self.applied if o["kind"] != "Namespace"]
+        namespaces = [o for o in self.applied if o["kind"] == "Namespace"]
+        for group in (rest, namespaces):
+            if group:
+                cluster.kubectl(
+                    "delete",
+                    "--ignore-not-found",
+                    "--wait=false",
+                    "-f",
+                    "-",
+                    input_text=_as_list(group),
+                    check=False,
+                )
+
+
+def _as_list(objs: Iterable[JSON]) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)})
+
+
+def apply(cluster: Cluster, objs: Iterable[JSON], *, dry_run: bool = False) -> str:
+    """``kubectl apply`` the objects as admin (server-side dry run when asked)."""
+    args = ["apply", "-f", "-"] + (["--dry-run=server"] if dry_run else [])
+    return cluster.kubectl(*args, input_text=_as_list(objs))
+
+
+def token(
+    cluster: Cluster,
+    namespace: str,
+    service_account: str,
+    *,
+    bound_pod: str | None = None,
+) -> str:
+    """A real token of the service account (TokenRequest), bound to a pod when given."""
+    args = ["create", "token", service_account, "-n", namespace, "--duration=1h"]
+    if bound_pod is not None:
+        args += ["--bound-object-kind=Pod", f"--bound-object-name={bound_pod}"]
+    return cluster.kubectl(*args).strip()
+
+
+def token_kubeconfig(cluster: Cluster, path: Path, bearer: str) -> Path:
+    """A kubeconfig that authenticates with ``bearer`` against the devcluster."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "devcluster",
+                "cluster": {
+                    "server": cluster.api_url,
+                    "certificate-authority": str(cluster.pki.ca_cert),
+                },
+            }
+        ],
+        "users": [{"name": "sa", "user": {"token": bearer}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "devcluster", "user": "sa"}}],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def pod_on_node(name: str, *, node: str, service_account: str = "default") -> JSON:
+    """A pod already bound to ``node`` (no kubelet runs it; it anchors a bound token)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": service_account,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "main", "image": "registry.invalid/none"}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def plain_node(name: str, *, tag: str) -> JSON:
+    """A Node object no pod will be scheduled to (unschedulable, tainted for this test)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {TEST_LABEL: tag}},
+        "spec": {
+            "unschedulable": True,
+            "taints": [{"key": TEST_LABEL, "value": tag, "effect": "NoSchedule"}],
+        },
+    }
+
+
+async def eventually(
+    attempt: Callable[[], Awaitable[bool]], *, what: str, timeout_s: float = 30.0
+) -> None:
+    """Retry ``attempt`` until it returns True (the API server loads new policies and role
+    bindings asynchronously); fail with ``what`` after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await attempt():
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
+        await asyncio.sleep(0.2)

@@ -1,0 +1,389 @@
+"""The Helm chart and the plain manifests: they agree, the real API server accepts them, and what
+they configure is what the parts, the real kube-scheduler and Helm's certificates expect.
+
+Rendering uses the Helm CLI built from its Go module (``devcluster.helm.ensure_helm``); applying
+uses the session devcluster's kube-apiserver with server-side dry run, so nothing is created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import ipaddress
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from devcluster.cluster import Cluster
+from devcluster.helm import (
+    CHART_DIR,
+    MANIFEST_SETTINGS,
+    MANIFESTS_DIR,
+    alerts_in_step,
+    ensure_helm,
+    manifest_files,
+    render,
+)
+from deviceplugin import cli as deviceplugin_cli
+from handoff.wire import Keys
+from scheduler_ext import cli as extender_cli
+from scheduler_ext.config import ExtenderTLS, extender_entry
+from tests.integration.deploy_kit import JSON, apply, parse_documents
+
+NS = "nodelock-system"
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return ensure_helm()
+
+
+def objects(helm: Path, **settings: str) -> list[JSON]:
+    return parse_documents(render(helm, settings=settings))
+
+
+def find(objs: list[JSON], kind: str, name: str) -> JSON:
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name} rendered {len(found)} times"
+    return found[0]
+
+
+def container(workload: JSON, name: str) -> JSON:
+    spec = workload["spec"]["template"]["spec"]
+    [c] = [c for c in spec["containers"] if c["name"] == name]
+    result: JSON = c
+    return result
+
+
+# ---- the manifests are the chart --------------------------------------------------------------
+
+
+def test_manifests_are_the_chart_rendered_with_their_settings(helm: Path) -> None:
+    expected = manifest_files(render(helm, settings=MANIFEST_SETTINGS))
+    on_disk = {p.name: p.read_text() for p in sorted(MANIFESTS_DIR.glob("*.yaml"))}
+    assert sorted(on_disk) == sorted(expected), "run `python -m devcluster.helm manifests`"
+    for name, text in expected.items():
+        assert on_disk[name] == text, f"deploy/manifests/{name} is stale: regenerate it"
+
+
+def test_chart_alert_rules_are_the_dashboards_rules() -> None:
+    assert alerts_in_step(), "dashboards/alerts.yaml changed: `python -m devcluster.helm manifests`"
+
+
+def test_chart_passes_helm_lint_with_strict_checks(helm: Path) -> None:
+    res = subprocess.run(
+        [str(helm), "lint", "--strict", str(CHART_DIR)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_manifests_apply_with_server_side_dry_run(cluster: Cluster) -> None:
+    out = cluster.kubectl("apply", "--dry-run=server", "-f", str(MANIFESTS_DIR))
+    lines = [line for line in out.splitlines() if line.strip()]
+    count = sum(len(parse_documents(p.read_text())) for p in MANIFESTS_DIR.glob("*.yaml"))
+    assert len(lines) == count, out
+    assert all(line.endswith("(server dry run)") for line in lines), out
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param({}, id="defaults"),
+        pytest.param(
+            {
+                "tls.requireClientCert": "false",
+                "devicePlugin.backend": "simulated",
+                "devicePlugin.cdi": "true",
+                "metrics.service.enabled": "true",
+                "lockNamespace": "kube-node-lease",
+            },
+            id="tls-without-client-certs-simulated-metrics",
+        ),
+        pytest.param(
+            {"tls.enabled": "false", "scheduler.enabled": "false", "admission.enabled": "false"},
+            id="plain-http-default-scheduler-no-policies",
+        ),
+    ],
+)
+def test_chart_applies_with_server_side_dry_run(
+    cluster: Cluster, helm: Path, settings: dict[str, str]
+) -> None:
+    objs = objects(helm, **settings)
+    out = apply(cluster, objs, dry_run=True)
+    assert out.count("(server dry run)") == len(objs), out
+
+
+# ---- what the chart configures is what the parts take ----------------------------------------
+
+
+def cli_parser() -> argparse.ArgumentParser:
+    """The extender's and the device plugin's subcommands, as `nodelock` registers them."""
+    parser = argparse.ArgumentParser(prog="nodelock")
+    sub = parser.add_subparsers(dest="command", required=True)
+    extender_cli.register(sub)
+    deviceplugin_cli.register(sub)
+    return parser
+
+
+def test_container_arguments_are_flags_the_nodelock_cli_accepts(helm: Path) -> None:
+    objs = objects(helm)
+    parser = cli_parser()
+    ext_args = container(find(objs, "Deployment", "nodelock-extender"), "extender")["args"]
+    ext = parser.parse_args(ext_args)
+    assert (ext.command, ext.lock_namespace, ext.listen) == ("extender", NS, "0.0.0.0:8443")
+    assert (ext.tls_cert, ext.tls_key, ext.client_ca) == (
+        "/etc/nodelock/tls/tls.crt",
+        "/etc/nodelock/tls/tls.key",
+        "/etc/nodelock/tls/ca.crt",
+    )
+    dp_args = container(find(objs, "DaemonSet", "nodelock-device-plugin"), "device-plugin")["args"]
+    dp = parser.parse_args(dp_args)
+    assert (dp.command, dp.lock_namespace, dp.backend) == ("device-plugin", NS, "nvml")
+    assert str(dp.plugin_dir) == "/var/lib/kubelet/device-plugins"
+
+
+def test_scheduler_configuration_has_the_extenders_own_entry(helm: Path) -> None:
+    host = f"nodelock-extender.{NS}.svc"
+    tls_dir = "/etc/nodelock/scheduler-tls"
+    cases: list[tuple[dict[str, str], JSON]] = [
+        (
+            {},
+            extender_entry(
+                f"https://{host}:443",
+                tls=ExtenderTLS(
+                    ca_file=f"{tls_dir}/ca.crt",
+                    cert_file=f"{tls_dir}/tls.crt",
+                    key_file=f"{tls_dir}/tls.key",
+                    server_name=host,
+                ),
+            ),
+        ),
+        (
+            {"tls.requireClientCert": "false"},
+            extender_entry(
+                f"https://{host}:443",
+                tls=ExtenderTLS(ca_file=f"{tls_dir}/ca.crt", server_name=host),
+            ),
+        ),
+        ({"tls.enabled": "false"}, extender_entry(f"http://{host}:80")),
+    ]
+    for settings, expected in cases:
+        cm = find(objects(helm, **settings), "ConfigMap", "nodelock-scheduler-config")
+        config = yaml.safe_load(cm["data"]["config.yaml"])
+        assert config["extenders"] == [expected], settings
+        assert config["profiles"] == [{"schedulerName": "nodelock-scheduler"}]
+
+
+def test_real_kube_scheduler_accepts_the_configuration_and_certificates(
+    cluster: Cluster, helm: Path, tmp_path: Path
+) -> None:
+    objs = objects(helm)
+    for key, value in find(objs, "Secret", "nodelock-scheduler-tls")["data"].items():
+        (tmp_path / key).write_bytes(base64.b64decode(value))
+    raw = find(objs, "ConfigMap", "nodelock-scheduler-config")["data"]["config.yaml"]
+    # the same configuration, with this test's files instead of the pod's mounts and credentials
+    local = yaml.safe_load(raw.replace("/etc/nodelock/scheduler-tls", str(tmp_path)))
+    local["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig)}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(local))
+    written = tmp_path / "effective.yaml"
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                str(cluster.binaries.kube_scheduler),
+                f"--config={config}",
+                f"--write-config-to={written}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    res = check()
+    assert res.returncode == 0, res.stderr[-2000:]
+    effective = yaml.safe_load(written.read_text())
+    [profile] = effective["profiles"]
+    assert profile["schedulerName"] == "nodelock-scheduler"
+    assert effective["extenders"][0]["bindVerb"] == "bind"
+    # and it refuses a broken one: the check above could fail
+    local["extenders"][0]["tlsConfig"]["caFile"] = str(tmp_path / "missing.crt")
+    config.write_text(yaml.safe_dump(local))
+    assert check().returncode != 0
+
+
+def _verify_signed_by(cert: x509.Certificate, ca: x509.Certificate) -> None:
+    key: Any = ca.public_key()
+    assert cert.issuer == ca.subject
+    if isinstance(key, rsa.RSAPublicKey):
+        assert cert.signature_hash_algorithm is not None
+        key.verify(
+            cert.signature,
+            cert.tbs_certificate_bytes,
+            padding.PKCS1v15(),
+            cert.signature_hash_algorithm,
+        )
+    else:
+        assert isinstance(key, ec.EllipticCurvePublicKey)
+        assert cert.signature_hash_algorithm is not None
+        key.verify(
+            cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(cert.signature_hash_algorithm)
+        )
+
+
+def test_generated_certificates_chain_to_one_ca_with_the_service_names(helm: Path) -> None:
+    objs = objects(helm)
+    ext = find(objs, "Secret", "nodelock-extender-tls")["data"]
+    sched = find(objs, "Secret", "nodelock-scheduler-tls")["data"]
+
+    def load(b64: str) -> x509.Certificate:
+        return x509.load_pem_x509_certificate(base64.b64decode(b64))
+
+    ca, server, client = load(ext["ca.crt"]), load(ext["tls.crt"]), load(sched["tls.crt"])
+    assert load(sched["ca.crt"]) == ca
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    for cert in (server, client):
+        _verify_signed_by(cert, ca)
+        assert cert.not_valid_after_utc > dt.datetime.now(dt.UTC) + dt.timedelta(days=365)
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = set(names.get_values_for_type(x509.DNSName))
+    assert {f"nodelock-extender.{NS}.svc", f"nodelock-extender.{NS}.svc.cluster.local"} <= dns
+    assert not names.get_values_for_type(x509.IPAddress) or all(
+        isinstance(i, ipaddress.IPv4Address | ipaddress.IPv6Address)
+        for i in names.get_values_for_type(x509.IPAddress)
+    )
+    usages = client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usages
+    # a second rendering (a fresh install) makes a different CA: nothing is baked into the chart
+    again = find(objects(helm), "Secret", "nodelock-extender-tls")["data"]
+    assert again["ca.crt"] != ext["ca.crt"]
+
+
+def test_no_generated_key_in_the_plain_manifests() -> None:
+    for path in MANIFESTS_DIR.glob("*.yaml"):
+        assert "PRIVATE KEY" not in path.read_text(), path
+        kinds = {o["kind"] for o in parse_documents(path.read_text())}
+        assert "Secret" not in kinds, path
+
+
+# ---- least privilege, as rendered (the live authorizer is checked in test_deploy_rbac) --------
+
+
+def rules(objs: list[JSON], kind: str, name: str) -> set[tuple[str, str, str]]:
+    out = set()
+    for rule in find(objs, kind, name)["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    out.add((group, resource, verb))
+    return out
+
+
+def test_roles_grant_exactly_what_the_parts_use(helm: Path) -> None:
+    objs = objects(helm)
+    read = ("get", "list", "watch")
+    assert rules(objs, "ClusterRole", "nodelock-extender") == {
+        *(("", r, v) for r in ("pods", "nodes") for v in read),
+        ("", "pods/binding", "create"),
+    }
+    assert rules(objs, "Role", "nodelock-extender-locks") == {
+        ("coordination.k8s.io", "leases", v) for v in (*read, "create", "update")
+    }
+    assert rules(objs, "ClusterRole", "nodelock-device-plugin") == {
+        *(("", "pods", v) for v in read),
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+    }
+    assert rules(objs, "Role", "nodelock-device-plugin-locks") == {
+        ("coordination.k8s.io", "leases", v) for v in (*read, "update")
+    }
+    for kind in ("Role", "RoleBinding"):
+        for o in objs:
+            if o["kind"] == kind and o["metadata"]["name"].endswith("-locks"):
+                assert o["metadata"]["namespace"] == NS
+
+
+def test_admission_policies_guard_the_handoffs_annotation_keys(helm: Path) -> None:
+    for prefix in ("nodelock.io/", "gpu.example.com/"):
+        objs = objects(helm, annotationPrefix=prefix)
+        keys = Keys(prefix)
+        policy = find(objs, "ValidatingAdmissionPolicy", "nodelock-assignment")
+        variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+        assert yaml.safe_load(variables["keys"]) == [keys.assignment, keys.token, keys.bound_at]
+        scope = find(objs, "ValidatingAdmissionPolicy", "nodelock-device-plugin-node-scope")
+        assert f'"{keys.gpus}"' in scope["spec"]["validations"][1]["expression"]
+
+
+# ---- the device plugin's DaemonSet ------------------------------------------------------------
+
+
+def test_device_plugin_runs_on_labelled_gpu_nodes_as_node_critical(helm: Path) -> None:
+    ds = find(objects(helm), "DaemonSet", "nodelock-device-plugin")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nodelock.io/enabled": "true"}
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host == {
+        "device-plugins": "/var/lib/kubelet/device-plugins",
+        "pod-resources": "/var/lib/kubelet/pod-resources",
+        "state": "/var/lib/nodelock",
+        "driver-root": "/",
+    }
+    [init] = spec["initContainers"]
+    assert "libnvidia-ml.so.1" in init["command"][-1]
+    env = {e["name"]: e for e in container(ds, "device-plugin")["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["LD_LIBRARY_PATH"]["value"] == "/nvml"
+
+
+def test_simulated_backend_mounts_no_driver(helm: Path) -> None:
+    ds = find(
+        objects(helm, **{"devicePlugin.backend": "simulated"}),
+        "DaemonSet",
+        "nodelock-device-plugin",
+    )
+    spec = ds["spec"]["template"]["spec"]
+    assert "initContainers" not in spec
+    assert all(v["name"] != "driver-root" for v in spec["volumes"])
+
+
+def test_optional_monitoring_objects_render(helm: Path) -> None:
+    assert not [o for o in objects(helm) if o["apiVersion"].startswith("monitoring.coreos.com")]
+    objs = objects(
+        helm,
+        **{"metrics.serviceMonitor.enabled": "true", "prometheusRule.enabled": "true"},
+    )
+    monitors = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {"nodelock-extender", "nodelock-device-plugin"}
+    tls = monitors["nodelock-extender"]["spec"]["endpoints"][0]["tlsConfig"]
+    assert tls["keySecret"]["name"] == "nodelock-scheduler-tls"
+    rule = find(objs, "PrometheusRule", "nodelock")
+    chart_rules = yaml.safe_load((CHART_DIR / "files" / "alerts.yaml").read_text())
+    assert rule["spec"]["groups"] == chart_rules["groups"]
+    own = objects(
+        helm,
+        **{
+            "prometheusRule.enabled": "true",
+            "prometheusRule.groups[0].name": "mine",
+            "prometheusRule.groups[0].rules[0].alert": "X",
+            "prometheusRule.groups[0].rules[0].expr": "vector(1)",
+        },
+    )
+    groups = find(own, "PrometheusRule", "nodelock")["spec"]["groups"]
+    assert groups == [{"name": "mine", "rules": [{"alert": "X", "expr": "vector(1)"}]}]
