@@ -9,6 +9,8 @@ from typing import Any
 
 from devcluster.binaries import KUBERNETES_VERSION, ensure_control_plane
 from devcluster.cluster import Cluster, default_state_dir
+from devcluster.errors import DevclusterError
+from devcluster.gpunodes import up_gpu_cluster
 
 
 def register(sub: Any) -> None:
@@ -74,8 +76,22 @@ def _up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     binaries = ensure_control_plane(cache=args.cache_dir, build=not args.no_build)
     cluster = Cluster(_state_dir(args), binaries=binaries)
+    if args.nodes < 0 or args.gpus_per_node < 1 or args.extender_replicas < 1:
+        raise DevclusterError("--nodes must be >= 0, --gpus-per-node and --extender-replicas >= 1")
     t0 = time.monotonic()
     cluster.up(apiserver_port=args.apiserver_port)
+    if args.nodes:
+        try:
+            up_gpu_cluster(
+                cluster,
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
+                extender_replicas=args.extender_replicas,
+                policy=args.policy,
+            )
+        except BaseException:
+            cluster.down()
+            raise
     now = time.monotonic()
     print(
         f"devcluster is up in {cluster.state_dir} (control plane ready in {now - t0:.1f}s, "

@@ -223,9 +223,7 @@ class Cluster:
 
     def _component_kubeconfig(self, ident: Any) -> Path:
         path = self.state_dir / f"{ident.name}.kubeconfig"
-        if not path.exists():
-            self.pki.kubeconfig(path, ident, self.api_url)
-        return path
+        return self.pki.kubeconfig(path, ident, self.api_url)  # the port changes on every up
 
     def _etcd_argv(self, ports: Mapping[str, int]) -> list[str]:
         client = f"http://127.0.0.1:{ports['etcd']}"

@@ -14,11 +14,8 @@ from collections.abc import Sequence
 from devcluster import cli as devcluster_cli
 from deviceplugin import cli as deviceplugin_cli
 from lockd import cli as lockd_cli
+from nodelock import demo
 from scheduler_ext import cli as extender_cli
-
-
-class UsageError(Exception):
-    """A problem with the user's input or environment, explained in the message."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     lockd_cli.register(sub)
     extender_cli.register(sub)
     deviceplugin_cli.register(sub)
+    demo.register(sub)
     return parser
 
 

@@ -1,0 +1,229 @@
+"""The GPU side of a devcluster: the extender wired into kube-scheduler, and simulated GPU nodes.
+
+A simulated node is two processes: ``nodelock-simkubelet`` (kubelet's own device manager, in a
+mount namespace of its own where the node's directory is bound at the fixed kubelet socket path)
+and our ``nodelock device-plugin`` with the simulated GPU backend, using that directory as its
+plugin directory.  So the client of our plugin is real kubelet code; only container start is
+simulated (docs/simkubelet.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devcluster import processes
+from devcluster.binaries import ensure_simkubelet
+from devcluster.cluster import Cluster
+from devcluster.errors import DevclusterError
+from devcluster.pki import ADMIN
+from scheduler_ext.config import scheduler_config
+
+RESOURCE = "nvidia.com/gpu"
+INVENTORY_ANNOTATION = "nodelock.io/gpus"
+KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+_NAMESPACE_WRAPPER = f'mkdir -p {KUBELET_DIR} && mount --bind "$0" {KUBELET_DIR} && exec "$@"'
+
+
+def nodelock_command() -> list[str]:
+    """How to run the ``nodelock`` CLI of this installation."""
+    exe = Path(sys.executable).parent / "nodelock"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "nodelock.cli"]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A simulated GPU node."""
+
+    name: str
+    gpus: int
+    model: str = "NVIDIA H100 80GB HBM3"
+    memory_mib: int = 81559
+
+
+def node_names(count: int) -> list[str]:
+    return [f"gpu-node-{i:02d}" for i in range(1, count + 1)]
+
+
+def start_extender(
+    cluster: Cluster,
+    *,
+    replicas: int = 1,
+    policy: str = "binpack",
+    lock_aware: bool = True,
+    extra_args: list[str] | None = None,
+    timeout_s: float = 60.0,
+) -> str:
+    """Start extender replica(s) (behind a round-robin proxy when more than one), wire them into
+    kube-scheduler, and return the URL the scheduler calls."""
+    urls = []
+    ports = []
+    for i in range(replicas):
+        port = processes.free_port()
+        name = "extender" if replicas == 1 else f"extender-{i}"
+        argv = [
+            *nodelock_command(),
+            "extender",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--listen=127.0.0.1:{port}",
+            f"--policy={policy}",
+            "--lock-aware" if lock_aware else "--no-lock-aware",
+            *(extra_args or []),
+        ]
+        cluster.start_component(name, argv)
+        _wait_ok(cluster, name, f"http://127.0.0.1:{port}/readyz", timeout_s)
+        urls.append(f"http://127.0.0.1:{port}")
+        ports.append(port)
+    url = urls[0]
+    if replicas > 1:
+        lb_port = processes.free_port()
+        argv = [sys.executable, "-m", "devcluster.lb", f"--listen={lb_port}"]
+        argv += [f"--backend=127.0.0.1:{p}" for p in ports]
+        cluster.start_component("extender-lb", argv)
+        url = f"http://127.0.0.1:{lb_port}"
+        _wait_ok(cluster, "extender-lb", f"{url}/readyz", timeout_s)
+    config = scheduler_config(url, kubeconfig=str(cluster.kubeconfig))
+    cluster.restart_scheduler({"extenders": config["extenders"]})
+    data = cluster.state.load()
+    data["settings"]["extender"] = {"url": url, "replicas": urls}
+    cluster.state.save(data)
+    return url
+
+
+def start_node(cluster: Cluster, spec: NodeSpec, *, plugin_args: list[str] | None = None) -> None:
+    """Start a simulated node's kubelet harness, then its device plugin."""
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        raise DevclusterError("simulated GPU nodes need `unshare` and `mount` (util-linux)")
+    simkubelet = ensure_simkubelet()
+    node_dir = cluster.state_dir / "nodes" / spec.name
+    plugin_dir = node_dir / "device-plugins"
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    kubelet_argv = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        _NAMESPACE_WRAPPER,
+        str(plugin_dir),
+        str(simkubelet),
+        f"--kubeconfig={cluster.kubeconfig}",
+        f"--node-name={spec.name}",
+        f"--resource-name={RESOURCE}",
+    ]
+    cluster.start_component(f"kubelet-{spec.name}", kubelet_argv)
+    deadline = time.monotonic() + 30
+    while not (plugin_dir / "kubelet.sock").exists():
+        if time.monotonic() > deadline:
+            raise DevclusterError(
+                f"the simulated kubelet of {spec.name} did not create its socket; see "
+                f"{cluster.log_dir / ('kubelet-' + spec.name + '.log')}"
+            )
+        time.sleep(0.05)
+    start_device_plugin(cluster, spec, extra_args=plugin_args)
+
+
+def start_device_plugin(
+    cluster: Cluster, spec: NodeSpec, *, extra_args: list[str] | None = None
+) -> None:
+    """Start the node's device plugin with the simulated backend."""
+    node_dir = cluster.state_dir / "nodes" / spec.name
+    port = processes.free_port()
+    argv = [
+        *nodelock_command(),
+        "device-plugin",
+        f"--kubeconfig={cluster.kubeconfig}",
+        f"--node-name={spec.name}",
+        f"--plugin-dir={node_dir / 'device-plugins'}",
+        f"--state-dir={node_dir / 'plugin-state'}",
+        "--backend=simulated",
+        f"--sim-gpus={spec.gpus}",
+        f"--sim-model={spec.model}",
+        f"--sim-memory-mib={spec.memory_mib}",
+        f"--metrics-port={port}",
+        *(extra_args or []),
+    ]
+    cluster.start_component(f"deviceplugin-{spec.name}", argv)
+    data = cluster.state.load()
+    data["settings"].setdefault("metrics", {})[f"deviceplugin-{spec.name}"] = port
+    cluster.state.save(data)
+
+
+def wait_nodes_ready(cluster: Cluster, specs: list[NodeSpec], *, timeout_s: float = 120.0) -> None:
+    """Wait until every node reports its GPUs: allocatable count and the inventory annotation."""
+    ctx = ssl.create_default_context(cafile=str(cluster.pki.ca_cert))
+    ctx.load_cert_chain(str(cluster.pki.client_cert(ADMIN)), str(cluster.pki.client_key(ADMIN)))
+    deadline = time.monotonic() + timeout_s
+    pending = {s.name: s for s in specs}
+    while pending:
+        for name, spec in list(pending.items()):
+            node = _get_json(f"{cluster.api_url}/api/v1/nodes/{name}", ctx)
+            if node is None:
+                continue
+            alloc = node.get("status", {}).get("allocatable", {}).get(RESOURCE)
+            annotations = node.get("metadata", {}).get("annotations", {})
+            if alloc == str(spec.gpus) and INVENTORY_ANNOTATION in annotations:
+                del pending[name]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise DevclusterError(
+                f"nodes did not report their GPUs within {timeout_s:.0f}s: {sorted(pending)}; "
+                f"see the logs in {cluster.log_dir}"
+            )
+        time.sleep(0.25)
+
+
+def _get_json(url: str, ctx: ssl.SSLContext) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
+            data: dict[str, Any] = json.loads(resp.read())
+            return data
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _wait_ok(cluster: Cluster, name: str, url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        proc = cluster.state.procs().get(name)
+        if proc is not None and not processes.alive(proc):
+            raise DevclusterError(
+                f"{name} exited while starting; the end of {proc.log}:\n" + processes.log_tail(proc)
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise DevclusterError(f"{name} was not ready at {url} within {timeout_s:.0f}s")
+
+
+def up_gpu_cluster(
+    cluster: Cluster,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    extender_replicas: int = 1,
+    policy: str = "binpack",
+    lock_aware: bool = True,
+) -> list[NodeSpec]:
+    """Start the extender and ``nodes`` simulated GPU nodes, and wait until all report GPUs."""
+    start_extender(cluster, replicas=extender_replicas, policy=policy, lock_aware=lock_aware)
+    specs = [NodeSpec(n, gpus_per_node) for n in node_names(nodes)]
+    for spec in specs:
+        start_node(cluster, spec)
+    wait_nodes_ready(cluster, specs)
+    return specs
