@@ -17,6 +17,7 @@ on a machine without NVML; the real-GPU check is separate (docs/deviceplugin.md)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -149,9 +150,11 @@ class NvmlBackend:
                 polled.append(gpu.id)
         loop = asyncio.get_running_loop()
         next_poll = loop.time() + POLL_S
+        waiting: asyncio.Future[set[DeviceID]] | None = None
         try:
             while True:
-                sick = await asyncio.to_thread(self._wait_event, event_set)
+                waiting = loop.run_in_executor(None, self._wait_event, event_set)
+                sick = await asyncio.shield(waiting)
                 if loop.time() >= next_poll:
                     sick |= await asyncio.to_thread(self._poll, polled)
                     next_poll = loop.time() + POLL_S
@@ -160,6 +163,11 @@ class NvmlBackend:
                     if await state.update(gpus):
                         log.warning("GPUs marked unhealthy: %s", sorted(sick))
         finally:
+            if waiting is not None and not waiting.done():
+                # the worker thread is still inside nvmlEventSetWait (at most WAIT_MS): let it
+                # return before the event set is freed under it
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(waiting), WAIT_MS / 1000 + 5)
             n.nvmlEventSetFree(event_set)
 
     def _wait_event(self, event_set: Any) -> set[DeviceID]:
