@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -28,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from deviceplugin.devices import DeviceBackendError, DeviceState
-from handoff.wire import GPU, DeviceID
+from handoff.wire import GPU, DeviceID, format_inventory
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -209,3 +210,36 @@ class NvmlBackend:
             self._nvml.nvmlShutdown()
         except self._nvml.NVMLError as exc:
             log.debug("nvmlShutdown: %s", exc)
+
+
+async def _check(watch_s: float) -> int:
+    """``python -m deviceplugin.nvml``: what this backend sees on this machine (real-GPU check)."""
+    backend = NvmlBackend()
+    try:
+        gpus = await backend.discover()
+        print(format_inventory(gpus))
+        print(json.dumps({"deviceNodes": backend.device_nodes([g.id for g in gpus])}))
+        if watch_s > 0:
+            state = DeviceState(gpus)
+            watcher = asyncio.create_task(backend.watch(state))
+            await asyncio.sleep(watch_s)
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            print(format_inventory(state.gpus))
+    finally:
+        backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m deviceplugin.nvml", description=_check.__doc__)
+    parser.add_argument("--watch", type=float, default=0.0, help="watch health for SECONDS")
+    try:
+        sys.exit(asyncio.run(_check(parser.parse_args().watch)))
+    except DeviceBackendError as exc:
+        print(f"deviceplugin.nvml: {exc}", file=sys.stderr)
+        sys.exit(2)
