@@ -93,6 +93,9 @@ class Verdict:
     reason: str = ""
 
 
+FITS = Verdict(Fit.FITS)
+
+
 class NoFit(Exception):
     """The pod does not fit the node (the reason is the message)."""
 
@@ -100,7 +103,7 @@ class NoFit(Exception):
 def fit(node: NodeGPUs, need: PodNeed) -> Verdict:
     """Filter one node for a pod."""
     if not need.wants_gpus:
-        return Verdict(Fit.FITS)
+        return FITS
     if node.problem is not None:
         return Verdict(Fit.NEVER, node.problem)
     if node.capacity < need.total:
@@ -117,20 +120,23 @@ def fit(node: NodeGPUs, need: PodNeed) -> Verdict:
             Fit.NO_ROOM,
             f"node has {node.available} free GPUs of {node.capacity}, pod needs {need.total}",
         )
-    return Verdict(Fit.FITS)
+    return FITS
 
 
 def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
-    """Rank a node the pod fits on, 0..MAX_SCORE (0 for nodes it does not fit)."""
-    if not need.wants_gpus:
-        return 0
-    if fit(node, need).fit is not Fit.FITS or node.capacity == 0:
-        return 0
+    """Rank a node for a pod: 1..MAX_SCORE where it fits (higher is better under ``policy``),
+    0 where it does not."""
     cap = node.capacity
+    if not need.wants_gpus or node.problem is not None or cap == 0:
+        return 0
+    if cap < need.total or node.available < need.total:  # does not fit (same test as ``fit``)
+        return 0
     free_after = node.available - need.total
     filled = cap - free_after if policy is Policy.BINPACK else free_after
-    # round half up in integers: deterministic on every platform
-    return min(MAX_SCORE, (2 * MAX_SCORE * filled + cap) // (2 * cap))
+    # 1..MAX_SCORE for a node that fits (0 is kept for "does not fit"); round half up in
+    # integers, deterministic on every platform
+    span = MAX_SCORE - 1
+    return 1 + min(span, (2 * span * filled + cap) // (2 * cap))
 
 
 def steer_from_locked(
@@ -139,13 +145,13 @@ def steer_from_locked(
     """Lower nodes whose lock is held when some fitting node's lock is free.
 
     A locked node makes a bind fail (and the scheduler back the pod off), so while any unlocked
-    node fits (score > 0), locked nodes get 0 and unlocked fitting nodes at least 1.  When every
-    fitting node is locked the scores are left as they are.
+    node fits (score > 0, see ``score``), locked nodes get 0.  When every fitting node is locked
+    the scores are left as they are.
     """
     locked_set = set(locked)
     if not any(s > 0 and n not in locked_set for n, s in scores.items()):
         return dict(scores)
-    return {n: (0 if n in locked_set else (max(1, s) if s > 0 else 0)) for n, s in scores.items()}
+    return {n: (0 if n in locked_set else s) for n, s in scores.items()}
 
 
 def choose(node: NodeGPUs, need: PodNeed) -> Assignment:

@@ -85,6 +85,8 @@ class Endpoints:
         self.metrics = metrics
         self.options = options
         self._ready = ready
+        # node -> (cache picture, lock record, picture with the holder's devices taken)
+        self._overlays: dict[NodeName, tuple[NodeGPUs, object, NodeGPUs]] = {}
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -107,9 +109,18 @@ class Endpoints:
                 gpus = self.cache.node_gpus(name)
                 if gpus is None:
                     return None
-                return with_lock_holder(
-                    gpus, self.locks.view(name), pod_uid=pod_uid, keys=keys, finished=finished
-                )
+                view = self.locks.view(name)
+                if view is None or view.record.holder is None:
+                    return gpus
+                if view.record.holder.uid == pod_uid:
+                    return gpus
+                done = finished(view.record.holder.uid)
+                memo = self._overlays.get(name)  # same picture, lock record, holder state: reuse
+                if memo is not None and memo[0] is gpus and memo[1] == (view.record, done):
+                    return memo[2]
+                over = with_lock_holder(gpus, view, keys=keys, finished=finished)
+                self._overlays[name] = (gpus, (view.record, done), over)
+                return over
 
             return from_cache
         # not node-cache capable: the scheduler sent the Node objects; read inventories there

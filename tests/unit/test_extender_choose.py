@@ -123,10 +123,11 @@ def test_binpack_prefers_the_fuller_node_spread_the_emptier() -> None:
     need = apps(2)
     assert score(fuller, need, Policy.BINPACK) > score(emptier, need, Policy.BINPACK)
     assert score(fuller, need, Policy.SPREAD) < score(emptier, need, Policy.SPREAD)
-    # a placement that fills the node scores the maximum under binpack, zero under spread
+    # a placement that fills the node scores the maximum under binpack, the least that still
+    # says "fits" (1) under spread
     full = node(4, taken=(0, 1))
     assert score(full, need, Policy.BINPACK) == MAX_SCORE
-    assert score(full, need, Policy.SPREAD) == 0
+    assert score(full, need, Policy.SPREAD) == 1
 
 
 def test_scores_stay_in_the_protocol_range_and_nodes_that_do_not_fit_score_zero() -> None:
@@ -134,6 +135,25 @@ def test_scores_stay_in_the_protocol_range_and_nodes_that_do_not_fit_score_zero(
         for policy in Policy:
             assert 0 <= score(n, apps(1), policy) <= MAX_SCORE
     assert score(node(2, taken=(0, 1)), apps(1), Policy.BINPACK) == 0
+
+
+_score_shapes = st.tuples(
+    st.integers(min_value=0, max_value=16),  # GPUs on the node
+    st.integers(min_value=0, max_value=16),  # of them taken
+    st.integers(min_value=0, max_value=4),  # held by pods without an assignment
+    st.integers(min_value=0, max_value=8),  # the pod's need
+)
+
+
+@given(_score_shapes)
+def test_score_is_positive_exactly_where_the_pod_fits(shape: tuple[int, int, int, int]) -> None:
+    size, used, unattributed, want = shape
+    n = node(size, taken=tuple(range(min(used, size))), unattributed=unattributed)
+    for policy in Policy:
+        s = score(n, apps(want), policy)
+        assert 0 <= s <= MAX_SCORE
+        if want:
+            assert (s > 0) == (fit(n, apps(want)).fit is Fit.FITS)
 
 
 def test_steer_from_locked_only_while_an_unlocked_node_fits() -> None:

@@ -1,0 +1,312 @@
+"""Filter and prioritize latency of the extender for a large cluster, against an empty handler.
+
+The extender's real endpoints (``scheduler_ext.server``) are served on loopback with a cache of
+``--nodes`` nodes x ``--gpus`` GPUs (deterministic: a seeded share of the GPUs assigned to bound
+pods, a share of the nodes locked by a holder whose assignment is in the Lease), and are sent
+what kube-scheduler sends with ``nodeCacheCapable: true``: the pod and every node name.  The
+baseline, served in the same process in the same run, is an empty aiohttp handler (it reads the
+body and answers ``{}``), so the figure that matters is the ratio; a second handler that also
+decodes the JSON body (``decode``) shows how much of the time is only the request's size.
+
+Server-side time is measured by the same middleware on both apps: from the handler's start to
+the response being ready (body read, JSON decoded, nodes judged, answer encoded).  The client's
+round trip is reported too.
+
+    .venv/bin/python bench/extender_bench.py [--nodes 5000] [--gpus 8] [--requests 200]
+
+Writes ``bench/results/extender_bench.json``.  No cluster needed: filter and prioritize never call
+the API server (the API client given to the extender is an unconnected one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from handoff.wire import GPU, DeviceID, format_inventory
+from lockd.kube import KubeClient
+from lockd.lease import LeaseFormat
+from lockd.locks import NodeLocks
+from lockd.metrics import LockMetrics
+from lockd.model import Holder, HolderKey, NodeName
+from scheduler_ext.binder import Binder
+from scheduler_ext.cache import ClusterCache
+from scheduler_ext.choose import Policy
+from scheduler_ext.metrics import ExtenderMetrics
+from scheduler_ext.server import Endpoints, ServerOptions, make_app
+
+RESULTS = Path(__file__).parent / "results" / "extender_bench.json"
+RES = "nvidia.com/gpu"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+class Timings:
+    """Server-side handler time per path, recorded by a middleware."""
+
+    def __init__(self) -> None:
+        self.by_path: dict[str, list[float]] = {}
+        self.recording = False
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        response = await handler(request)
+        if self.recording:
+            self.by_path.setdefault(request.path, []).append(time.perf_counter() - started)
+        return response
+
+
+def build_cache(nodes: int, gpus: int, seed: int) -> tuple[ClusterCache, list[str]]:
+    rng = random.Random(seed)
+    cache = ClusterCache(resource=RES)
+    names = [f"gpu-node-{i:05d}" for i in range(nodes)]
+    node_objs = []
+    pods = []
+    for name in names:
+        ids = [f"GPU-{name}-{i}" for i in range(gpus)]
+        unhealthy = {rng.randrange(gpus)} if rng.random() < 0.02 else set()
+        inventory = format_inventory(
+            [
+                GPU(DeviceID(d), i, "NVIDIA H100 80GB HBM3", 81559, i // 4, i not in unhealthy)
+                for i, d in enumerate(ids)
+            ]
+        )
+        node_objs.append(
+            {
+                "metadata": {"name": name, "annotations": {"nodelock.io/gpus": inventory}},
+                "status": {"allocatable": {RES: str(gpus), "cpu": "128", "pods": "110"}},
+            }
+        )
+        used = rng.randrange(gpus + 1)
+        start = 0
+        while start < used:  # pods of 1, 2 or 4 GPUs filling the first `used` devices
+            size = min(rng.choice((1, 2, 4)), used - start)
+            pod_name = f"{name}-p{start}"
+            pods.append(
+                {
+                    "metadata": {
+                        "name": pod_name,
+                        "namespace": "ml",
+                        "uid": f"uid-{pod_name}",
+                        "annotations": {
+                            "nodelock.io/assignment": json.dumps(
+                                {"main": ids[start : start + size]}, separators=(",", ":")
+                            )
+                        },
+                    },
+                    "spec": {
+                        "nodeName": name,
+                        "containers": [
+                            {"name": "main", "resources": {"requests": {RES: str(size)}}}
+                        ],
+                    },
+                    "status": {"phase": "Running"},
+                }
+            )
+            start += size
+    cache.replace_nodes(node_objs)
+    cache.replace_pods(pods)
+    return cache, names
+
+
+def lock_some(locks: NodeLocks, names: list[str], share: float, seed: int) -> int:
+    rng = random.Random(seed + 1)
+    fmt = LeaseFormat()
+    locked = 0
+    for name in names:
+        if rng.random() >= share:
+            continue
+        holder = Holder(
+            HolderKey(f"ml/{name}-inflight"),
+            f"uid-{name}-inflight",
+            {"assignment": json.dumps({"main": [f"GPU-{name}-7"]}, separators=(",", ":"))},
+        )
+        lease = fmt.new_lease(
+            NodeName(name), holder, duration_s=15, now="2026-07-01T12:00:00.000000Z"
+        )
+        lease["metadata"]["resourceVersion"] = "1"
+        locks.observe(lease)
+        locked += 1
+    return locked
+
+
+def request_body(names: list[str]) -> bytes:
+    pod = {
+        "metadata": {"name": "train-0", "namespace": "ml", "uid": "uid-train-0"},
+        "spec": {
+            "containers": [
+                {"name": "train", "resources": {"limits": {RES: "2"}, "requests": {RES: "2"}}}
+            ]
+        },
+        "status": {"phase": "Pending"},
+    }
+    return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+
+
+async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    built = time.perf_counter()
+    cache, names = build_cache(args.nodes, args.gpus, args.seed)
+    offline = KubeClient(api_client=None)
+    locks = NodeLocks(offline, metrics=LockMetrics(registry=CollectorRegistry()))
+    locked = lock_some(locks, names, args.locked_share, args.seed)
+    metrics = ExtenderMetrics(cache, registry=CollectorRegistry())
+    endpoints = Endpoints(
+        cache,
+        locks,
+        Binder(offline, cache, locks, metrics, duration_s=15),
+        metrics,
+        ServerOptions(policy=Policy(args.policy), lock_aware=True),
+    )
+    build_s = time.perf_counter() - built
+
+    timings = Timings()
+    ext_app = make_app(endpoints)
+    ext_app.middlewares.insert(0, timings.middleware)
+
+    async def empty(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({})
+
+    async def decode(request: web.Request) -> web.Response:
+        json.loads(await request.read())
+        return web.json_response({})
+
+    base_app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[timings.middleware])
+    base_app.router.add_post("/empty", empty)
+    base_app.router.add_post("/decode", decode)
+    ext_runner, ext_url = await serve(ext_app)
+    base_runner, base_url = await serve(base_app)
+    body = request_body(names)
+    round_trips: dict[str, list[float]] = {}
+    answer_sizes: dict[str, int] = {}
+    targets = [
+        ("filter", f"{ext_url}/filter"),
+        ("prioritize", f"{ext_url}/prioritize"),
+        ("empty", f"{base_url}/empty"),
+        ("decode", f"{base_url}/decode"),
+    ]
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def call(url: str) -> bytes:
+                headers = {"Content-Type": "application/json"}
+                async with session.post(url, data=body, headers=headers) as resp:
+                    data = await resp.read()
+                    assert resp.status == 200, (url, resp.status, data[:200])
+                    return data
+
+            for _, url in targets:  # warm up
+                for _ in range(5):
+                    await call(url)
+            timings.recording = True
+            for _ in range(args.requests):  # interleaved, so drift hits all three alike
+                for label, url in targets:
+                    started = time.perf_counter()
+                    data = await call(url)
+                    round_trips.setdefault(label, []).append(time.perf_counter() - started)
+                    answer_sizes[label] = len(data)
+            timings.recording = False
+            filtered = json.loads(await call(f"{ext_url}/filter"))
+    finally:
+        await ext_runner.cleanup()
+        await base_runner.cleanup()
+
+    server = {
+        "filter": timings.by_path["/filter"],
+        "prioritize": timings.by_path["/prioritize"],
+        "empty": timings.by_path["/empty"],
+        "decode": timings.by_path["/decode"],
+    }
+
+    def summary(values: list[float]) -> dict[str, float]:
+        return {
+            "p50_ms": round(statistics.median(values) * 1000, 3),
+            "p99_ms": round(percentile(values, 99) * 1000, 3),
+        }
+
+    base = summary(server["empty"])
+    out: dict[str, Any] = {
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus,
+        "requests_each": args.requests,
+        "request_bytes": len(body),
+        "answer_bytes": answer_sizes,
+        "nodes_locked": locked,
+        "nodes_passing_filter": len(filtered["NodeNames"]),
+        "cache_build_s": round(build_s, 2),
+        "policy": args.policy,
+        "server_side": {k: summary(v) for k, v in server.items()},
+        "round_trip": {k: summary(v) for k, v in round_trips.items()},
+        "ratio_to_empty_handler": {
+            verb: {
+                "p50": round(summary(server[verb])["p50_ms"] / base["p50_ms"], 1),
+                "p99": round(summary(server[verb])["p99_ms"] / base["p99_ms"], 1),
+            }
+            for verb in ("filter", "prioritize", "decode")
+        },
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--policy", choices=[p.value for p in Policy], default="binpack")
+    parser.add_argument("--locked-share", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    print(
+        f"{args.nodes} nodes x {args.gpus} GPUs, {args.requests} requests each, "
+        f"{result['nodes_locked']} nodes locked, {result['nodes_passing_filter']} pass filter"
+    )
+    print(
+        f"{'':<12}{'server p50 ms':>15}{'server p99 ms':>15}{'x empty p50':>13}{'x empty p99':>13}"
+    )
+    for verb in ("filter", "prioritize", "empty", "decode"):
+        s = result["server_side"][verb]
+        r = result["ratio_to_empty_handler"].get(verb, {"p50": 1.0, "p99": 1.0})
+        print(
+            f"{verb:<12}{s['p50_ms']:>15.3f}{s['p99_ms']:>15.3f}{r['p50']:>13.1f}{r['p99']:>13.1f}"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
