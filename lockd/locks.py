@@ -48,7 +48,7 @@ from lockd.kube import KubeClient, lease_path
 from lockd.lease import LABEL_SELECTOR, LeaseFormat, MalformedLease
 from lockd.metrics import LockMetrics, Operation
 from lockd.microtime import microtime_from_epoch
-from lockd.model import HeldLock, Holder, LockRecord, NodeLockView, NodeName, Outcome
+from lockd.model import FencingToken, HeldLock, Holder, LockRecord, NodeLockView, NodeName, Outcome
 from lockd.observed import Observations, Seen
 
 JSON = dict[str, Any]
@@ -298,10 +298,14 @@ class NodeLocks:
                 raise LockLost(lock.node, "the Lease was deleted") from exc
             return self._took(lease)
 
-    async def break_lock(self, node: NodeName) -> LockRecord | None:
+    async def break_lock(
+        self, node: NodeName, *, token: FencingToken | None = None
+    ) -> LockRecord | None:
         """Release ``node``'s lock whoever holds it (outcome ``broken``); returns what was broken.
 
         None when the lock is free or has no Lease.  Reads first, so it never acts on an old view.
+        With ``token``, breaks only the lock with that token (the one a person was shown) and
+        raises ``LockLost`` if the lock has changed hands since.
         """
         cause: Exception | None = None
         for _ in range(MAX_WRITES):
@@ -309,6 +313,12 @@ class NodeLocks:
             if seen is None:
                 return None
             view = self._view(seen, self._clock())
+            if token is not None and view.record.holder is not None and view.record.token != token:
+                raise LockLost(
+                    node,
+                    f"the lock changed hands (now token {view.record.token}, held by "
+                    f"{view.record.holder.key}); nothing was broken",
+                )
             action = decide_break(view, seen.lease, fmt=self.format, now=self._microtime())
             if action is None:
                 return None

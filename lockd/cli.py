@@ -1,0 +1,370 @@
+"""``nodelock locks``: list node locks, show one, break one by hand.
+
+``nodelock locks`` prints one line per node lock: node, holder, fencing token, age, whether it is
+expired, and what its holder is doing — for a stuck lock, *why* (the holder is still Pending on the
+node and not admitted).  ``nodelock locks show NODE`` prints everything the Lease says.
+``nodelock locks break NODE`` releases a lock by force after confirmation (``--yes`` to skip it),
+says whose lock it broke, and warns when the holder may still be admitted by kubelet.
+
+Age and expiry shown without ``--observe`` are read from the Lease's own timestamps against this
+machine's clock, which is informational only (clocks differ); lockd itself judges expiry by how
+long *it* has seen a record unchanged.  ``--observe SECONDS`` watches the Leases that long and
+judges the same way lockd does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from prometheus_client import CollectorRegistry
+
+from lockd.errors import ApiError, NotFound
+from lockd.holder import HolderState, HolderStatus, holder_status
+from lockd.kube import KubeClient, pod_path
+from lockd.locks import NodeLocks
+from lockd.metrics import LockMetrics
+from lockd.microtime import parse_microtime
+from lockd.model import LockRecord, NodeLockView, NodeName
+
+DEFAULT_NAMESPACE = "nodelock-system"
+DEFAULT_PREFIX = "nodelock.io/"
+
+HANDOFF_WARNING = (
+    "WARNING: {holder} is still Pending on node {node} and not admitted by kubelet. Breaking its "
+    "lock lets another pod take node {node}'s lock while kubelet may still admit {holder}: two "
+    "pods could get the same GPUs. The lock ends by itself when the pod is admitted, rejected or "
+    "deleted."
+)
+
+
+class CliError(Exception):
+    """A problem the person running the command can fix; printed as one line."""
+
+    user_facing = True
+
+
+Confirm = Callable[[str], bool]
+
+
+def register(sub: Any) -> None:
+    """Add ``locks`` (with ``show`` and ``break``) to the ``nodelock`` command."""
+    p = sub.add_parser(
+        "locks",
+        help="list node locks, show one, or break one by hand",
+        description="List node locks (no ACTION), show one, or break one by hand.",
+        epilog=(
+            "Without --observe, AGE and EXPIRED are read from the Leases' timestamps against this"
+            " machine's clock (informational); lockd judges expiry by observed time."
+        ),
+    )
+    _common(p, suppress=False)
+    p.add_argument(
+        "--observe",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="watch the Leases this long and judge expiry by observed time, as lockd does",
+    )
+    p.set_defaults(func=run_command, locks_action="list")
+    actions = p.add_subparsers(dest="locks_action", metavar="[ACTION]")
+    show = actions.add_parser("show", help="everything one node's lock says")
+    _common(show, suppress=True)
+    show.add_argument("node", help="node name (= Lease name)")
+    brk = actions.add_parser("break", help="release a node's lock by force")
+    _common(brk, suppress=True)
+    brk.add_argument("node", help="node name (= Lease name)")
+    brk.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+
+
+def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    def default(value: str | None) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--kubeconfig", default=default(None), help="kubeconfig file (default $KUBECONFIG)"
+    )
+    parser.add_argument(
+        "--lock-namespace",
+        default=default(DEFAULT_NAMESPACE),
+        help=f"namespace of the node lock Leases (default {DEFAULT_NAMESPACE})",
+    )
+    parser.add_argument(
+        "--annotation-prefix",
+        default=default(DEFAULT_PREFIX),
+        help=f"annotation prefix (default {DEFAULT_PREFIX})",
+    )
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Entry point of ``nodelock locks``: runs the chosen action."""
+    return asyncio.run(run_locks(args, out=sys.stdout, err=sys.stderr, confirm=ask_terminal))
+
+
+def ask_terminal(question: str) -> bool:
+    """Ask on the terminal; refuse to guess when there is none."""
+    if not sys.stdin.isatty():
+        raise CliError("not breaking without confirmation: stdin is not a terminal (use --yes)")
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+async def run_locks(args: argparse.Namespace, *, out: TextIO, err: TextIO, confirm: Confirm) -> int:
+    """Run one ``nodelock locks`` action with the given streams (testable without a process)."""
+    try:
+        kube = await KubeClient.connect(args.kubeconfig)
+    except Exception as exc:  # kubeconfig missing or malformed: say so in one line
+        raise CliError(f"cannot load the kubeconfig: {exc}") from exc
+    try:
+        locks = NodeLocks(
+            kube,
+            namespace=args.lock_namespace,
+            prefix=args.annotation_prefix,
+            metrics=LockMetrics(registry=CollectorRegistry()),  # nothing to export
+        )
+        action = getattr(args, "locks_action", None) or "list"
+        if action == "show":
+            return await _show(locks, kube, NodeName(args.node), out)
+        if action == "break":
+            return await _break(locks, kube, NodeName(args.node), args.yes, out, err, confirm)
+        return await _list(locks, kube, args.observe, out)
+    finally:
+        await kube.close()
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One node lock as the CLI shows it."""
+
+    view: NodeLockView
+    holder: HolderStatus | None
+    age_s: float | None
+    expired: str  # "yes", "no", or "no (unchanged 5s of 15s)"
+    observed: bool
+
+
+async def _holder(kube: KubeClient, record: LockRecord) -> HolderStatus | None:
+    if record.holder is None:
+        return None
+    namespace, _, name = record.holder.key.partition("/")
+    if not name:
+        return HolderStatus(HolderState.GONE, f"holder {record.holder.key!r} is not a pod key")
+    try:
+        pod = await kube.get(pod_path(namespace, name))
+    except NotFound:
+        pod = None
+    except ApiError as exc:
+        return HolderStatus(HolderState.UNKNOWN, f"cannot read the holder pod: {exc}")
+    return holder_status(pod, uid=record.holder.uid, node=record.node)
+
+
+def _by_timestamps(record: LockRecord, now: float) -> tuple[float | None, str]:
+    """(age, expired) read from the Lease's own times against this machine's clock."""
+    if record.holder is None:
+        return None, "-"
+    age: float | None = None
+    expired = "?"
+    with contextlib.suppress(ValueError, TypeError):
+        age = now - parse_microtime(str(record.acquire_time)).timestamp()
+    with contextlib.suppress(ValueError, TypeError):
+        renewed = parse_microtime(str(record.renew_time)).timestamp()
+        expired = "yes" if now - renewed >= record.duration_s else "no"
+    return age, expired
+
+
+def _by_observation(view: NodeLockView) -> str:
+    if view.record.holder is None:
+        return "-"
+    if view.expired:
+        return "yes"
+    return f"no (unchanged {view.unchanged_for_s:.0f}s of {view.record.duration_s}s)"
+
+
+async def _rows(
+    locks: NodeLocks, kube: KubeClient, views: Sequence[NodeLockView], *, observed: bool
+) -> list[Row]:
+    now = time.time()
+    rows = []
+    for view in views:
+        age, expired = _by_timestamps(view.record, now)
+        if observed:
+            expired = _by_observation(view)
+        rows.append(Row(view, await _holder(kube, view.record), age, expired, observed))
+    return rows
+
+
+def state_text(row: Row) -> str:
+    """What the lock is doing, and for a stuck one, why."""
+    record = row.view.record
+    if record.holder is None or row.holder is None:
+        if record.last is None:
+            return "free"
+        return f"free (last: {record.last.holder} {record.last.outcome}, token {record.last.token})"
+    expired = row.expired.startswith("yes")
+    if row.holder.in_handoff:
+        if expired:
+            return (
+                f"STUCK: {row.holder.why}; never taken over, ends when the pod is admitted, "
+                "rejected or deleted"
+            )
+        return f"in handoff: {row.holder.why}"
+    if expired:
+        return f"expired, can be taken over: {row.holder.why}"
+    return row.holder.why
+
+
+def duration_text(seconds: float | None) -> str:
+    """``42s``, ``3m12s``, ``2h5m``, ``4d3h``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def render_table(rows: Sequence[Row]) -> str:
+    """The ``nodelock locks`` table, columns aligned."""
+    header = ["NODE", "HOLDER", "TOKEN", "AGE", "EXPIRED", "STATE"]
+    lines = [header]
+    for row in rows:
+        record = row.view.record
+        lines.append(
+            [
+                record.node,
+                record.holder.key if record.holder else "-",
+                str(record.token),
+                duration_text(row.age_s),
+                row.expired,
+                state_text(row),
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    text = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths, strict=True))
+        + "  "
+        + line[-1]
+        for line in lines
+    ]
+    return "\n".join(text)
+
+
+async def _list(locks: NodeLocks, kube: KubeClient, observe: float | None, out: TextIO) -> int:
+    if observe is not None:
+        watching = asyncio.create_task(locks.watch())
+        try:
+            await asyncio.sleep(observe)
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+        views = locks.views()
+    else:
+        views = await locks.list()
+    if not views:
+        print(f"no node locks in namespace {locks.namespace}", file=out)
+        return 0
+    rows = await _rows(locks, kube, views, observed=observe is not None)
+    print(render_table(rows), file=out)
+    if observe is None and any(v.record.holder is not None for v in views):
+        print(
+            "\nAGE and EXPIRED come from the Leases' own timestamps against this machine's clock"
+            " (informational); lockd judges expiry by observed time: use --observe SECONDS.",
+            file=out,
+        )
+    return 0
+
+
+async def _show(locks: NodeLocks, kube: KubeClient, node: NodeName, out: TextIO) -> int:
+    view = await locks.inspect(node)
+    if view is None:
+        raise CliError(f"node {node} has no lock (no Lease {node} in namespace {locks.namespace})")
+    (row,) = await _rows(locks, kube, [view], observed=False)
+    print(describe(row, namespace=locks.namespace), file=out)
+    return 0
+
+
+def describe(row: Row, *, namespace: str) -> str:
+    """Everything one node lock says, one field per line."""
+    record = row.view.record
+    fields: list[tuple[str, str]] = [
+        ("node", record.node),
+        ("lease", f"{namespace}/{record.node} (resourceVersion {record.resource_version})"),
+        ("fencing token", str(record.token)),
+    ]
+    if record.holder is None:
+        fields.append(("holder", "none (free)"))
+    else:
+        fields += [
+            ("holder", f"{record.holder.key} (uid {record.holder.uid or '?'})"),
+            ("acquired", f"{record.acquire_time} ({duration_text(row.age_s)} ago by this clock)"),
+            ("renewed", str(record.renew_time)),
+            ("duration", f"{record.duration_s}s"),
+            ("expired", f"{row.expired} (by the Lease's timestamps; informational)"),
+        ]
+        if row.holder is not None:
+            fields.append(("holder pod", f"{row.holder.state}: {row.holder.why}"))
+        fields.append(("state", state_text(row)))
+        for key, value in sorted(record.holder.data.items()):
+            fields.append((f"data {key}", value))
+    if record.last is not None:
+        last = record.last
+        fields.append(
+            (
+                "last handoff",
+                f"{last.holder} (uid {last.uid or '?'}), token {last.token}, {last.outcome}",
+            )
+        )
+    width = max(len(k) for k, _ in fields) + 1
+    return "\n".join(f"{(k + ':').ljust(width)} {v}" for k, v in fields)
+
+
+# -- breaking -------------------------------------------------------------------------------
+
+
+async def _break(
+    locks: NodeLocks,
+    kube: KubeClient,
+    node: NodeName,
+    yes: bool,
+    out: TextIO,
+    err: TextIO,
+    confirm: Confirm,
+) -> int:
+    view = await locks.inspect(node)
+    if view is None:
+        raise CliError(f"node {node} has no lock (no Lease {node} in namespace {locks.namespace})")
+    record = view.record
+    if record.holder is None:
+        print(f"node {node}: the lock is free; nothing to break", file=out)
+        return 0
+    (row,) = await _rows(locks, kube, [view], observed=False)
+    who = f"{record.holder.key} (uid {record.holder.uid or '?'}, token {record.token})"
+    print(f"node {node}: lock held by {who}; {state_text(row)}", file=out)
+    if row.holder is not None and row.holder.in_handoff:
+        print(HANDOFF_WARNING.format(holder=record.holder.key, node=node), file=err)
+    if not yes and not confirm(f"Break node {node}'s lock held by {record.holder.key}?"):
+        print("not broken", file=out)
+        return 1
+    broken = await locks.break_lock(node, token=record.token)
+    if broken is None or broken.holder is None:
+        print(f"node {node}: the lock was released meanwhile; nothing broken", file=out)
+        return 0
+    print(
+        f"broke node {node}'s lock held by {broken.holder.key} "
+        f"(uid {broken.holder.uid or '?'}, token {broken.token})",
+        file=out,
+    )
+    return 0
