@@ -1,0 +1,121 @@
+"""Shared pieces of the lockd benchmarks: a control plane to run against, and small statistics.
+
+Not a test: numbers printed here describe one machine at one moment.  Every benchmark takes
+``--kubeconfig`` (a running cluster, e.g. ``nodelock devcluster up``); without it, it starts a
+throwaway devcluster (the real kube-apiserver and etcd, built by ``devcluster``) and stops it at
+the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import secrets
+import shutil
+import statistics
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from lockd.errors import NotFound
+from lockd.kube import KubeClient, namespace_path
+
+
+def add_cluster_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig", help="a running cluster (default: start a throwaway devcluster)"
+    )
+
+
+@contextlib.contextmanager
+def cluster_kubeconfig(kubeconfig: str | None) -> Iterator[str]:
+    """``kubeconfig`` itself, or the admin kubeconfig of a devcluster started for the run."""
+    if kubeconfig:
+        yield kubeconfig
+        return
+    from devcluster.binaries import ensure_control_plane
+    from devcluster.cluster import Cluster
+
+    state = Path(tempfile.mkdtemp(prefix="nl-bench-", dir="/tmp"))
+    cluster = Cluster(state, binaries=ensure_control_plane())
+    print(f"starting a throwaway devcluster in {state} ...", flush=True)
+    cluster.up()
+    try:
+        yield str(cluster.kubeconfig)
+    finally:
+        cluster.down()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def fresh_namespace(kube: KubeClient, prefix: str) -> str:
+    """Create a namespace for the run and wait for its default ServiceAccount."""
+    name = f"{prefix}-{secrets.token_hex(3)}"
+    await kube.create(
+        namespace_path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    for _ in range(300):
+        try:
+            await kube.get(f"{namespace_path(name)}/serviceaccounts/default")
+            break
+        except NotFound:
+            await asyncio.sleep(0.1)
+    return name
+
+
+_REQUEST_LINE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+async def lease_requests(kube: KubeClient) -> dict[str, float]:
+    """The API server's own count of Lease requests so far, by verb.
+
+    From ``apiserver_request_total`` on kube-apiserver's ``/metrics`` (needs an admin identity).
+    """
+    text = await kube.request_text("GET", "/metrics")
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _REQUEST_LINE.match(line)
+        if match is None:
+            continue
+        labels = dict(_LABEL.findall(match["labels"]))
+        if labels.get("resource") != "leases" or labels.get("group") != "coordination.k8s.io":
+            continue
+        verb = labels.get("verb", "?")
+        out[verb] = out.get(verb, 0.0) + float(match["value"])
+    return out
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {
+        verb: after[verb] - before.get(verb, 0.0)
+        for verb in sorted(after)
+        if after[verb] - before.get(verb, 0.0) > 0
+    }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) by linear interpolation."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |"
+    rule = "| " + " | ".join("-" * w for w in widths) + " |"
+    body = [
+        "| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+        for row in rows
+    ]
+    return "\n".join([line, rule, *body])
