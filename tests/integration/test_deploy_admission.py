@@ -1,0 +1,370 @@
+"""The chart's ValidatingAdmissionPolicies, enforced by the real kube-apiserver.
+
+Every request here is made with a real credential: service account tokens from the TokenRequest
+API (the device plugin's bound to a pod on a node, so the API server gives it the node claim
+``authentication.kubernetes.io/node-name`` as kubelet's projected tokens have it), the devcluster's
+kube-scheduler client certificate, and the admin.  The pod policy is bound to this module's
+workload namespace only, so other tests' pods never meet it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster.cluster import Cluster
+from devcluster.helm import ensure_helm
+from devcluster.pki import SCHEDULER
+from handoff.wire import Keys
+from lockd.errors import Forbidden, NotFound
+from lockd.kube import KubeClient, PatchType, lease_path, node_path, pod_path
+from lockd.model import Holder, HolderKey, NodeName, Outcome
+from tests.integration.deploy_kit import (
+    JSON,
+    TestRelease,
+    apply,
+    eventually,
+    plain_node,
+    pod_on_node,
+    token,
+    token_kubeconfig,
+)
+from tests.integration.extender_kit import new_locks, release_as_device_plugin
+
+KEYS = Keys()
+NOBODY_SCHEDULES = "nodelock-deploy-test-nobody"  # pods here are bound by the test only
+
+
+@dataclass
+class Setup:
+    """The installed release, its nodes and the kubeconfigs of each identity."""
+
+    release: TestRelease
+    node_a: str
+    node_b: str
+    kubeconfigs: dict[str, Path]
+    policies_loaded: bool = False
+
+
+@pytest.fixture(scope="module")
+def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    rel = TestRelease.render(ensure_helm())
+    rel.install(cluster)
+    node_a, node_b = f"nl-{rel.tag}-a", f"nl-{rel.tag}-b"
+    work = rel.workload_namespace
+    objs: list[JSON] = [plain_node(node_a, tag=rel.tag), plain_node(node_b, tag=rel.tag)]
+    objs += [
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": node, "namespace": rel.namespace},
+            "spec": {},
+        }
+        for node in (node_a, node_b)
+    ]
+    # the device plugin's pod on node A (nothing runs it: it is what its token is bound to)
+    plugin_pod = pod_on_node("device-plugin-a", node=node_a, service_account=rel.device_plugin_sa)
+    plugin_pod["metadata"]["namespace"] = rel.namespace
+    objs.append(plugin_pod)
+    # a pod owner: may edit anything in its namespace (the built-in "edit" role)
+    objs += [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "owner", "namespace": work},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "owner-edit", "namespace": work},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "edit",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "owner", "namespace": work}],
+        },
+    ]
+    apply(cluster, objs)
+    tmp = tmp_path_factory.mktemp("deploy-admission")
+    tokens = {
+        "extender": token(cluster, rel.namespace, rel.extender_sa),
+        "plugin-a": token(
+            cluster, rel.namespace, rel.device_plugin_sa, bound_pod="device-plugin-a"
+        ),
+        "plugin-unbound": token(cluster, rel.namespace, rel.device_plugin_sa),
+        "second-scheduler": token(cluster, rel.namespace, rel.scheduler_sa),
+        "owner": token(cluster, work, "owner"),
+    }
+    kubeconfigs = {
+        k: token_kubeconfig(cluster, tmp / f"{k}.kubeconfig", v) for k, v in tokens.items()
+    }
+    kubeconfigs["kube-scheduler"] = cluster.pki.kubeconfig(
+        tmp / "kube-scheduler.kubeconfig", SCHEDULER, cluster.api_url
+    )
+    kubeconfigs["admin"] = cluster.kubeconfig
+    try:
+        yield Setup(rel, node_a, node_b, kubeconfigs)
+    finally:
+        cluster.kubectl("delete", "node", node_a, node_b, "--ignore-not-found", "--wait=false")
+        rel.uninstall(cluster)
+
+
+@contextlib.asynccontextmanager
+async def client(setup: Setup, who: str) -> AsyncIterator[KubeClient]:
+    kube = await KubeClient.connect(str(setup.kubeconfigs[who]))
+    try:
+        yield kube
+    finally:
+        await kube.close()
+
+
+def pod(name: str, annotations: dict[str, str] | None = None) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {
+            "schedulerName": NOBODY_SCHEDULES,
+            "containers": [{"name": "main", "image": "registry.invalid/none"}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def binding(name: str, node: str, annotations: dict[str, str] | None = None) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+
+
+def assignment(devices: list[str], token_: int = 7) -> dict[str, str]:
+    return {
+        KEYS.assignment: json.dumps({"main": devices}),
+        KEYS.token: str(token_),
+        KEYS.bound_at: "2026-01-02T03:04:05.000000Z",
+    }
+
+
+async def forbidden(call: Any) -> str:
+    """The message of the Forbidden that ``await call`` must raise."""
+    with pytest.raises(Forbidden) as err:
+        await call
+    return str(err.value)
+
+
+async def wait_policies(setup: Setup, admin: KubeClient) -> None:
+    """Role bindings and new policies take a moment to load: wait until each identity's known
+    allowed request is allowed and a known forbidden one is refused by its policy."""
+    if setup.policies_loaded:
+        return
+    rel = setup.release
+    work = rel.workload_namespace
+
+    async def by_policy(call: Any) -> bool:
+        try:
+            await call
+        except Forbidden as exc:
+            return "ValidatingAdmissionPolicy" in str(exc)
+        return False
+
+    async def allowed(call: Any) -> bool:
+        try:
+            await call
+        except Forbidden:
+            return False
+        return True
+
+    dry = [("dryRun", "All")]
+    async with (
+        client(setup, "owner") as owner,
+        client(setup, "extender") as extender,
+        client(setup, "plugin-a") as plugin,
+    ):
+        checks = {
+            "the pod owner may create pods": lambda: allowed(
+                owner.request("POST", pod_path(work), query=dry, body=pod("probe"))
+            ),
+            "the extender may read Leases": lambda: allowed(
+                extender.get(lease_path(rel.namespace, setup.node_a))
+            ),
+            "the device plugin may read Nodes": lambda: allowed(
+                plugin.get(node_path(setup.node_b))
+            ),
+            "the assignment policy is enforced": lambda: by_policy(
+                admin.request(
+                    "POST", pod_path(work), query=dry, body=pod("probe", assignment(["GPU-p"]))
+                )
+            ),
+            "the device plugin node-scope policy is enforced": lambda: by_policy(
+                plugin.patch(node_path(setup.node_b), {"metadata": {"annotations": {"p": "1"}}})
+            ),
+        }
+        for what, check in checks.items():
+            await eventually(check, what=what)
+    setup.policies_loaded = True
+
+
+@pytest.fixture
+async def admin(setup: Setup, kube: KubeClient) -> KubeClient:
+    await wait_policies(setup, kube)
+    return kube
+
+
+def annotations_of(obj: JSON) -> dict[str, str]:
+    return dict(obj["metadata"].get("annotations") or {})
+
+
+# ---- the assignment: only the extender writes it ----------------------------------------------
+
+
+async def test_pod_owner_cannot_create_a_pod_with_an_assignment(
+    setup: Setup, admin: KubeClient
+) -> None:
+    work = setup.release.workload_namespace
+    async with client(setup, "owner") as owner:
+        for key in (KEYS.assignment, KEYS.token, KEYS.bound_at):
+            forged = {key: assignment(["GPU-forged"])[key]}
+            message = await forbidden(owner.create(pod_path(work), pod("forged", forged)))
+            assert "only the nodelock extender" in message
+            assert f"system:serviceaccount:{work}:owner" in message
+        # the policy does not get in the way of ordinary pods, with other annotations
+        made = await owner.create(pod_path(work), pod("plain", {"team": "vision"}))
+        assert annotations_of(made) == {"team": "vision"}
+
+
+async def test_only_the_extender_binds_with_an_assignment_and_then_nobody_changes_it(
+    setup: Setup, admin: KubeClient
+) -> None:
+    work = setup.release.workload_namespace
+    written = assignment(["GPU-a-0", "GPU-a-1"])
+    async with client(setup, "owner") as owner, client(setup, "extender") as extender:
+        await owner.create(pod_path(work), pod("train"))
+        bound = binding("train", setup.node_a, written)
+        await extender.create(pod_path(work, "train", subresource="binding"), bound)
+        got = await owner.get(pod_path(work, "train"))
+        assert got["spec"]["nodeName"] == setup.node_a
+        assert {k: annotations_of(got)[k] for k in written} == written
+
+        path = pod_path(work, "train")
+        change = {"metadata": {"annotations": {KEYS.assignment: json.dumps({"main": ["GPU-a-7"]})}}}
+        remove = {"metadata": {"annotations": {KEYS.assignment: None}}}
+        token_bump = {"metadata": {"annotations": {KEYS.token: "8"}}}
+        for patch in (change, remove, token_bump):
+            message = await forbidden(owner.patch(path, patch))
+            assert "may not set, change or remove" in message
+        # a full update that keeps the assignment is fine (labels, other annotations)
+        await owner.patch(path, {"metadata": {"labels": {"step": "2"}, "annotations": {"x": "y"}}})
+        # the status subresource can carry metadata too: not even cluster-admin gets through
+        message = await forbidden(
+            admin.patch(pod_path(work, "train", subresource="status"), change)
+        )
+        assert "nodelock-admin" in message
+        final = await admin.get(path)
+        assert {k: annotations_of(final)[k] for k in written} == written
+        assert annotations_of(final)["x"] == "y"
+
+
+async def test_a_binding_with_an_assignment_from_any_other_scheduler_is_refused(
+    setup: Setup, admin: KubeClient
+) -> None:
+    work = setup.release.workload_namespace
+    await admin.create(pod_path(work), pod("by-scheduler"))
+    await admin.create(pod_path(work), pod("by-second-scheduler"))
+    async with (
+        client(setup, "kube-scheduler") as sched,
+        client(setup, "second-scheduler") as second,
+    ):
+        for who, name in ((sched, "by-scheduler"), (second, "by-second-scheduler")):
+            path = pod_path(work, name, subresource="binding")
+            message = await forbidden(
+                who.create(path, binding(name, setup.node_a, assignment(["GPU-x"])))
+            )
+            assert "only the nodelock extender" in message
+            # the same scheduler binding without an assignment is untouched by the policy
+            await who.create(path, binding(name, setup.node_a))
+            assert (await admin.get(pod_path(work, name)))["spec"]["nodeName"] == setup.node_a
+
+
+async def test_pods_outside_the_bound_namespaces_are_not_judged(
+    setup: Setup, admin: KubeClient, namespace: str
+) -> None:
+    # this module's policy binding selects its own workload namespace only (that is what keeps it
+    # from other tests); the chart's default selects every namespace
+    made = await admin.create(pod_path(namespace), pod("elsewhere", assignment(["GPU-z"])))
+    assert annotations_of(made)[KEYS.assignment] == json.dumps({"main": ["GPU-z"]})
+
+
+# ---- the device plugin: its own node's Lease and Node only -------------------------------------
+
+
+async def test_device_plugin_releases_only_its_own_nodes_lock(
+    setup: Setup, admin: KubeClient
+) -> None:
+    ns = setup.release.namespace
+    holder = Holder(HolderKey(f"{setup.release.workload_namespace}/p"), uid="0000-uid")
+    async with (
+        client(setup, "extender") as ext_kube,
+        client(setup, "plugin-a") as plugin_kube,
+        client(setup, "plugin-unbound") as unbound_kube,
+    ):
+        extender = new_locks(ext_kube, ns)
+        plugin = new_locks(plugin_kube, ns)
+        unbound = new_locks(unbound_kube, ns)
+        # the extender takes both nodes' locks (it may write every Lease in the lock namespace)
+        held_b = await extender.acquire(NodeName(setup.node_b), holder)
+        await extender.acquire(NodeName(setup.node_a), holder)
+        # node A's plugin may not release node B's lock ...
+        with pytest.raises(Forbidden) as err:
+            await release_as_device_plugin(plugin, setup.node_b)
+        assert f"{setup.node_b} is not the node in its token ({setup.node_a})" in str(err.value)
+        # ... nor may a plugin token without a node claim release any
+        with pytest.raises(Forbidden) as err:
+            await release_as_device_plugin(unbound, setup.node_a)
+        assert "carries no node claim" in str(err.value)
+        # its own node's lock it releases
+        assert await release_as_device_plugin(plugin, setup.node_a) == holder.key
+        lease_a = await admin.get(lease_path(ns, setup.node_a))
+        assert lease_a["spec"].get("holderIdentity") is None
+        lease_b = await admin.get(lease_path(ns, setup.node_b))
+        assert lease_b["spec"]["holderIdentity"] == holder.key
+        await extender.release(held_b, outcome=Outcome.BIND_FAILED)
+
+
+async def test_device_plugin_writes_only_its_own_nodes_inventory(
+    setup: Setup, admin: KubeClient
+) -> None:
+    inventory = json.dumps([{"id": "GPU-a-0", "index": 0, "healthy": True}])
+    publish = {"metadata": {"annotations": {KEYS.gpus: inventory}}}
+    async with client(setup, "plugin-a") as plugin, client(setup, "plugin-unbound") as unbound:
+        # the merge patch InventoryPublisher sends, on its own Node
+        await plugin.patch(node_path(setup.node_a), publish)
+        assert annotations_of(await admin.get(node_path(setup.node_a)))[KEYS.gpus] == inventory
+        await forbidden(plugin.patch(node_path(setup.node_b), publish))
+        await forbidden(unbound.patch(node_path(setup.node_a), publish))
+        # on its own Node, nothing but the inventory annotation
+        patches: list[JSON] = [
+            {"metadata": {"labels": {"nvidia.com/gpu.present": "true"}}},
+            {"metadata": {"annotations": {"other": "x"}}},
+            {"spec": {"unschedulable": False}},
+            {"spec": {"taints": []}},
+        ]
+        for patch in patches:
+            message = await forbidden(plugin.patch(node_path(setup.node_a), patch))
+            assert f"only the {KEYS.gpus} annotation" in message
+        with pytest.raises((Forbidden, NotFound)):
+            await plugin.delete(node_path(setup.node_a))
+        # the JSON patch form of a legitimate write passes too
+        op = [{"op": "replace", "path": "/metadata/annotations/nodelock.io~1gpus", "value": "[]"}]
+        await plugin.patch(node_path(setup.node_a), op, patch_type=PatchType.JSON)
+    node_b = await admin.get(node_path(setup.node_b))
+    assert KEYS.gpus not in annotations_of(node_b)
