@@ -179,6 +179,7 @@ class Binder:
             assignment = choose(self._picture(node, args.pod_uid), pod.need)
         except NoFit as exc:
             raise BindFailed(Result.NO_FIT, f"pod {args.key}: {exc}") from exc
+        await self._not_bound_by_an_earlier_call(args)
         holder = self._holder(args, assignment)
         try:
             held = await self._locks.acquire(node, holder, may_take_over=self.may_take_over)
@@ -216,6 +217,22 @@ class Binder:
         self._metrics.bound(args.pod_uid)
         log.info("bound %s to %s with token %d: %s", args.key, node, held.token, assignment)
         return BindOutcome(Result.OK, assignment=assignment, token=held.token)
+
+    async def _not_bound_by_an_earlier_call(self, args: BindingArgs) -> None:
+        """Refuse when this pod already holds the node's lock and is bound (an earlier bind call
+        for it succeeded after kube-scheduler stopped waiting): acquiring again would give the
+        lock a new token that the pod's annotations do not carry."""
+        view = self._locks.view(args.node)
+        holder = view.record.holder if view is not None else None
+        if holder is None or holder.uid != args.pod_uid:
+            return
+        try:
+            obj = await self._kube.get(pod_path(args.pod_namespace, args.pod_name))
+        except (ApiError, ApiUnavailable) as exc:
+            raise BindFailed(Result.ERROR, f"cannot read pod {args.key}: {exc}") from exc
+        bound_to = (obj.get("spec") or {}).get("nodeName")
+        if bound_to:
+            raise BindFailed(Result.ERROR, f"pod {args.key} is already bound to {bound_to}")
 
     def _holder(self, args: BindingArgs, assignment: Assignment) -> Holder:
         return Holder(

@@ -389,3 +389,25 @@ async def _take_lock_for(kube: KubeClient, namespace: str, node: str, pod: dict[
     await release_as_device_plugin(locks, node)
     holder = Holder(HolderKey(f"{namespace}/{pod['metadata']['name']}"), pod["metadata"]["uid"], {})
     await locks.acquire(NodeName(node), holder)
+
+
+async def test_repeated_bind_of_a_bound_pod_keeps_its_lock_and_token(
+    kube: KubeClient, namespace: str, nodes: list[str]
+) -> None:
+    # kube-scheduler gave up waiting on a bind that then succeeded, and asks again; the replica's
+    # cache has not seen the binding yet
+    node = await gpu_node(kube, nodes, namespace, 2)
+    pod = await create_pod(kube, namespace, pod_body("again", test=namespace, gpus=1))
+    binder = _lagging_binder(kube, namespace, await _frozen_cache(kube))
+    args = BindingArgs("again", namespace, pod["metadata"]["uid"], NodeName(node))
+    assert (await binder.bind(args)).error == ""
+    before = await lease(kube, namespace, node)
+    again = await binder.bind(args)
+    assert f"already bound to {node}" in again.error
+    after = await lease(kube, namespace, node)
+    assert after["spec"]["leaseTransitions"] == before["spec"]["leaseTransitions"]
+    assert after["spec"]["holderIdentity"] == f"{namespace}/again"
+    bound = await get_pod(kube, namespace, "again")
+    assert bound["metadata"]["annotations"]["nodelock.io/token"] == str(
+        after["spec"]["leaseTransitions"]
+    )
