@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,22 @@ class TestRelease:
         objs.sort(key=lambda o: o["kind"] != "Namespace")
         self.applied = [work, *objs]
         apply(cluster, self.applied)
+        # pods need their namespace's default ServiceAccount, which kube-controller-manager makes
+        deadline = time.monotonic() + 30
+        while not cluster.kubectl(
+            "get",
+            "serviceaccount",
+            "default",
+            "-n",
+            self.workload_namespace,
+            "--ignore-not-found",
+            "-o",
+            "name",
+        ).strip():
+            assert time.monotonic() < deadline, (
+                "no default ServiceAccount in the workload namespace"
+            )
+            time.sleep(0.1)
 
     def uninstall(self, cluster: Cluster) -> None:
         """Delete what ``install`` applied (namespaces last, without waiting for them)."""

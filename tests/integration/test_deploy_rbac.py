@@ -13,7 +13,6 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -304,7 +303,6 @@ def test_a_parts_token_may_do_nothing_else(
     part: str,
     lock_ns: set[Rule],
     other_ns: set[Rule],
-    tmp_path: Path,
 ) -> None:
     baseline = token(cluster, release.namespace, "nobody")
     bearer = token(cluster, release.namespace, f"{release.name}-{part}")
