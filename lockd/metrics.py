@@ -138,10 +138,12 @@ class LockMetrics:
         self._observed = _ObservedLocks()
         registry.register(self._observed)
         self._first_contention: OrderedDict[str, float] = OrderedDict()
+        if registry is REGISTRY and LockMetrics._default is None:
+            LockMetrics._default = self  # so that default() reuses it instead of colliding
 
     @classmethod
     def default(cls) -> LockMetrics:
-        """The process-wide instance on prometheus-client's global registry."""
+        """The process-wide instance on prometheus-client's global registry (created once)."""
         if cls._default is None:
             cls._default = cls(registry=REGISTRY)
         return cls._default

@@ -20,7 +20,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -166,13 +166,16 @@ class LockMachine(RuleBasedStateMachine):
             else:
                 stored = self.store.replace(action.body, self.now)
         except Lost:
+            event("acquire lost a race")
             self.read(proc)  # lost the race: re-read, never overwrite
             return
         # the write landed: it must be a legitimate acquisition
         previous = before.token if before is not None else 0
         assert action.token == previous + 1
         assert not self.tokens or action.token > self.tokens[-1]
+        event(f"acquired ({type(action).__name__})")
         if isinstance(action, Write) and action.taken_from is not None:
+            event("takeover")
             assert consent
             assert before is not None
             assert before.holder is not None
@@ -205,6 +208,7 @@ class LockMachine(RuleBasedStateMachine):
                 assert isinstance(action.error, StaleToken | LockLost)
                 current = self.store.record()
                 assert current is not None
+                event(f"refused: {type(action.error).__name__}")
                 if isinstance(action.error, StaleToken):
                     assert current.token > lock.token
                 proc.held.remove(lock)
@@ -214,6 +218,7 @@ class LockMachine(RuleBasedStateMachine):
             try:
                 stored = self.store.replace(action.body, self.now)
             except Lost:
+                event("release/renew lost a race")
                 self.read(proc)
                 continue
             # fencing: only the current token's holder could write
@@ -275,5 +280,5 @@ class LockMachine(RuleBasedStateMachine):
         assert all(lock.token <= record.token for proc in self.procs for lock in proc.held)
 
 
-LockMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+LockMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=80, deadline=None)
 TestLockMachine = LockMachine.TestCase
