@@ -161,8 +161,8 @@ class NodeLocks:
         ``may_take_over`` is absent or says no), ``ApiUnavailable`` when the API server cannot be
         reached, ``ValueError`` for holder data that cannot be annotations.
         """
-        self.format.check_data(holder)
         try:
+            self.format.check_data(holder)
             lock, takeover = await self._acquire(node, holder, may_take_over)
         except LockHeld:
             self._metrics.contended(node, holder.uid, self._clock())
@@ -237,7 +237,9 @@ class NodeLocks:
         was already released; neither changes anything.
         """
         before = self._obs.get(lock.node)
-        held_for = before.view(self._clock()).held_for_s if before is not None else 0.0
+        held_for = 0.0
+        if before is not None and before.record.token == lock.token:
+            held_for = before.view(self._clock()).held_for_s
         await self._update(
             lock,
             Operation.RELEASE,
