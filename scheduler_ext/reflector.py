@@ -1,9 +1,11 @@
 """List-then-watch of one collection into a cache, as client-go's reflector does.
 
-Guarantees: events reach ``apply`` in the order the API server sent them; after a 410 Gone (or any
-error the stream cannot resume from) the collection is listed again and handed whole to
-``replace``, so objects deleted while the stream was down are dropped.  A broken connection is
-retried with capped exponential backoff, resuming from the last resourceVersion seen.
+Guarantees: events reach ``apply`` in the order the API server sent them; after a 410 Gone, an
+unexpected error, or a whole watch round with no event and no bookmark (a resourceVersion the
+server will not reach, e.g. after etcd was restored from a backup) the collection is listed again
+and handed whole to ``replace``, so objects deleted while the stream was down are dropped.  A
+broken connection is retried with capped exponential backoff, resuming from the last
+resourceVersion seen.
 Non-guarantee: while the API server is unreachable the cache stays as it was (its staleness is
 exported as a metric).
 """
@@ -82,7 +84,9 @@ class Reflector:
         self.resource_version = version
         self._on_relist()
 
-    async def _watch_once(self) -> None:
+    async def _watch_once(self) -> int:
+        """Follow one watch request to its end; returns how many events (bookmarks too) came."""
+        received = 0
         async for event in self._kube.watch(
             self._path,
             resource_version=self.resource_version,
@@ -90,6 +94,7 @@ class Reflector:
             label_selector=self._label_selector,
             timeout_seconds=self._watch_timeout_s,
         ):
+            received += 1
             version = (event.object.get("metadata") or {}).get("resourceVersion")
             if event.type == "BOOKMARK":
                 self._alive()
@@ -97,18 +102,26 @@ class Reflector:
                 self._apply(event.type, event.object)
             if version:
                 self.resource_version = str(version)
-        self._alive()
+        return received
 
-    async def run(self) -> None:
-        """List, then watch forever; relist on 410 Gone; back off on errors."""
+    async def run(self, *, list_first: bool = True) -> None:
+        """List, then watch forever; relist on 410 Gone; back off on errors.
+
+        With ``list_first=False`` it resumes watching from ``resource_version``.
+        """
         backoff = 0.2
-        need_list = True
+        need_list = list_first or self.resource_version is None
         while True:
             try:
                 if need_list:
                     await self.relist()
                     need_list = False
-                await self._watch_once()
+                if await self._watch_once() == 0:
+                    # a live stream brings a bookmark about every minute; silence for a whole
+                    # round means the version is not one the server will ever reach (e.g. etcd
+                    # restored from a backup): start again from a fresh list
+                    log.info("%s: watch round brought nothing; listing again", self.name)
+                    need_list = True
                 backoff = 0.2
             except asyncio.CancelledError:
                 raise
