@@ -49,6 +49,7 @@ from deviceplugin.decide import (
 from deviceplugin.devices import DeviceState
 from deviceplugin.metrics import PluginMetrics, ReleaseResult
 from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
+from lockd import failpoints
 from lockd.errors import ApiError, ApiUnavailable, LockLost, NotFound, StaleToken
 from lockd.kube import KubeClient, pod_path
 from lockd.locks import NodeLocks
@@ -256,6 +257,7 @@ class Admission:
         except OSError as exc:
             await self._reject((alloc.holder, alloc.token))
             return self._checkpoint_refusal(exc)
+        failpoints.hit("allocate.after-checkpoint")  # e2e: a plugin crash mid-handoff
         if alloc.kubelet_differs:
             log.warning(
                 "served %s's assignment for container %s although kubelet chose other devices "
