@@ -87,3 +87,49 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "nodelock.devicePlugin
     caFile: /etc/nodelock/scheduler-tls/ca.crt
   {{- end }}
 {{- end -}}
+
+{{/* A node selector with every value a string (`--set sel.key=true` would give a boolean). */}}
+{{- define "nodelock.nodeSelector" -}}
+{{- $out := dict -}}
+{{- range $k, $v := . -}}
+{{- $_ := set $out $k (toString $v) -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/*
+The generated TLS material as JSON: {"extender": {...Secret data}, "scheduler": {...}}. Made once
+per rendering (memoized in .Values.tls) so that the Secrets and the pods' checksum annotations
+see the same certificates; reused from the live Secrets on upgrade (lookup).
+*/}}
+{{- define "nodelock.generatedTLS" -}}
+{{- if not (hasKey .Values.tls "_generated") -}}
+{{- $ns := .Release.Namespace -}}
+{{- $oldExt := lookup "v1" "Secret" $ns (include "nodelock.extenderSecret" .) -}}
+{{- $oldSched := lookup "v1" "Secret" $ns (include "nodelock.schedulerSecret" .) -}}
+{{- $data := dict -}}
+{{- if and $oldExt $oldSched -}}
+{{- $data = dict "extender" $oldExt.data "scheduler" $oldSched.data -}}
+{{- else -}}
+{{- $days := int .Values.tls.validityDays -}}
+{{- $ca := genCA (printf "%s-ca" (include "nodelock.fullname" .)) $days -}}
+{{- $host := include "nodelock.extenderHost" . -}}
+{{- $svc := include "nodelock.extenderName" . -}}
+{{- $dns := list $svc (printf "%s.%s" $svc $ns) $host (printf "%s.cluster.local" $host) -}}
+{{- $server := genSignedCert $host nil $dns $days $ca -}}
+{{- $client := genSignedCert .Values.scheduler.schedulerName nil nil $days $ca -}}
+{{- $ext := dict "tls.crt" ($server.Cert | b64enc) "tls.key" ($server.Key | b64enc) "ca.crt" ($ca.Cert | b64enc) -}}
+{{- $sched := dict "tls.crt" ($client.Cert | b64enc) "tls.key" ($client.Key | b64enc) "ca.crt" ($ca.Cert | b64enc) -}}
+{{- $data = dict "extender" $ext "scheduler" $sched -}}
+{{- end -}}
+{{- $_ := set .Values.tls "_generated" $data -}}
+{{- end -}}
+{{- toJson .Values.tls._generated -}}
+{{- end -}}
+
+{{/* Pod annotation that restarts a workload when the generated certificates change. */}}
+{{- define "nodelock.tlsChecksum" -}}
+{{- if and .Values.tls.enabled (eq .Values.tls.source "generate") -}}
+checksum/tls: {{ include "nodelock.generatedTLS" . | sha256sum }}
+{{- end -}}
+{{- end -}}

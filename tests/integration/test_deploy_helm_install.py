@@ -1,0 +1,153 @@
+"""``helm install``, ``upgrade`` and ``uninstall`` of the chart against the real API server.
+
+What a rendering alone cannot show: the chart installs as a release, an upgrade keeps the
+certificates Helm generated (``lookup``) so kube-scheduler's client certificate stays valid, and
+an uninstall leaves the lock namespace and its Leases for the operator to delete last.  The
+workloads select no node here (a node selector nothing matches), so no pod of the release runs.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from devcluster.cluster import Cluster
+from devcluster.helm import CHART_DIR, ensure_helm
+
+NOWHERE = "nodelock-deploy-test/nowhere"
+
+
+@dataclass
+class Installed:
+    release: str
+    namespace: str
+    cluster: Cluster
+
+    def helm(self, *args: str) -> str:
+        res = subprocess.run(
+            [str(ensure_helm()), f"--kubeconfig={self.cluster.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    def get(self, kind: str, name: str, *, namespaced: bool = True) -> dict[str, object]:
+        args = ["get", kind, name, "-o", "json"]
+        out = self.cluster.kubectl(*args, *(["-n", self.namespace] if namespaced else []))
+        result: dict[str, object] = json.loads(out)
+        return result
+
+    def exists(self, kind: str, name: str, *, namespaced: bool = True) -> bool:
+        args = ["get", kind, name, "--ignore-not-found", "-o", "name"]
+        out = self.cluster.kubectl(*args, *(["-n", self.namespace] if namespaced else []))
+        return bool(out.strip())
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> Iterator[Installed]:
+    tag = secrets.token_hex(4)
+    inst = Installed(f"nodelock-{tag}", f"nl-{tag}", cluster)
+    nowhere = f"{NOWHERE.replace('/', '-')}=true"
+    settings = [
+        f"extender.nodeSelector.{nowhere}",
+        f"scheduler.nodeSelector.{nowhere}",
+        f"devicePlugin.nodeSelector.{nowhere}",
+        f"admission.podNamespaceSelector.matchLabels.nodelock-deploy-test={tag}",
+    ]
+    inst.helm(
+        "install",
+        inst.release,
+        str(CHART_DIR),
+        "--namespace",
+        inst.namespace,
+        "--create-namespace",
+        *(a for s in settings for a in ("--set", s)),
+    )
+    try:
+        yield inst
+    finally:
+        subprocess.run(
+            [
+                str(ensure_helm()),
+                f"--kubeconfig={cluster.kubeconfig}",
+                "uninstall",
+                inst.release,
+                "-n",
+                inst.namespace,
+                "--ignore-not-found",
+            ],
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
+        cluster.kubectl("delete", "namespace", inst.namespace, "--wait=false", check=False)
+
+
+def secret_data(inst: Installed, name: str) -> dict[str, str]:
+    data = inst.get("secret", name)["data"]
+    assert isinstance(data, dict)
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def test_upgrade_keeps_the_generated_certificates(installed: Installed) -> None:
+    ext_name, sched_name = f"{installed.release}-extender-tls", f"{installed.release}-scheduler-tls"
+    before = (secret_data(installed, ext_name), secret_data(installed, sched_name))
+    assert set(before[0]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert before[0]["ca.crt"] == before[1]["ca.crt"]
+    deploy = installed.get("deployment", f"{installed.release}-extender")
+    checksum = deploy["spec"]["template"]["metadata"]["annotations"]["checksum/tls"]  # type: ignore[index]
+
+    installed.helm(
+        "upgrade",
+        installed.release,
+        str(CHART_DIR),
+        "--namespace",
+        installed.namespace,
+        "--reuse-values",
+        "--set",
+        "extender.policy=spread",
+    )
+    after = (secret_data(installed, ext_name), secret_data(installed, sched_name))
+    assert after == before
+    deploy = installed.get("deployment", f"{installed.release}-extender")
+    template = deploy["spec"]["template"]  # type: ignore[index]
+    assert template["metadata"]["annotations"]["checksum/tls"] == checksum
+    assert "--policy=spread" in template["spec"]["containers"][0]["args"]
+
+
+def test_uninstall_leaves_the_lock_namespace_and_its_leases(installed: Installed) -> None:
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": "gpu-node-1",
+            "namespace": installed.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "nodelock"},
+        },
+        "spec": {},
+    }
+    installed.cluster.kubectl("apply", "-f", "-", input_text=json.dumps(lease))
+    release = installed.release
+    cluster_scoped = [
+        ("clusterrole", f"{release}-extender"),
+        ("clusterrole", f"{release}-device-plugin"),
+        ("validatingadmissionpolicy", f"{release}-assignment"),
+        ("validatingadmissionpolicy", f"{release}-device-plugin-node-scope"),
+    ]
+    assert all(installed.exists(k, n, namespaced=False) for k, n in cluster_scoped)
+
+    installed.helm("uninstall", release, "--namespace", installed.namespace, "--wait")
+    assert not any(installed.exists(k, n, namespaced=False) for k, n in cluster_scoped)
+    assert not installed.exists("deployment", f"{release}-extender")
+    assert not installed.exists("secret", f"{release}-extender-tls")
+    # the locks outlive the parts: the namespace and its Leases go last, by hand
+    assert installed.exists("namespace", installed.namespace, namespaced=False)
+    assert installed.exists("lease", "gpu-node-1")
