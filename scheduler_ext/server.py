@@ -198,7 +198,12 @@ class Endpoints:
         except BadRequest as exc:
             self._done(Verb.BIND, Result.BAD_REQUEST, started)
             return _error(400, str(exc))
-        outcome = await asyncio.shield(self.binder.bind(args))
+        try:
+            outcome = await asyncio.shield(self.binder.bind(args))
+        except Exception as exc:  # a bug: say so in Error (a 500 would reach no one's events)
+            log.exception("bind of %s to %s failed", args.key, args.node)
+            self._done(Verb.BIND, Result.ERROR, started)
+            return web.json_response(binding_result(f"GPU extender bind failed: {exc!r}"))
         if outcome.error:
             log.info("bind %s to %s: %s", args.key, args.node, outcome.error)
         self._done(Verb.BIND, outcome.result, started)

@@ -312,3 +312,16 @@ async def test_not_ready_until_the_caches_are_listed() -> None:
     finally:
         await s.session.close()
         await runner.cleanup()
+
+
+async def test_an_unexpected_bind_error_is_answered_in_error_and_serving_goes_on(
+    served: Served,
+) -> None:
+    # the pod is unknown to the cache, so bind reads it through the API client, which here is
+    # unconnected and fails in a way no API server would: the bind must still answer 200 + Error
+    args = {"PodName": "p", "PodNamespace": "ml", "PodUID": "u", "Node": "gpu-a"}
+    status, body = await served.post("bind", args)
+    assert status == 200
+    assert body["Error"].startswith("GPU extender bind failed")
+    status, _ = await served.post("filter", fixture("args_node_cache.json"))
+    assert status == 200
