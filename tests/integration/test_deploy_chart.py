@@ -26,6 +26,7 @@ from devcluster.helm import (
     CHART_DIR,
     MANIFEST_SETTINGS,
     MANIFESTS_DIR,
+    REPO_ROOT,
     alerts_in_step,
     ensure_helm,
     manifest_files,
@@ -183,6 +184,21 @@ def test_scheduler_configuration_has_the_extenders_own_entry(helm: Path) -> None
         config = yaml.safe_load(cm["data"]["config.yaml"])
         assert config["extenders"] == [expected], settings
         assert config["profiles"] == [{"schedulerName": "nodelock-scheduler"}]
+
+
+def test_scheduler_configuration_matches_the_control_plane_file(helm: Path) -> None:
+    """deploy/scheduler/ (a control plane's own kube-scheduler) and the chart's ConfigMap differ
+    only in where the certificate files lie."""
+    own = yaml.safe_load(
+        (REPO_ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml").read_text()
+    )
+    cm = find(objects(helm), "ConfigMap", "nodelock-scheduler-config")
+    [chart] = yaml.safe_load(cm["data"]["config.yaml"])["extenders"]
+    [control_plane] = own["extenders"]
+    for entry in (chart, control_plane):
+        for key in ("caFile", "certFile", "keyFile"):
+            entry["tlsConfig"].pop(key)
+    assert chart == control_plane
 
 
 def test_real_kube_scheduler_accepts_the_configuration_and_certificates(
