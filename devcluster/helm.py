@@ -2,8 +2,9 @@
 
 ``ensure_helm`` builds ``helm.sh/helm/v4/cmd/helm`` (``HELM_VERSION``, pinned with its whole
 dependency graph in ``devcluster/gomod-helm``, a module separate from the control plane's) into
-``<cache>/helm/<version>/helm`` and returns that path.  The chart in ``deploy/helm/nodelock`` is
-rendered with it (``deploy/render.py``, the deploy tests).
+``<cache>/helm/<version>/helm`` and returns that path.  ``render`` runs ``helm template`` on the
+chart in ``deploy/helm/nodelock``; ``python -m devcluster.helm manifests`` regenerates the plain
+manifests in ``deploy/manifests`` from it (and copies ``dashboards/alerts.yaml`` into the chart).
 
 Guarantees, the same as ``devcluster.binaries``: a second call with a complete cache builds
 nothing; the cached binary is used only when it matches the SHA-256 recorded when it was built (a
