@@ -2,7 +2,8 @@
 
 Every metric lives in the plugin's own registry (several plugins can share a test process) and is
 prefixed ``nodelock_deviceplugin_``.  Labels are bounded enums, never a pod name or UID; the node
-is the scrape target's own label.
+is the scrape target's own label.  Every labelled series exists at 0 from the start (all refusal
+reasons included), so queries return data before the first event.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from deviceplugin.decide import RefusalKind
 from handoff.wire import GPU
 from lockd.model import Outcome
 
@@ -89,6 +91,8 @@ class PluginMetrics:
             for rr in ReleaseResult:
                 self.releases.labels(outcome=outcome.value, result=rr.value)
         self.allocations.labels(result="allocated")
+        for kind in RefusalKind:
+            self.allocations.labels(result=kind.value)
 
     def set_devices(self, gpus: Sequence[GPU]) -> None:
         healthy = sum(1 for g in gpus if g.healthy)

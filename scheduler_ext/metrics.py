@@ -4,6 +4,8 @@ Labels are bounded: ``verb``, ``result``, ``resource``, ``node`` — never a pod
 wait per pod is measured from the first bind of that pod that met a held lock to its successful
 bind; the first-contention times are kept in a bounded map keyed by pod UID (oldest dropped), not
 as labels.  Per-node GPU gauges and cache staleness are computed at scrape time from the cache.
+Labelled counters exist at 0 for every label value from the start, so queries return data before
+the first event.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from lockd.metrics import WAIT_BUCKETS
 from scheduler_ext.cache import ClusterCache
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
-WAIT_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 MAX_WAITING_PODS = 10_000
 
 
@@ -153,6 +155,14 @@ class ExtenderMetrics:
         )
         self._first_contention: OrderedDict[str, tuple[float, int]] = OrderedDict()
         registry.register(_CacheGauges(cache))
+        # Every series a dashboard or alert asks for exists (at 0) before its first event.
+        for verb in Verb:
+            for result in Result:
+                self.requests.labels(verb.value, result.value)
+        for verdict in ("passed", "failed", "unresolvable"):
+            self.filter_nodes.labels(verdict)
+        for resource in ("nodes", "pods"):
+            self.relists.labels(resource)
 
     def contended(self, pod_uid: str) -> None:
         """A bind of ``pod_uid`` met a held lock."""
