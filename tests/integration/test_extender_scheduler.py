@@ -23,8 +23,10 @@ from devcluster.pki import PKI, SCHEDULER
 from devcluster.processes import free_port
 from lockd.errors import NotFound
 from lockd.kube import KubeClient, namespace_path, pod_path
+from lockd.model import NodeName
 from scheduler_ext.config import ExtenderTLS, extender_entry
 from scheduler_ext.metrics import Verb
+from scheduler_ext.protocol import BindingArgs
 from scheduler_ext.service import Extender
 from tests.integration.extender_kit import (
     Releaser,
@@ -240,3 +242,39 @@ def served_calls(ext: Extender) -> float:
         for s in m.samples
         if s.name.endswith("_total")
     )
+
+
+async def test_a_locked_node_is_avoided_while_another_fits(
+    scheduled: Scheduled, kube: KubeClient, namespace: str, nodes: list[str]
+) -> None:
+    busy = await gpu_node(kube, nodes, namespace, 8)
+    idle = await gpu_node(kube, nodes, namespace, 8)
+    # a pod in handoff on `busy`: bound by the extender, its lock held (no device plugin here)
+    first = await create_pod(kube, namespace, pod_body("first", test=namespace, gpus=1))
+    ext = scheduled.replicas[0]
+    await wait_for(lambda: _knows_node(ext, busy))
+    assert await _bind(ext, first, busy) == ""
+    for replica in scheduled.replicas:
+        await wait_for(lambda r=replica: _locked(r, busy))
+    contended = sum(r.metrics.contention._value.get() for r in scheduled.replicas)
+    # binpack alone prefers the fuller `busy`; its lock is held, so `idle` is chosen instead
+    await create_pod(kube, namespace, scheduled_pod("second", namespace, 1))
+    second = await wait_for(lambda: bound(kube, namespace, "second"))
+    assert second["spec"]["nodeName"] == idle
+    assert sum(r.metrics.contention._value.get() for r in scheduled.replicas) == contended
+
+
+async def _knows_node(ext: Extender, node: str) -> bool:
+    return ext.cache.node(NodeName(node)) is not None
+
+
+async def _locked(ext: Extender, node: str) -> bool:
+    view = ext.locks.view(NodeName(node))
+    return view is not None and view.record.holder is not None
+
+
+async def _bind(ext: Extender, pod: dict[str, Any], node: str) -> str:
+    """Bind through the replica's binder (what its /bind endpoint runs)."""
+    meta = pod["metadata"]
+    args = BindingArgs(meta["name"], meta["namespace"], meta["uid"], NodeName(node))
+    return (await ext.binder.bind(args)).error
