@@ -48,6 +48,7 @@ from scheduler_ext.verbs import ASSIGNMENT_DATA, with_lock_holder
 log = logging.getLogger(__name__)
 
 CONFIRM_WAIT_S = 2.0
+MIN_BINDING_BUDGET_S = 0.5
 PROVEN_OUTCOMES = frozenset({Outcome.ALLOCATED.value, Outcome.REJECTED.value})
 
 
@@ -88,7 +89,8 @@ class Binder:
         self._locks = locks
         self._metrics = metrics
         self._duration_s = duration_s
-        self._confirm_wait_s = confirm_wait_s
+        # the confirm wait must leave most of the binding's budget (duration / 3) to the write
+        self._confirm_wait_s = min(confirm_wait_s, duration_s / 6)
         self._clock = clock
 
     # ---- the takeover check (DESIGN §3.4) ---------------------------------------------------
@@ -197,7 +199,7 @@ class Binder:
                 self._cache.keys.bound_at: now_microtime(),
             }
             left = self._duration_s / 3 - (self._clock() - acquired_at)
-            if left <= 0:
+            if left < MIN_BINDING_BUDGET_S:  # too little time left to send it safely
                 raise BindFailed(
                     Result.ERROR,
                     f"bind of {args.key} to {node} took longer than {self._duration_s / 3:.1f}s "
