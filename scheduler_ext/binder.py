@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from handoff.wire import Assignment, format_assignment
+from lockd import failpoints
 from lockd.errors import ApiError, ApiUnavailable, Conflict, LockError, LockHeld, NotFound
 from lockd.kube import KubeClient, pod_path
 from lockd.locks import NodeLocks
@@ -191,6 +192,7 @@ class Binder:
         except (LockError, ApiError, ApiUnavailable, ValueError) as exc:
             raise BindFailed(Result.ERROR, f"cannot take the lock of node {node}: {exc}") from exc
         acquired_at = self._clock()
+        failpoints.hit("bind.after-acquire")  # e2e: an extender crash with the lock held, unbound
         try:
             held, assignment = await self._confirm(held, args, pod.need, assignment)
             annotations = {
@@ -206,6 +208,7 @@ class Binder:
                     "after taking the lock; released it",
                 )
             await self._post_binding(args, annotations=annotations, timeout_s=left)
+            failpoints.hit("bind.after-binding")  # e2e: bound, but kube-scheduler never hears so
         except _Unknown as exc:
             log.warning("%s; keeping the lock of %s (token %d)", exc, node, held.token)
             raise BindFailed(Result.ERROR, str(exc)) from exc
