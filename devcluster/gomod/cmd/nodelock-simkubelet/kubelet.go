@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/component-helpers/apimachinery/lease"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
+	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
+	kubeletconfig "k8s.io/kubernetes/pkg/kubelet/config"
+	kubeletutil "k8s.io/kubernetes/pkg/kubelet/util"
+	"k8s.io/utils/clock"
+)
+
+// devicePluginSocket is kubelet's fixed registration socket (pluginapi.KubeletSocket).
+const devicePluginSocket = pluginapi.KubeletSocket
+
+// simKubelet is one simulated node.
+type simKubelet struct {
+	cfg      config
+	client   kubernetes.Interface
+	recorder record.EventRecorder
+	events   record.EventBroadcaster
+
+	// kubelet's own managers, unmodified.
+	tm topologymanager.Manager
+	dm *devicemanager.ManagerImpl
+
+	factory     informers.SharedInformerFactory
+	podLister   corelisters.PodLister
+	podsSynced  cache.InformerSynced
+	nodeFactory informers.SharedInformerFactory
+	nodeLister  corelisters.NodeLister
+	nodesSynced cache.InformerSynced
+
+	node *nodeStatusManager
+	pods *podWorker
+
+	wake chan struct{}
+
+	// inactive holds pods this kubelet has finished with (rejected, succeeded or stopped for
+	// deletion) before the informer shows it; activePods leaves them out so the device manager
+	// frees their devices, as kubelet's pod workers do.
+	mu       sync.Mutex
+	inactive sets.Set[types.UID]
+}
+
+func newSimKubelet(ctx context.Context, cfg config, restCfg *rest.Config) (*simKubelet, error) {
+	logger := klog.FromContext(ctx)
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	// As in kubelet's container manager: a topology manager (default policy "none") with the
+	// device manager as its hint provider; its Admit is kubelet's resource allocation admit
+	// handler, which calls the device manager's Allocate per container.
+	tm, err := topologymanager.NewManager(logger, nil, topologymanager.PolicyNone, topologymanager.ContainerTopologyScope, nil)
+	if err != nil {
+		return nil, fmt.Errorf("topology manager: %w", err)
+	}
+	dm, err := devicemanager.NewManagerImpl(logger, nil, tm)
+	if err != nil {
+		return nil, fmt.Errorf("device manager: %w", err)
+	}
+	tm.AddHintProvider(logger, dm)
+
+	s := &simKubelet{
+		cfg:      cfg,
+		client:   client,
+		tm:       tm,
+		dm:       dm,
+		wake:     make(chan struct{}, 1),
+		inactive: sets.New[types.UID](),
+	}
+	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.nodeName).String()
+	}))
+	podInformer := s.factory.Core().V1().Pods()
+	s.podLister = podInformer.Lister()
+	s.podsSynced = podInformer.Informer().HasSynced
+	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.kick() },
+		UpdateFunc: func(any, any) { s.kick() },
+		DeleteFunc: func(any) { s.kick() },
+	}); err != nil {
+		return nil, err
+	}
+	s.nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", cfg.nodeName).String()
+	}))
+	nodeInformer := s.nodeFactory.Core().V1().Nodes()
+	s.nodeLister = nodeInformer.Lister()
+	s.nodesSynced = nodeInformer.Informer().HasSynced
+
+	s.events = record.NewBroadcaster(record.WithContext(ctx))
+	s.recorder = s.events.NewRecorder(scheme.Scheme, v1.EventSource{Component: "kubelet", Host: cfg.nodeName})
+	s.node = newNodeStatusManager(client, cfg, dm, s.nodeLister)
+	s.pods = newPodWorker(s)
+	return s, nil
+}
+
+// run starts everything and blocks until ctx ends; then it stops the device manager (closing
+// the registration socket) and returns.
+func (s *simKubelet) run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	s.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: s.client.CoreV1().Events("")})
+	defer s.events.Shutdown()
+
+	s.factory.Start(ctx.Done())
+	s.nodeFactory.Start(ctx.Done())
+	defer s.factory.Shutdown()
+	defer s.nodeFactory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), s.podsSynced, s.nodesSynced) {
+		return ctx.Err()
+	}
+	if err := s.node.register(ctx); err != nil {
+		return err
+	}
+
+	// Like kubelet: the checkpoint is read, every other socket in the directory is removed
+	// (plugins must register again) and the registration server starts on kubelet.sock.
+	sourcesReady := kubeletconfig.NewSourcesReady(func(sets.Set[string]) bool { return s.podsSynced() })
+	if err := s.dm.Start(logger, s.activePods, sourcesReady, containermap.NewContainerMap(), sets.New[string]()); err != nil {
+		return fmt.Errorf("start device manager: %w", err)
+	}
+	klog.InfoS("Device plugin registration server listening", "node", s.cfg.nodeName, "socket", devicePluginSocket)
+	defer func() {
+		if err := s.dm.Stop(logger); err != nil {
+			klog.ErrorS(err, "Stopping device manager")
+		}
+	}()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	leaseCtl := lease.NewController(clock.RealClock{}, s.client, s.cfg.nodeName, int32(s.cfg.leaseDurationS), nil,
+		s.cfg.heartbeat, s.cfg.nodeName, v1.NamespaceNodeLease, kubeletutil.SetNodeOwnerFunc(ctx, s.client, s.cfg.nodeName))
+	wg.Add(2)
+	go func() { defer wg.Done(); leaseCtl.Run(ctx) }()
+	go func() { defer wg.Done(); s.node.run(ctx) }()
+
+	s.pods.loop(ctx)
+	return nil
+}
+
+// kick wakes the pod loop.
+func (s *simKubelet) kick() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *simKubelet) setInactive(uid types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inactive.Insert(uid)
+}
+
+func (s *simKubelet) forget(uid types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inactive.Delete(uid)
+}
+
+// activePods is the device manager's ActivePodsFunc: the pods bound to this node that are not
+// in a terminal phase and that this kubelet has not finished with. Devices of pods outside this
+// list are freed by the device manager on its next allocation.
+func (s *simKubelet) activePods() []*v1.Pod {
+	pods, err := s.podLister.List(everything)
+	if err != nil {
+		klog.ErrorS(err, "Listing pods for the device manager")
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*v1.Pod, 0, len(pods))
+	for _, p := range pods {
+		if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed || s.inactive.Has(p.UID) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// retryDelay is how long a failed API write waits before the next try.
+const retryDelay = time.Second

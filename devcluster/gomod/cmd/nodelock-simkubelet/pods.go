@@ -1,0 +1,520 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2"
+	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
+	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
+	"k8s.io/kubernetes/pkg/kubelet/status"
+	statusutil "k8s.io/kubernetes/pkg/util/pod"
+)
+
+var everything = labels.Everything()
+
+const (
+	// resyncInterval bounds how long the pod loop sleeps without an event.
+	resyncInterval = 5 * time.Second
+	// configRetryDelay is the wait before creating a container again after an error.
+	configRetryDelay = 5 * time.Second
+)
+
+// podState is what this kubelet knows about one pod beyond the API object.
+type podState struct {
+	admitted bool // passed admission, or was already running when we started
+	prepared bool // device run options fetched (kubelet's container creation step)
+	// configErr is the last container creation error reported on the pod.
+	configErr string
+	// rejected is kubelet's admission result when admission failed.
+	rejected *lifecycle.PodAdmitResult
+	// record is the allocatedAnnotation value still to be written ("" when none / written).
+	record       string
+	startAt      time.Time // when the simulated containers are up
+	running      bool      // Running written (or observed at startup)
+	runningAt    time.Time
+	finishAt     time.Time // zero: runs until deleted
+	succeed      bool      // run time is over; Succeeded still to be written
+	done         bool      // terminal status written
+	deleting     bool      // delete (grace 0) issued
+	deleteFailed bool      // the last delete failed; retry at retryAt
+	retryAt      time.Time // earliest next attempt after a failed write
+	healthSeen   bool      // a device health update arrived for this pod
+	// last is the pod as returned by our last status write; staleRVs are the resourceVersions
+	// our writes were based on, so an informer copy still at one of them is older than last.
+	last     *v1.Pod
+	staleRVs sets.Set[string]
+}
+
+// podWorker runs the pods bound to the node, one pass at a time, in creation order.
+type podWorker struct {
+	s     *simKubelet
+	state map[types.UID]*podState
+}
+
+func newPodWorker(s *simKubelet) *podWorker {
+	return &podWorker{s: s, state: map[types.UID]*podState{}}
+}
+
+// loop runs passes over the node's pods until ctx ends: on informer events, device health
+// updates, the next due timer, and every resyncInterval.
+func (w *podWorker) loop(ctx context.Context) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		next := w.pass(ctx)
+		wait := resyncInterval
+		if !next.IsZero() {
+			if d := time.Until(next); d < wait {
+				wait = max(d, 5*time.Millisecond)
+			}
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.s.wake:
+		case <-timer.C:
+		case upd := <-w.s.dm.Updates():
+			for _, uid := range upd.PodUIDs {
+				if st, ok := w.state[types.UID(uid)]; ok {
+					st.healthSeen = true
+				}
+			}
+		}
+	}
+}
+
+// pass handles every pod once, oldest first (kubelet admits pods sorted by creation time), and
+// returns when it next has something due (zero: nothing scheduled).
+func (w *podWorker) pass(ctx context.Context) time.Time {
+	pods, err := w.s.podLister.List(everything)
+	if err != nil {
+		klog.ErrorS(err, "Listing pods")
+		return time.Now().Add(retryDelay)
+	}
+	sort.Slice(pods, func(i, j int) bool {
+		a, b := pods[i], pods[j]
+		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+			return a.CreationTimestamp.Before(&b.CreationTimestamp)
+		}
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		return a.Name < b.Name
+	})
+	var next time.Time
+	seen := map[types.UID]bool{}
+	for _, pod := range pods {
+		seen[pod.UID] = true
+		st, ok := w.state[pod.UID]
+		if !ok {
+			st = &podState{}
+			w.state[pod.UID] = st
+		}
+		if due := w.syncPod(ctx, pod, st, time.Now()); !due.IsZero() && (next.IsZero() || due.Before(next)) {
+			next = due
+		}
+	}
+	for uid := range w.state {
+		if !seen[uid] {
+			delete(w.state, uid)
+			w.s.forget(uid)
+		}
+	}
+	return next
+}
+
+// syncPod moves one pod along: delete → admit → record → Running → Succeeded. It returns
+// when the pod next needs attention (zero: only on an event).
+func (w *podWorker) syncPod(ctx context.Context, pod *v1.Pod, st *podState, now time.Time) time.Time {
+	ref := klog.KObj(pod)
+
+	// Graceful deletion: the simulated containers stop at once; then, as kubelet's status
+	// manager does once a pod is terminated, delete it with grace period 0.
+	if pod.DeletionTimestamp != nil {
+		if st.deleting {
+			return time.Time{}
+		}
+		if now.Before(st.retryAt) && st.deleteFailed {
+			return st.retryAt
+		}
+		w.s.setInactive(pod.UID)
+		st.deleting = true
+		zero := int64(0)
+		err := w.s.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: &zero,
+			Preconditions:      metav1.NewUIDPreconditions(string(pod.UID)),
+		})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			klog.ErrorS(err, "Deleting stopped pod, will retry", "pod", ref)
+			st.deleting, st.deleteFailed = false, true
+			st.retryAt = now.Add(retryDelay)
+			return st.retryAt
+		}
+		klog.InfoS("Pod stopped and deleted", "pod", ref)
+		return time.Time{}
+	}
+
+	if now.Before(st.retryAt) {
+		return st.retryAt
+	}
+	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+		w.s.setInactive(pod.UID)
+		st.done = true
+		return time.Time{}
+	}
+	if st.done {
+		return time.Time{}
+	}
+
+	if !st.admitted && st.rejected == nil {
+		switch pod.Status.Phase {
+		case v1.PodRunning:
+			w.adopt(pod, st, now)
+		case v1.PodPending, "":
+			w.admit(ctx, pod, st, now)
+		default:
+			return time.Time{}
+		}
+	}
+
+	if st.rejected != nil {
+		return w.write(ctx, pod, st, now, w.rejectedStatus(pod, st), "rejected")
+	}
+	if !st.prepared {
+		if err := w.prepare(ctx, pod, st); err != nil {
+			klog.ErrorS(err, "Creating container failed, will retry", "pod", ref)
+			if msg := err.Error(); msg != st.configErr {
+				w.s.recorder.Eventf(pod, v1.EventTypeWarning, "Failed", "Error: %v", err)
+				if due := w.write(ctx, pod, st, now, w.configErrorStatus(pod, st, err), "CreateContainerConfigError"); !due.IsZero() {
+					return due
+				}
+				st.configErr = msg
+			}
+			st.retryAt = now.Add(configRetryDelay)
+			return st.retryAt
+		}
+	}
+	if st.record != "" {
+		if err := w.writeRecord(ctx, pod, st.record); err != nil {
+			klog.ErrorS(err, "Recording allocation on pod, will retry", "pod", ref)
+			st.retryAt = now.Add(retryDelay)
+			return st.retryAt
+		}
+		st.record = ""
+	}
+	if !st.running {
+		if now.Before(st.startAt) {
+			return st.startAt
+		}
+		if due := w.write(ctx, pod, st, now, w.runningStatus(pod, st, now), "running"); !due.IsZero() {
+			return due
+		}
+		st.running = true
+		st.runningAt = now
+		d, ok, err := runDuration(pod)
+		if err != nil {
+			klog.ErrorS(err, "Ignoring run time; pod runs until deleted", "pod", ref)
+		}
+		if ok {
+			st.finishAt = now.Add(d)
+		}
+	}
+	if st.healthSeen {
+		st.healthSeen = false
+		if due := w.write(ctx, pod, st, now, w.runningStatus(pod, st, st.runningAt), "device health"); !due.IsZero() {
+			st.healthSeen = true
+			return due
+		}
+	}
+	if !st.finishAt.IsZero() {
+		if now.Before(st.finishAt) {
+			return st.finishAt
+		}
+		if !st.succeed {
+			st.succeed = true
+			w.s.setInactive(pod.UID)
+		}
+		return w.write(ctx, pod, st, now, w.succeededStatus(pod, st, now), "succeeded")
+	}
+	return time.Time{}
+}
+
+// admit runs kubelet's resource allocation admission: the topology manager's Admit, which calls
+// the device manager's Allocate for each init container, then each container.
+func (w *podWorker) admit(ctx context.Context, pod *v1.Pod, st *podState, now time.Time) {
+	attrs := &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: w.otherPods(pod), Operation: lifecycle.AddOperation}
+	result := w.s.tm.Admit(ctx, attrs)
+	if !result.Admit {
+		w.s.setInactive(pod.UID)
+		st.rejected = &result
+		klog.InfoS("Pod admission failed", "pod", klog.KObj(pod), "reason", result.Reason, "message", result.Message)
+		w.s.recorder.Eventf(pod, v1.EventTypeWarning, result.Reason, "%s", result.Message)
+		return
+	}
+	st.admitted = true
+	st.startAt = now.Add(w.s.cfg.startDelay)
+}
+
+// prepare asks the device manager for each container's run options, as kubelet does when it
+// creates the container (this calls the plugin's PreStartContainer where the plugin asks for
+// it), and builds the allocation record. On an error kubelet reports CreateContainerConfigError
+// and tries again later; so does this.
+func (w *podWorker) prepare(ctx context.Context, pod *v1.Pod, st *podState) error {
+	ref := klog.KObj(pod)
+	records := map[string]containerRecord{}
+	for _, c := range podContainers(pod) {
+		opts, err := w.s.dm.GetDeviceRunContainerOptions(ctx, pod, &c)
+		if err != nil {
+			return fmt.Errorf("container %s: %w", c.Name, err)
+		}
+		rec, ok := buildContainerRecord(w.s.cfg.resourceName, w.s.dm.GetDevices(string(pod.UID), c.Name), opts)
+		if !ok {
+			continue
+		}
+		records[c.Name] = rec
+		kv := []any{"pod", ref, "container", c.Name, "resource", w.s.cfg.resourceName, "deviceIDs", strings.Join(rec.DeviceIDs, ",")}
+		if len(rec.OtherResources) > 0 {
+			kv = append(kv, "otherResources", rec.OtherResources)
+		}
+		klog.InfoS("Allocated", kv...)
+	}
+	st.prepared = true
+	if len(records) == 0 {
+		klog.InfoS("Admitted (no devices)", "pod", ref)
+		return nil
+	}
+	value, err := encodeAllocated(records)
+	if err != nil {
+		return err
+	}
+	st.record = value
+	return nil
+}
+
+// configErrorStatus is the Pending status kubelet shows when container creation fails before
+// the runtime is called.
+func (w *podWorker) configErrorStatus(pod *v1.Pod, st *podState, err error) v1.PodStatus {
+	s := *w.base(pod, st).Status.DeepCopy()
+	s.ContainerStatuses = nil
+	for _, c := range pod.Spec.Containers {
+		s.ContainerStatuses = append(s.ContainerStatuses, v1.ContainerStatus{
+			Name: c.Name, Image: c.Image,
+			State: v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "CreateContainerConfigError", Message: err.Error()}},
+		})
+	}
+	s.Conditions = kubeletConditions(pod, &w.base(pod, st).Status, s)
+	return s
+}
+
+// adopt takes over a pod that was already running when this kubelet started: it is not
+// admitted again (its devices come back from the device manager's checkpoint).
+func (w *podWorker) adopt(pod *v1.Pod, st *podState, now time.Time) {
+	st.admitted = true
+	st.prepared = true
+	st.running = true
+	st.runningAt = now
+	if pod.Status.StartTime != nil {
+		st.runningAt = pod.Status.StartTime.Time
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Running != nil && cs.State.Running.StartedAt.After(st.runningAt) {
+			st.runningAt = cs.State.Running.StartedAt.Time
+		}
+	}
+	d, ok, err := runDuration(pod)
+	if err != nil {
+		klog.ErrorS(err, "Ignoring run time; pod runs until deleted", "pod", klog.KObj(pod))
+	}
+	if ok {
+		st.finishAt = st.runningAt.Add(d)
+	}
+	klog.InfoS("Pod already running, not admitted again", "pod", klog.KObj(pod))
+}
+
+func (w *podWorker) otherPods(pod *v1.Pod) []*v1.Pod {
+	var out []*v1.Pod
+	for _, p := range w.s.activePods() {
+		if p.UID != pod.UID {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// writeRecord patches allocatedAnnotation onto the pod (metadata only; the UID in the patch is
+// a precondition).
+func (w *podWorker) writeRecord(ctx context.Context, pod *v1.Pod, value string) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":         pod.UID,
+		"annotations": map[string]string{allocatedAnnotation: value},
+	}})
+	if err != nil {
+		return err
+	}
+	_, err = w.s.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
+
+// write patches the pod status with kubelet's status patch (UID precondition). It returns zero
+// on success, else when to retry.
+func (w *podWorker) write(ctx context.Context, pod *v1.Pod, st *podState, now time.Time, newStatus v1.PodStatus, what string) time.Time {
+	old := w.base(pod, st)
+	updated, _, unchanged, err := statusutil.PatchPodStatus(ctx, w.s.client, pod.Namespace, pod.Name, pod.UID, old.Status, newStatus)
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return time.Time{}
+		}
+		klog.ErrorS(err, "Pod status update failed, will retry", "pod", klog.KObj(pod), "status", what)
+		st.retryAt = now.Add(retryDelay)
+		return st.retryAt
+	}
+	if !unchanged {
+		if st.staleRVs == nil {
+			st.staleRVs = sets.New[string]()
+		}
+		st.staleRVs.Insert(old.ResourceVersion)
+		st.last = updated
+	}
+	switch newStatus.Phase {
+	case v1.PodFailed, v1.PodSucceeded:
+		st.done = true
+	}
+	if what == "device health" {
+		klog.V(2).InfoS("Pod device health written", "pod", klog.KObj(pod))
+	} else {
+		klog.InfoS("Pod "+what, "pod", klog.KObj(pod))
+	}
+	return time.Time{}
+}
+
+// base is the newest copy of the pod we know: our last write's result or the informer's.
+func (w *podWorker) base(pod *v1.Pod, st *podState) *v1.Pod {
+	if st.last != nil && st.staleRVs.Has(pod.ResourceVersion) {
+		return st.last
+	}
+	return pod
+}
+
+// rejectedStatus is kubelet's rejectPod status.
+func (w *podWorker) rejectedStatus(pod *v1.Pod, st *podState) v1.PodStatus {
+	s := *w.base(pod, st).Status.DeepCopy()
+	s.Phase = v1.PodFailed
+	s.Reason = st.rejected.Reason
+	s.Message = "Pod was rejected: " + st.rejected.Message
+	return s
+}
+
+func containerID(pod *v1.Pod, name string) string {
+	return fmt.Sprintf("sim://%s/%s", pod.UID, name)
+}
+
+// runningStatus: init containers completed (restartable ones running), containers running and
+// ready, kubelet's pod conditions, and the device manager's allocated resource health.
+func (w *podWorker) runningStatus(pod *v1.Pod, st *podState, started time.Time) v1.PodStatus {
+	base := w.base(pod, st)
+	s := *base.Status.DeepCopy()
+	startedAt := metav1.NewTime(started)
+	s.Phase = v1.PodRunning
+	s.Reason, s.Message = "", ""
+	if s.StartTime == nil {
+		s.StartTime = &startedAt
+	}
+	yes := true
+	s.InitContainerStatuses = nil
+	for _, c := range pod.Spec.InitContainers {
+		cs := v1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: "sim://" + c.Image, ContainerID: containerID(pod, c.Name)}
+		if podutil.IsRestartableInitContainer(&c) {
+			cs.State = v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: startedAt}}
+			cs.Ready, cs.Started = true, &yes
+		} else {
+			cs.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: startedAt, FinishedAt: startedAt, ContainerID: cs.ContainerID}}
+			no := false
+			cs.Started = &no
+		}
+		s.InitContainerStatuses = append(s.InitContainerStatuses, cs)
+	}
+	s.ContainerStatuses = nil
+	for _, c := range pod.Spec.Containers {
+		s.ContainerStatuses = append(s.ContainerStatuses, v1.ContainerStatus{
+			Name: c.Name, Image: c.Image, ImageID: "sim://" + c.Image, ContainerID: containerID(pod, c.Name),
+			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: startedAt}},
+			Ready: true, Started: &yes,
+		})
+	}
+	w.s.dm.UpdateAllocatedResourcesStatus(klog.Background(), pod, &s)
+	s.Conditions = kubeletConditions(pod, &base.Status, s)
+	return s
+}
+
+// succeededStatus: every container terminated with exit code 0.
+func (w *podWorker) succeededStatus(pod *v1.Pod, st *podState, now time.Time) v1.PodStatus {
+	s := w.runningStatus(pod, st, st.runningAt)
+	finished := metav1.NewTime(now)
+	no := false
+	for i := range s.ContainerStatuses {
+		cs := &s.ContainerStatuses[i]
+		cs.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{
+			ExitCode: 0, Reason: "Completed", StartedAt: metav1.NewTime(st.runningAt), FinishedAt: finished, ContainerID: cs.ContainerID}}
+		cs.Ready, cs.Started = false, &no
+	}
+	for i := range s.InitContainerStatuses {
+		cs := &s.InitContainerStatuses[i]
+		if cs.State.Running != nil {
+			cs.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{
+				ExitCode: 0, Reason: "Completed", StartedAt: metav1.NewTime(st.runningAt), FinishedAt: finished, ContainerID: cs.ContainerID}}
+			cs.Ready, cs.Started = false, &no
+		}
+	}
+	s.Phase = v1.PodSucceeded
+	s.Conditions = kubeletConditions(pod, &w.base(pod, st).Status, s)
+	return s
+}
+
+// kubeletConditions replaces the kubelet-owned pod conditions with kubelet's generators' output,
+// keeping others (PodScheduled, DisruptionTarget, readiness gates) and transition times that did
+// not change.
+func kubeletConditions(pod *v1.Pod, old *v1.PodStatus, s v1.PodStatus) []v1.PodCondition {
+	now := metav1.Now()
+	phase := s.Phase
+	all := append(append([]v1.ContainerStatus{}, s.InitContainerStatuses...), s.ContainerStatuses...)
+	readyToStart := v1.PodCondition{Type: v1.PodReadyToStartContainers, Status: v1.ConditionTrue}
+	if phase == v1.PodSucceeded || phase == v1.PodFailed {
+		readyToStart.Status = v1.ConditionFalse
+	}
+	owned := []v1.PodCondition{
+		readyToStart,
+		status.GeneratePodInitializedCondition(pod, old, all, phase),
+		status.GenerateContainersReadyCondition(pod, old, all, phase),
+		status.GeneratePodReadyCondition(pod, old, s.Conditions, all, phase),
+	}
+	conds := make([]v1.PodCondition, 0, len(s.Conditions)+len(owned))
+	isOwned := map[v1.PodConditionType]bool{}
+	for _, c := range owned {
+		isOwned[c.Type] = true
+	}
+	for _, c := range s.Conditions {
+		if !isOwned[c.Type] {
+			conds = append(conds, c)
+		}
+	}
+	for _, c := range owned {
+		c.LastTransitionTime = now
+		if _, prev := podutil.GetPodConditionFromList(old.Conditions, c.Type); prev != nil && prev.Status == c.Status && !prev.LastTransitionTime.IsZero() {
+			c.LastTransitionTime = prev.LastTransitionTime
+		}
+		conds = append(conds, c)
+	}
+	return conds
+}
