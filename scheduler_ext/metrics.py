@@ -157,6 +157,7 @@ class ExtenderMetrics:
         registry.register(_CacheGauges(cache))
         # Every series a dashboard or alert asks for exists (at 0) before its first event.
         for verb in Verb:
+            self.latency.labels(verb.value)
             for result in Result:
                 self.requests.labels(verb.value, result.value)
         for verdict in ("passed", "failed", "unresolvable"):
