@@ -403,3 +403,32 @@ def test_optional_monitoring_objects_render(helm: Path) -> None:
     )
     groups = find(own, "PrometheusRule", "nodelock")["spec"]["groups"]
     assert groups == [{"name": "mine", "rules": [{"alert": "X", "expr": "vector(1)"}]}]
+
+
+def test_nvml_init_container_copies_the_drivers_library_alone(helm: Path, tmp_path: Path) -> None:
+    ds = find(objects(helm), "DaemonSet", "nodelock-device-plugin")
+    [init] = ds["spec"]["template"]["spec"]["initContainers"]
+    root, out = tmp_path / "driver-root", tmp_path / "nvml"
+    out.mkdir()
+    script = init["command"][-1].replace("/driver-root", str(root)).replace("/nvml/", f"{out}/")
+
+    def run() -> subprocess.CompletedProcess[str]:
+        cmd = [*init["command"][:-1], script]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+
+    # no driver: the init container fails and says where it looked
+    missing = run()
+    assert missing.returncode != 0
+    assert "libnvidia-ml.so.1 not found" in missing.stderr
+    # a host install: the versioned file behind the soname link, next to the host's libc
+    libdir = root / "usr" / "lib" / "x86_64-linux-gnu"
+    libdir.mkdir(parents=True)
+    (libdir / "libnvidia-ml.so.570.86.15").write_bytes(b"\x7fELF nvml")
+    (libdir / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.570.86.15")
+    (libdir / "libc.so.6").write_bytes(b"\x7fELF libc")
+    found = run()
+    assert found.returncode == 0, found.stderr
+    copied = out / "libnvidia-ml.so.1"
+    assert not copied.is_symlink()
+    assert copied.read_bytes() == b"\x7fELF nvml"
+    assert sorted(p.name for p in out.iterdir()) == ["libnvidia-ml.so.1"]
