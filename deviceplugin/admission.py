@@ -55,7 +55,7 @@ from lockd.kube import KubeClient, pod_path
 from lockd.locks import NodeLocks
 from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView, NodeName, Outcome
 
-API_RETRY_S = 8.0  # how long a read may keep failing before kubelet's call is refused
+API_RETRY_S = 30.0  # how long a read may keep failing (API server restart) before refusing
 RELEASE_INLINE_S = 5.0  # how long Allocate waits for its release before leaving it to the retrier
 RELEASE_BACKOFF_S = (0.2, 10.0)
 
@@ -186,6 +186,7 @@ class Admission:
         """Decide one Allocate call and do what follows from it (checkpoint, release)."""
         started = time.monotonic()
         async with self._lock:
+            await failpoints.pause("allocate.start")  # e2e: a slow admission
             result = await self._allocate(requests)
         if isinstance(result, Refusal):
             self._metrics.allocations.labels(result=result.kind.value).inc()
@@ -323,6 +324,8 @@ class Admission:
         try:
             for fresh in (False, True):
                 view = await self._view(fresh=fresh)
+                if fresh:
+                    await self._drop_abandoned_progress(view)
                 pod = await self._holder_pod(view, fresh=fresh)
                 pref = decide_preferred(
                     view, pod, ask.available, ask.must_include, ask.size, self._cp.progress, ctx
@@ -334,6 +337,19 @@ class Admission:
                 hint(ask.available, ask.must_include, ask.size), hit=False, reason=str(exc)
             )
         return pref
+
+    async def _drop_abandoned_progress(self, view: NodeLockView | None) -> None:
+        """Forget the checkpointed progress of a pod that lost the lock and can no longer ask,
+        so the new holder's preference is not refused for it (Allocate does the same)."""
+        old = self._cp.progress
+        if old is None or view is None:
+            return
+        holder = view.record.holder
+        if holder is not None and holder.key == old.holder and view.record.token == old.token:
+            return
+        if handoff_abandoned(await self._pod(old.holder), old, self.node):
+            await self._save(self._cp.with_progress(None))
+            log.info("dropped progress of abandoned handoff %s", old)
 
     # -- releases -------------------------------------------------------------------------------
 
