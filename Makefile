@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test lint unit demo bench binaries proto clean
+.PHONY: setup system-deps test lint unit demo bench binaries proto clean
 
 setup: $(VENV)/.installed
 
@@ -15,6 +15,19 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $@
+
+# Debian packages some tests run for real: libfaketime (clock-skew e2e test) and prometheus
+# (dashboards and alert rules evaluated by a real Prometheus).  Installed when missing.
+SYSTEM_PKGS := libfaketime prometheus
+
+system-deps:
+	@missing=""; for p in $(SYSTEM_PKGS); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages the tests use:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
 
 binaries: setup
 	$(BIN)/nodelock devcluster build
@@ -27,7 +40,7 @@ lint: setup
 unit: setup
 	$(BIN)/pytest -m unit
 
-test: lint binaries
+test: lint binaries system-deps
 	$(BIN)/pytest
 
 demo: setup

@@ -1,8 +1,8 @@
 """The plugin's side of pod admission: read the lock and its holder, decide, record, release.
 
 The decisions are ``deviceplugin.decide``'s; this module only gathers their inputs (the node's
-Lease from the ``NodeLocks`` watch, one GET of the holder pod per handoff), writes the checkpoint
-and releases the lock.  Calls are serialized (kubelet makes them one at a time anyway).
+Lease from the ``NodeLocks`` watch, one GET of the holder pod per Allocate call), writes the
+checkpoint and releases the lock.  Calls are serialized (kubelet makes them one at a time anyway).
 
 Guarantees:
 - A decision that refuses from watch-fed data is made again from fresh reads (one Lease GET, one
@@ -226,7 +226,9 @@ class Admission:
         self, ids: Sequence[DeviceID], ctx: Context, *, fresh: bool
     ) -> Allocation | Refusal:
         view = await self._view(fresh=fresh)
-        pod = await self._holder_pod(view, fresh=fresh)
+        # the pod is read anew for every Allocate (not taken from GetPreferredAllocation's read),
+        # so an edit of its assignment after binding is seen and refused
+        pod = await self._holder_pod(view, fresh=True)
         return decide_allocate(view, pod, ids, self._cp.progress, ctx, policy=self._policy)
 
     async def _interrupted(

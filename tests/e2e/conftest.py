@@ -1,0 +1,55 @@
+"""End-to-end fixtures: a GPU devcluster of its own for the e2e session.
+
+Real etcd, kube-apiserver, kube-controller-manager and kube-scheduler; two extender replicas
+behind one address, wired into kube-scheduler; three simulated GPU nodes (kubelet's own device
+manager in the Go harness) with four GPUs each, each with its own device plugin process.  Node
+locks last ``LEASE_S`` seconds so that expiry paths are exercised quickly.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from devcluster.binaries import ensure_control_plane
+from devcluster.cluster import Cluster
+from devcluster.gpunodes import up_gpu_cluster
+from lockd.kube import KubeClient
+from tests.e2e.kit import LEASE_S, GPUCluster, assert_no_violations
+
+
+@pytest.fixture(scope="session")
+def gpu_cluster() -> Iterator[GPUCluster]:
+    state = Path(tempfile.mkdtemp(prefix="nle-", dir="/tmp"))
+    cluster = Cluster(state, binaries=ensure_control_plane())
+    cluster.up()
+    try:
+        specs = up_gpu_cluster(
+            cluster,
+            nodes=3,
+            gpus_per_node=4,
+            extender_replicas=2,
+            extender_args=[f"--lease-duration={LEASE_S}"],
+            plugin_args=[f"--lease-duration={LEASE_S}"],
+        )
+        yield GPUCluster(cluster, [s.name for s in specs])
+    finally:
+        cluster.down()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture
+async def e2e(gpu_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
+    """The e2e cluster with a fresh namespace and a client; checks S1/S2 over all pods after."""
+    gpu_cluster.kube = await KubeClient.connect(str(gpu_cluster.cluster.kubeconfig))
+    await gpu_cluster.new_namespace()
+    try:
+        yield gpu_cluster
+        await assert_no_violations(gpu_cluster.kube)
+    finally:
+        await gpu_cluster.cleanup()
+        await gpu_cluster.kube.close()

@@ -1,0 +1,276 @@
+"""What the end-to-end tests share: making GPU pods, waiting on them, judging the invariants."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from devcluster.cluster import LOCK_NAMESPACE, Cluster
+from devcluster.invariants import allocated, check_pods
+from lockd.errors import NotFound
+from lockd.kube import JSON, KubeClient, lease_path, namespace_path, pod_path
+
+LEASE_S = 5
+RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass
+class GPUCluster:
+    """The e2e devcluster plus a client and the current test's namespace."""
+
+    cluster: Cluster
+    nodes: list[str]
+    kube: KubeClient = field(init=False)
+    namespace: str = field(init=False, default="")
+
+    async def new_namespace(self) -> str:
+        self.namespace = f"e2e-{secrets.token_hex(3)}"
+        await self.kube.create(
+            namespace_path(),
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}},
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                await self.kube.get(f"{namespace_path(self.namespace)}/serviceaccounts/default")
+                return self.namespace
+            except NotFound:
+                await asyncio.sleep(0.1)
+        raise AssertionError("the namespace's default ServiceAccount never appeared")
+
+    async def cleanup(self) -> None:
+        """Delete the namespace and wait until its pods are gone and every lock is free."""
+        with contextlib.suppress(NotFound):
+            await self.kube.delete(namespace_path(self.namespace))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pods = (await self.kube.list(pod_path(self.namespace)))["items"]
+            if not pods and not await held_locks(self.kube):
+                return
+            await asyncio.sleep(0.25)
+
+    async def create_pod(
+        self,
+        name: str,
+        containers: Sequence[int],
+        *,
+        init: Sequence[int] = (),
+        node: str | None = None,
+        bind_directly: bool = False,
+        annotations: Mapping[str, str] | None = None,
+    ) -> JSON:
+        """A pod whose containers ask for the given GPU counts (0: no GPU)."""
+        return await self.kube.create(
+            pod_path(self.namespace),
+            gpu_pod(
+                name,
+                containers,
+                init=init,
+                node=node,
+                bind_directly=bind_directly,
+                annotations=annotations,
+            ),
+        )
+
+    async def pod(self, name: str) -> JSON:
+        return await self.kube.get(pod_path(self.namespace, name))
+
+    async def wait_phase(
+        self, name: str, phases: Sequence[str], *, timeout_s: float = 90.0
+    ) -> JSON:
+        deadline = time.monotonic() + timeout_s
+        pod: JSON = {}
+        while time.monotonic() < deadline:
+            pod = await self.pod(name)
+            if pod.get("status", {}).get("phase") in phases:
+                return pod
+            await asyncio.sleep(0.2)
+        raise AssertionError(
+            f"{name} did not reach {phases} in {timeout_s}s: "
+            f"{json.dumps(pod.get('status', {}))[:600]} node={pod.get('spec', {}).get('nodeName')}"
+        )
+
+    async def wait_bound(self, name: str, *, timeout_s: float = 60.0) -> JSON:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pod = await self.pod(name)
+            if pod["spec"].get("nodeName"):
+                return pod
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"{name} was not bound in {timeout_s}s")
+
+    async def lease(self, node: str) -> JSON:
+        return await self.kube.get(lease_path(LOCK_NAMESPACE, node))
+
+    async def wait_holder(self, node: str, holder: str | None, *, timeout_s: float = 60.0) -> JSON:
+        """Wait until ``node``'s lock is held by ``holder`` (``None``: free)."""
+        deadline = time.monotonic() + timeout_s
+        lease: JSON = {}
+        while time.monotonic() < deadline:
+            try:
+                lease = await self.lease(node)
+            except NotFound:
+                lease = {"spec": {}}
+            if (lease["spec"].get("holderIdentity") or None) == holder:
+                return lease
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"lock of {node} never held by {holder}: {lease.get('spec')}")
+
+    def key(self, name: str) -> str:
+        return f"{self.namespace}/{name}"
+
+
+def gpu_pod(
+    name: str,
+    containers: Sequence[int],
+    *,
+    init: Sequence[int] = (),
+    node: str | None = None,
+    bind_directly: bool = False,
+    annotations: Mapping[str, str] | None = None,
+) -> JSON:
+    def container(prefix: str, i: int, gpus: int) -> JSON:
+        c: JSON = {"name": f"{prefix}{i}", "image": "registry.invalid/sim:never-pulled"}
+        if gpus:
+            c["resources"] = {"limits": {RESOURCE: str(gpus)}}
+        return c
+
+    spec: JSON = {
+        "containers": [container("c", i, g) for i, g in enumerate(containers)],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if init:
+        spec["initContainers"] = [container("init", i, g) for i, g in enumerate(init)]
+    if node and bind_directly:
+        spec["nodeName"] = node
+    elif node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": dict(annotations or {})},
+        "spec": spec,
+    }
+
+
+def assignment(pod: Mapping[str, Any]) -> dict[str, list[str]]:
+    raw = pod["metadata"].get("annotations", {}).get("nodelock.io/assignment", "{}")
+    value: dict[str, list[str]] = json.loads(raw)
+    return value
+
+
+def kubelet_devices(pod: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Device IDs kubelet's device manager allocated, per container."""
+    return {c: sorted(v.get("deviceIDs", [])) for c, v in allocated(pod).items()}
+
+
+async def held_locks(kube: KubeClient) -> dict[str, str]:
+    leases = (await kube.list(lease_path(LOCK_NAMESPACE)))["items"]
+    return {
+        le["metadata"]["name"]: le["spec"]["holderIdentity"]
+        for le in leases
+        if le.get("spec", {}).get("holderIdentity")
+    }
+
+
+async def assert_no_violations(kube: KubeClient) -> None:
+    """S1 and S2 over every pod in the cluster, from the simulated kubelets' records."""
+    pods = (await kube.list(pod_path()))["items"]
+    found = check_pods(pods, require_admitted=False)
+    assert not found.s1, found.s1
+    assert not found.s2, found.s2
+
+
+async def metric_value(url: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples with these labels, scraped from ``url``."""
+    from nodelock.demo import metric_samples, metric_sum
+
+    def fetch() -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text: str = resp.read().decode()
+            return text
+
+    text = await asyncio.to_thread(fetch)
+    return metric_sum(metric_samples(text), name, **labels)
+
+
+def plugin_registrations(cluster: Cluster, node: str) -> int:
+    """How many times the node's device plugin has registered with kubelet (from its log)."""
+    log = cluster.log_dir / f"deviceplugin-{node}.log"
+    try:
+        return log.read_text(errors="replace").count("with kubelet (endpoint")
+    except FileNotFoundError:
+        return 0
+
+
+async def wait_registrations(
+    cluster: Cluster, node: str, more_than: int, *, timeout_s: float = 30.0
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while plugin_registrations(cluster, node) <= more_than:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the device plugin of {node} did not register again")
+        await asyncio.sleep(0.05)
+
+
+async def wait_http_ok(url: str, *, timeout_s: float = 30.0) -> None:
+    import urllib.error
+    import urllib.request
+
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(probe):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url} never answered 200")
+        await asyncio.sleep(0.1)
+
+
+async def restart_extenders(
+    cluster: Cluster,
+    env: Mapping[str, str],
+    *,
+    only: Sequence[str] | None = None,
+    env_for: Mapping[str, Mapping[str, str]] | None = None,
+) -> None:
+    """Restart extender replicas (all, or ``only`` these) with ``env`` (or ``env_for[name]``)
+    and wait until each is ready."""
+    for name, proc in cluster.state.procs().items():
+        replica = name == "extender" or (name.startswith("extender-") and name != "extender-lb")
+        if not replica or (only is not None and name not in only):
+            continue
+        cluster.restart_component(name, env=(env_for or {}).get(name, env))
+        listen = next(a for a in proc.argv if a.startswith("--listen="))
+        await wait_http_ok(f"http://{listen.split('=', 1)[1]}/readyz")
+
+
+@asynccontextmanager
+async def slow_admission(e2e: GPUCluster, node: str, *, seconds: float) -> AsyncIterator[None]:
+    """Within the block, the node's device plugin takes ``seconds`` over every Allocate (a slow
+    admission: the holder stays Pending on the node, bound and not admitted)."""
+    plugin = f"deviceplugin-{node}"
+    seen = plugin_registrations(e2e.cluster, node)
+    e2e.cluster.restart_component(
+        plugin, env={"NODELOCK_FAILPOINTS": f"allocate.start=sleep:{seconds}"}
+    )
+    await wait_registrations(e2e.cluster, node, seen)
+    try:
+        yield
+    finally:
+        seen = plugin_registrations(e2e.cluster, node)
+        e2e.cluster.restart_component(plugin, env={})
+        await wait_registrations(e2e.cluster, node, seen)

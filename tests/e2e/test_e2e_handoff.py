@@ -1,0 +1,168 @@
+"""The handoff through real kube-scheduler, the extender and kubelet's own device manager.
+
+Each test checks from the simulated kubelet's record (what kubelet's device manager allocated and
+what our plugin answered) that every container got exactly its assignment, and the fixture
+checks S1/S2 over every pod of the cluster afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from lockd.errors import NotFound
+from lockd.kube import pod_path
+from tests.e2e.kit import LEASE_S, GPUCluster, assignment, kubelet_devices, slow_admission
+
+SHAPES = {
+    "one-gpu": ([1], []),
+    "four-gpus": ([4], []),
+    "two-containers": ([1, 2], []),
+    "init-then-container": ([2], [1]),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+async def test_each_container_gets_exactly_its_assignment(e2e: GPUCluster, shape: str) -> None:
+    containers, init = SHAPES[shape]
+    await e2e.create_pod("p", containers, init=init)
+    pod = await e2e.wait_phase("p", ["Running"])
+    node = pod["spec"]["nodeName"]
+    want = assignment(pod)
+    gpu_containers = [f"init{i}" for i, g in enumerate(init) if g]
+    gpu_containers += [f"c{i}" for i, g in enumerate(containers) if g]
+    assert list(want) == gpu_containers  # init containers first, spec order
+    for name, ids in want.items():
+        count = dict(zip(gpu_containers, [*init, *containers], strict=True))[name]
+        assert len(ids) == count
+    assert kubelet_devices(pod) == {c: sorted(ids) for c, ids in want.items()}
+    if init:
+        # kubelet reuses init-container devices for app containers; the choice allows it
+        assert set(want["init0"]) <= {d for c, ids in want.items() if c != "init0" for d in ids}
+    lease = await e2e.wait_holder(node, None)
+    ann = lease["metadata"]["annotations"]
+    assert ann["nodelock.io/last-holder"] == e2e.key("p")
+    assert ann["nodelock.io/last-outcome"] == "allocated"
+    assert ann["nodelock.io/last-token"] == pod["metadata"]["annotations"]["nodelock.io/token"]
+
+
+async def test_non_gpu_pod_runs_without_a_lock(e2e: GPUCluster) -> None:
+    before = await lock_tokens(e2e)
+    await e2e.create_pod("plain", [0])
+    pod = await e2e.wait_phase("plain", ["Running"])
+    assert "nodelock.io/assignment" not in pod["metadata"].get("annotations", {})
+    assert await lock_tokens(e2e) == before
+
+
+async def lock_tokens(e2e: GPUCluster) -> dict[str, object]:
+    """Each node's fencing token (None where no GPU pod has taken its lock yet)."""
+    tokens: dict[str, object] = {}
+    for n in e2e.nodes:
+        try:
+            tokens[n] = (await e2e.lease(n))["spec"].get("leaseTransitions")
+        except NotFound:
+            tokens[n] = None
+    return tokens
+
+
+async def test_forged_pod_bound_directly_is_refused_and_takes_no_lock(e2e: GPUCluster) -> None:
+    """HAMi #3076: a pod owner sets nodeName and forges the assignment annotations."""
+    node = e2e.nodes[0]
+    gpus = json.loads(
+        (await e2e.kube.get(f"/api/v1/nodes/{node}"))["metadata"]["annotations"]["nodelock.io/gpus"]
+    )
+    forged = {
+        "nodelock.io/assignment": json.dumps({"c0": [gpus[0]["id"]]}),
+        "nodelock.io/token": "1",
+    }
+    before = await e2e.lease(node)
+    await e2e.create_pod("forged", [1], node=node, bind_directly=True, annotations=forged)
+    pod = await e2e.wait_phase("forged", ["Failed"])
+    status = pod["status"]
+    assert status["reason"] == "UnexpectedAdmissionError"
+    # kubelet's Allocate names no pod: the plugin says which node and why, and what to do
+    assert f"node {node}: no pod holds" in status["message"]
+    assert "must be bound by the nodelock scheduler extender" in status["message"]
+    assert kubelet_devices(pod) == {}
+    after = await e2e.lease(node)
+    assert after["spec"].get("holderIdentity") == before["spec"].get("holderIdentity")
+    assert after["spec"].get("leaseTransitions") == before["spec"].get("leaseTransitions")
+    # the node still serves honest pods
+    await e2e.create_pod("honest", [1], node=node)
+    await e2e.wait_phase("honest", ["Running"])
+
+
+async def test_owner_editing_assignment_after_binding_gets_nothing(e2e: GPUCluster) -> None:
+    """S2: the plugin serves the Lease's copy of the assignment, never the pod owner's edit."""
+    node = e2e.nodes[1]
+    async with slow_admission(e2e, node, seconds=6):
+        await e2e.create_pod("victim", [1], node=node)
+        pod = await e2e.wait_bound("victim")
+        real = assignment(pod)["c0"]
+        gpus = json.loads(
+            (await e2e.kube.get(f"/api/v1/nodes/{node}"))["metadata"]["annotations"][
+                "nodelock.io/gpus"
+            ]
+        )
+        other = next(g["id"] for g in gpus if g["id"] not in real)
+        await e2e.kube.patch(
+            pod_path(e2e.namespace, "victim"),
+            {"metadata": {"annotations": {"nodelock.io/assignment": json.dumps({"c0": [other]})}}},
+        )
+        pod = await e2e.wait_phase("victim", ["Failed", "Running"], timeout_s=60)
+    assert pod["status"]["phase"] == "Failed"
+    assert pod["status"]["reason"] == "UnexpectedAdmissionError"
+    assert "assignment" in pod["status"]["message"]
+    assert kubelet_devices(pod) == {}
+    lease = await e2e.wait_holder(node, None)
+    assert lease["metadata"]["annotations"]["nodelock.io/last-outcome"] == "rejected"
+
+
+async def test_expired_lock_of_pending_holder_is_not_handed_on(e2e: GPUCluster) -> None:
+    """HAMi #3096: an expired lock whose holder may still be admitted must not go to another pod."""
+    node = e2e.nodes[2]
+    async with slow_admission(e2e, node, seconds=LEASE_S * 3):
+        await e2e.create_pod("first", [2], node=node)
+        await e2e.wait_bound("first")
+        await e2e.wait_holder(node, e2e.key("first"))
+        await asyncio.sleep(LEASE_S + 2)  # the lock is now expired by everyone's clock
+        await e2e.create_pod("second", [2], node=node)
+        await asyncio.sleep(LEASE_S)  # several bind attempts for "second" come and fail
+        assert (await e2e.pod("first"))["status"]["phase"] == "Pending"
+        assert not (await e2e.pod("second"))["spec"].get("nodeName")
+        assert (await e2e.lease(node))["spec"]["holderIdentity"] == e2e.key("first")
+        first = await e2e.wait_phase("first", ["Running"], timeout_s=90)
+        second = await e2e.wait_phase("second", ["Running"], timeout_s=90)
+    a, b = kubelet_devices(first)["c0"], kubelet_devices(second)["c0"]
+    assert a == sorted(assignment(first)["c0"])
+    assert b == sorted(assignment(second)["c0"])
+    assert not set(a) & set(b)
+
+
+async def test_kubelet_restart_deletes_sockets_and_plugin_reregisters(e2e: GPUCluster) -> None:
+    node = e2e.nodes[0]
+    plugin_dir = e2e.cluster.state_dir / "nodes" / node / "device-plugins"
+
+    def plugin_sockets() -> set[tuple[str, int]]:
+        return {
+            (p.name, p.stat().st_ctime_ns)
+            for p in plugin_dir.glob("*.sock")
+            if p.name != "kubelet.sock"
+        }
+
+    before = plugin_sockets()
+    assert before, "the plugin had no socket before the restart"
+    e2e.cluster.restart_component(f"kubelet-{node}")
+    # kubelet's device manager deletes every other socket when it starts; the plugin notices
+    # and serves a new socket, then registers again
+    for _ in range(200):
+        if plugin_sockets() - before:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"the device plugin did not re-register: {list(plugin_dir.iterdir())}")
+    await e2e.create_pod("after-restart", [2], node=node)
+    pod = await e2e.wait_phase("after-restart", ["Running"])
+    assert kubelet_devices(pod)["c0"] == sorted(assignment(pod)["c0"])
