@@ -176,12 +176,13 @@ class Cluster:
             raise DevclusterError(f"{name} is already running (pid {existing.pid})")
         return self._start(name, argv, env=env)
 
-    def stop_component(self, name: str) -> None:
-        """Stop one component (and its process group) and forget it."""
+    def stop_component(self, name: str, *, forget: bool = True) -> None:
+        """Stop one component (and its process group); forget it, or keep it to restart later."""
         proc = self.state.procs().get(name)
         if proc is not None:
             processes.stop(proc)
-            self.state.remove(name)
+            if forget:
+                self.state.remove(name)
 
     def kill_component(self, name: str) -> None:
         """SIGKILL one component at once, the way a crash would end it; it stays recorded."""
@@ -191,11 +192,12 @@ class Cluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
 
-    def restart_component(self, name: str) -> Proc:
-        """Stop a component and start it again with the same command line and environment."""
+    def restart_component(self, name: str, *, env: Mapping[str, str] | None = None) -> Proc:
+        """Stop a component and start it again with the same command line, and the same
+        environment unless ``env`` replaces it."""
         proc = self.state.procs()[name]
         processes.stop(proc)
-        return self._start(name, proc.argv, env=proc.env)
+        return self._start(name, proc.argv, env=proc.env if env is None else env)
 
     def restart_apiserver(self, *, timeout_s: float = 120.0) -> None:
         """Restart kube-apiserver on the same port and wait until it is ready again."""

@@ -219,11 +219,19 @@ def up_gpu_cluster(
     extender_replicas: int = 1,
     policy: str = "binpack",
     lock_aware: bool = True,
+    extender_args: list[str] | None = None,
+    plugin_args: list[str] | None = None,
 ) -> list[NodeSpec]:
     """Start the extender and ``nodes`` simulated GPU nodes, and wait until all report GPUs."""
-    start_extender(cluster, replicas=extender_replicas, policy=policy, lock_aware=lock_aware)
+    start_extender(
+        cluster,
+        replicas=extender_replicas,
+        policy=policy,
+        lock_aware=lock_aware,
+        extra_args=extender_args,
+    )
     specs = [NodeSpec(n, gpus_per_node) for n in node_names(nodes)]
     for spec in specs:
-        start_node(cluster, spec)
+        start_node(cluster, spec, plugin_args=plugin_args)
     wait_nodes_ready(cluster, specs)
     return specs
