@@ -12,7 +12,7 @@ Measures Lease create and conditional update round trips (latency and client CPU
 a LIST of 2,000 pods end to end (latency and client CPU), decoding the stored body of that LIST
 alone, and whether each client can send a MicroTime whose microsecond is 0.
 
-    .venv/bin/python bench/clients_compare.py [--kubeconfig PATH] [--pods 2000] [--rounds 5]
+    .venv/bin/python -m bench.clients_compare [--kubeconfig PATH] [--pods 2000] [--rounds 5]
 
 Without ``--kubeconfig`` it starts a throwaway devcluster.  The pods use a scheduler name no
 scheduler serves, so they stay Pending and cost nothing but storage.
@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from lockd_common import (
+from bench.lockd_common import (
     add_cluster_args,
     cluster_kubeconfig,
     fresh_namespace,
@@ -40,7 +40,6 @@ from lockd_common import (
     percentile,
     table,
 )
-
 from lockd.errors import ApiError
 from lockd.kube import KubeClient, lease_path, namespace_path, pod_path
 from lockd.microtime import format_microtime

@@ -12,7 +12,7 @@ Server-side time is measured by the same middleware on both apps: from the handl
 the response being ready (body read, JSON decoded, nodes judged, answer encoded).  The client's
 round trip is reported too.
 
-    .venv/bin/python bench/extender_bench.py [--nodes 5000] [--gpus 8] [--requests 200]
+    .venv/bin/python -m bench.extender_bench [--nodes 5000] [--gpus 8] [--requests 200]
 
 Writes ``bench/results/extender_bench.json``.  No cluster needed: filter and prioritize never call
 the API server (the API client given to the extender is an unconnected one).

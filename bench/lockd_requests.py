@@ -6,7 +6,7 @@ phase), so nothing the client might forget to count is missed.  The baseline, in
 client-go's ``tryAcquireOrRenew``: GET the Lease, decide, then create or update it; release is
 GET then update.
 
-    .venv/bin/python bench/lockd_requests.py [--kubeconfig PATH] [--nodes 200] [--rounds 300]
+    .venv/bin/python -m bench.lockd_requests [--kubeconfig PATH] [--nodes 200] [--rounds 300]
 
 Without ``--kubeconfig`` it starts a throwaway devcluster.  Other Lease traffic on the server
 (e.g. kube-apiserver's own identity Lease) is measured over an idle window and reported; phases
@@ -25,7 +25,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from lockd_common import (
+from prometheus_client import CollectorRegistry
+
+from bench.lockd_common import (
     add_cluster_args,
     cluster_kubeconfig,
     delta,
@@ -35,8 +37,6 @@ from lockd_common import (
     percentile,
     table,
 )
-from prometheus_client import CollectorRegistry
-
 from lockd import (
     FencingToken,
     HeldLock,

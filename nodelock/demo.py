@@ -26,6 +26,7 @@ from devcluster.cluster import LOCK_NAMESPACE, Cluster
 from devcluster.gpunodes import up_gpu_cluster
 from devcluster.invariants import Findings, check_locks_free, check_pods
 from lockd.kube import JSON, KubeClient, lease_path, namespace_path, pod_path
+from nodelock import htmlreport
 
 RESOURCE = "nvidia.com/gpu"
 NAMESPACE = "demo"
@@ -127,6 +128,7 @@ class Timeline:
     holds: list[tuple[str, str, float, float]] = field(default_factory=list)  # node, holder, t0, t1
     pods: dict[str, JSON] = field(default_factory=dict)
     leases: dict[str, JSON] = field(default_factory=dict)
+    contention: list[tuple[str, str, float]] = field(default_factory=list)  # node, pod, t
     violations: Findings = field(default_factory=Findings)
 
     def now(self) -> float:
@@ -216,6 +218,53 @@ def _on_lease(tl: Timeline, lease: JSON) -> None:
         tl.lock_since[node] = (holder, t)
 
 
+_LOCK_HELD = re.compile(r"node (\S+): lock held by")
+
+
+async def _watch_events(kube: KubeClient, tl: Timeline) -> None:
+    """Contention as kube-scheduler reports it: a failed bind whose reason is a held lock."""
+    path = f"/api/v1/namespaces/{NAMESPACE}/events"
+    rv = None
+    while True:
+        try:
+            if rv is None:
+                rv = (await kube.list(path))["metadata"]["resourceVersion"]
+            async for ev in kube.watch(path, resource_version=rv):
+                rv = ev.object["metadata"]["resourceVersion"]
+                if ev.type not in ("ADDED", "MODIFIED"):
+                    continue
+                m = _LOCK_HELD.search(str(ev.object.get("message", "")))
+                if m:
+                    obj = ev.object.get("involvedObject", {})
+                    pod = f"{obj.get('namespace')}/{obj.get('name')}"
+                    tl.contention.append((m.group(1), pod, tl.now()))
+        except Exception:
+            rv = None
+            await asyncio.sleep(0.5)
+
+
+def html_report(tl: Timeline, summary: list[tuple[str, str]]) -> str:
+    """The report as a page: lock holds per node over time, lock waits, bind->admission."""
+    first_contention: dict[str, float] = {}
+    for _, pod, t in tl.contention:
+        first_contention.setdefault(pod, t)
+    waits = [tl.bound[p] - t for p, t in first_contention.items() if p in tl.bound]
+    admit = [tl.running[p] - tl.bound[p] for p in tl.running if p in tl.bound]
+    holds = [htmlreport.Hold(n, h, t0, t1) for n, h, t0, t1 in tl.holds]
+    nodes = sorted({*tl.leases, *(n for n, *_ in tl.holds)})
+    data = htmlreport.ReportData(
+        title="nodelock demo",
+        duration_s=tl.now(),
+        nodes=nodes,
+        holds=holds,
+        contention=[htmlreport.Contention(n, p, t) for n, p, t in tl.contention],
+        lock_waits_s=[w for w in waits if w >= 0],
+        bind_to_admit_s=[a for a in admit if a >= 0],
+        summary=summary,
+    )
+    return htmlreport.render(data)
+
+
 def _gpu_pods(tl: Timeline) -> list[JSON]:
     out = []
     for p in tl.pods.values():
@@ -264,35 +313,6 @@ def metric_sum(
         for n, labels, v in samples
         if n == name and all(labels.get(k) == w for k, w in match.items())
     )
-
-
-def histogram_quantile(
-    samples: Sequence[tuple[str, dict[str, str], float]], name: str, q: float
-) -> float:
-    """Prometheus-style quantile estimate from a histogram's cumulative buckets."""
-    buckets: dict[float, float] = {}
-    for n, labels, v in samples:
-        if n == f"{name}_bucket":
-            le = float(labels["le"])
-            buckets[le] = buckets.get(le, 0.0) + v
-    if not buckets:
-        return math.nan
-    bounds = sorted(buckets)
-    total = buckets[bounds[-1]]
-    if total == 0:
-        return math.nan
-    rank = q * total
-    prev_bound, prev_count = 0.0, 0.0
-    for b in bounds:
-        count = buckets[b]
-        if count >= rank:
-            if math.isinf(b):
-                return prev_bound
-            width = count - prev_count
-            frac = 0.0 if width == 0 else (rank - prev_count) / width
-            return prev_bound + (b - prev_bound) * frac
-        prev_bound, prev_count = b, count
-    return bounds[-1]
 
 
 async def _api_requests(kube: KubeClient) -> Counter[tuple[str, str]]:
@@ -437,8 +457,10 @@ async def run_workload(
     return tl, extra
 
 
-def report(tl: Timeline, workloads: Sequence[Workload], extra: Mapping[str, Any]) -> str:
-    """The end-of-demo report, as text."""
+def report(
+    tl: Timeline, workloads: Sequence[Workload], extra: Mapping[str, Any]
+) -> tuple[str, list[tuple[str, str]]]:
+    """The end-of-demo report, as text and as summary rows for the HTML page."""
     pods = _gpu_pods(tl)
     final = check_pods(pods)
     final.s1 = sorted(set(final.s1) | set(tl.violations.s1))
@@ -447,62 +469,55 @@ def report(tl: Timeline, workloads: Sequence[Workload], extra: Mapping[str, Any]
     placed = [k for k in tl.running if k in {_pod_key(p) for p in pods}]
     to_running = [tl.running[k] - tl.first_seen[k] for k in placed if k in tl.first_seen]
     holds = [t1 - t0 for _, _, t0, t1 in tl.holds]
+    first_contention: dict[str, float] = {}
+    for _, pod, t in tl.contention:
+        first_contention.setdefault(pod, t)
+    waits = [tl.bound[p] - t for p, t in first_contention.items() if p in tl.bound]
     samples = extra["extender_metrics"]
-    lines = ["", "=" * 78, "nodelock demo report", "=" * 78]
-    lines.append(
-        f"workload: {len(workloads)} controllers, {_expected_pods(workloads)} GPU pods "
-        f"({', '.join(f'{w.name} {w.replicas}x{w.gpus}' for w in workloads)})"
-    )
-    last = max(tl.running.values(), default=math.nan)
-    lines.append(
-        f"pods placed: {len(placed)}/{len(pods)} GPU pods admitted; the last one "
-        f"{last:.1f}s after the start; creation->running p50 {_ms(to_running, 0.5)}, "
-        f"p99 {_ms(to_running, 0.99)}"
-    )
-    lines.append(
-        f"lock holds (bind -> device plugin release, {len(holds)} handoffs): "
-        f"p50 {_ms(holds, 0.5)}, p99 {_ms(holds, 0.99)}"
-    )
-    wait_name = "nodelock_extender_lock_wait_seconds"
     contended = metric_sum(samples, "nodelock_lock_acquisitions_total", result="contended")
-    lines.append(
-        f"lock waits (first contention -> acquired, estimated from the extender's histogram): "
-        f"p50 {_fmt_s(histogram_quantile(samples, wait_name, 0.5))}, "
-        f"p99 {_fmt_s(histogram_quantile(samples, wait_name, 0.99))}"
-    )
-    lines.append(f"contention: {contended:.0f} binds found the node locked and were retried")
     requests: Counter[tuple[str, str]] = extra["requests"]
     n = max(len(pods), 1)
-    total_req = sum(requests.values())
-    lines.append(
-        f"API requests per GPU pod (all clients, from apiserver_request_total): {total_req / n:.1f}"
+    handoff_writes = sum(
+        requests.get(k, 0)
+        for k in (("POST", "leases"), ("PUT", "leases"), ("POST", "pods/binding"))
     )
-    ours = [
-        ("create", "leases"),
-        ("update", "leases"),
-        ("create", "pods/binding"),
-        ("get", "pods"),
-        ("list", "pods"),
-        ("patch", "nodes"),
+    lists = sum(c for (verb, _), c in requests.items() if verb == "LIST")
+    last = max(tl.running.values(), default=math.nan)
+    summary: list[tuple[str, str]] = [
+        ("workload", ", ".join(f"{w.name} {w.replicas}x{w.gpus} GPU" for w in workloads)),
+        ("GPU pods admitted", f"{len(placed)}/{len(pods)}, the last {last:.1f} s after the start"),
+        ("creation -> running", f"p50 {_ms(to_running, 0.5)}, p99 {_ms(to_running, 0.99)}"),
+        ("lock holds", f"{len(holds)} handoffs, p50 {_ms(holds, 0.5)}, p99 {_ms(holds, 0.99)}"),
+        ("lock waits", f"{len(waits)} pods waited, p50 {_ms(waits, 0.5)}, p99 {_ms(waits, 0.99)}"),
+        ("contention", f"{contended:.0f} binds found the node locked and were retried"),
+        ("API requests per GPU pod", f"{sum(requests.values()) / n:.1f} (all clients)"),
+        ("handoff writes per GPU pod", f"{handoff_writes / n:.2f} (Lease + pods/binding)"),
+        ("LISTs during the run", f"{lists:.0f}"),
     ]
-    lines.append("  " + "  ".join(f"{v} {r}: {requests.get((v, r), 0) / n:.2f}" for v, r in ours))
-    lines.append("invariants (DESIGN section 4), checked from the simulated kubelets' records:")
-    for name, desc, found in (
+    checks = (
         ("S1", "no GPU assigned to two live pods", final.s1),
         ("S2", "every container got exactly its assignment", final.s2),
         ("S3", "no lock left held", final.s3),
         ("L1", "every GPU pod bound and admitted", final.l1),
-    ):
+    )
+    for name, desc, found in checks:
+        summary.append((f"{name} {desc}", "PASS" if not found else f"FAIL ({len(found)})"))
+    lines = ["", "=" * 78, "nodelock demo report", "=" * 78]
+    lines += [f"{label}: {value}" for label, value in summary[: -len(checks)]]
+    lines.append(
+        "  lock holds: bind -> device plugin release, seen on a Lease watch; lock waits: a pod's "
+        "first bind refused for a held lock -> bound, from kube-scheduler's events"
+    )
+    top = ", ".join(f"{v} {r} {c / n:.2f}" for (v, r), c in requests.most_common(8))
+    lines.append(f"  most frequent requests per GPU pod: {top}")
+    lines.append("invariants (DESIGN section 4), checked from the simulated kubelets' records:")
+    for name, desc, found in checks:
         verdict = "PASS" if not found else f"FAIL ({len(found)})"
         lines.append(f"  {name} {desc:<45} {verdict}")
         lines.extend(f"      {v}" for v in found[:5])
     lines.append(f"\n$ kubectl get leases -n {LOCK_NAMESPACE}")
     lines.append(str(extra["leases_text"]).rstrip())
-    return "\n".join(lines)
-
-
-def _fmt_s(v: float) -> str:
-    return "n/a" if math.isnan(v) else f"{v * 1000:.0f} ms"
+    return "\n".join(lines), summary
 
 
 def register(sub: Any) -> None:
@@ -545,10 +560,13 @@ def _main(args: argparse.Namespace) -> int:
                 cluster, workloads, timeout_s=args.timeout, extender_metrics=f"{ext_url}/metrics"
             )
         )
-        text = report(tl, workloads, extra)
+        text, summary = report(tl, workloads, extra)
         print(text)
         (cluster.state_dir / "report.txt").write_text(text + "\n")
-        ok = "FAIL" not in text
+        html = cluster.state_dir / "report.html"
+        html.write_text(html_report(tl, summary))
+        print(f"\nThe report as a page, with lock holds per node over time: file://{html}")
+        ok = not any(value.startswith("FAIL") for _, value in summary)
     except BaseException:
         if not args.keep:
             cluster.down()

@@ -132,8 +132,8 @@ _needs = st.lists(st.tuples(_kinds, st.integers(min_value=0, max_value=4)), min_
 
 @given(_needs)
 def test_plan_matches_kubelets_reuse_rules(raw: list[tuple[ContainerKind, int]]) -> None:
-    inits = [(k, n) for k, n in raw if k is not ContainerKind.APP]
-    apps = [(k, n) for k, n in raw if k is ContainerKind.APP]
+    inits: list[tuple[ContainerKind, int]] = [(k, n) for k, n in raw if k is not ContainerKind.APP]
+    apps: list[tuple[ContainerKind, int]] = [(k, n) for k, n in raw if k is ContainerKind.APP]
     ordered = [ContainerNeed(f"c{i}", n, k) for i, (k, n) in enumerate(inits + apps)]  # type: ignore[arg-type]
     need = plan_slots(ordered)
     slots = dict(need.plan)

@@ -1,0 +1,41 @@
+"""``make bench``: every benchmark in one command, each printing ratios against its baseline.
+
+Runs, one after another (each starts what it needs and stops it):
+
+- ``bench.lockd_requests``: API requests and round trips per acquire and release, counted by
+  kube-apiserver, against a client-go-style get-then-update baseline;
+- ``bench.extender_bench``: filter and prioritize latency for 5,000 nodes x 8 GPUs, against an
+  empty aiohttp handler;
+- ``bench.handoff``: pods/s through the extender against the default binder, API requests per
+  pod, handoff overhead, lock-aware prioritize on and off.
+
+Results are JSON files in ``bench/results/``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+RESULTS = "bench/results"
+BENCHMARKS = [
+    ["bench.lockd_requests", "--json", f"{RESULTS}/lockd_requests.json"],
+    ["bench.extender_bench"],
+    ["bench.handoff"],
+]
+
+
+def main() -> int:
+    failed = []
+    for module, *args in BENCHMARKS:
+        print(f"\n==> python -m {module} {' '.join(args)}", flush=True)
+        if subprocess.run([sys.executable, "-m", module, *args], check=False).returncode:
+            failed.append(module)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
