@@ -14,6 +14,7 @@ Results are JSON files in ``bench/results/``.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -26,6 +27,7 @@ BENCHMARKS = [
 
 
 def main() -> int:
+    os.makedirs(RESULTS, exist_ok=True)
     failed = []
     for module, *args in BENCHMARKS:
         print(f"\n==> python -m {module} {' '.join(args)}", flush=True)
