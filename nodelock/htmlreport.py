@@ -349,10 +349,10 @@ h2 { font-size: 17px; margin: 28px 0 6px; }
 .lede { color: #57606a; margin: 0 0 8px; }
 .note { color: #57606a; margin: 0 0 8px; font-size: 13px; }
 .empty { color: #57606a; font-style: italic; }
-table.summary { border-collapse: collapse; min-width: 640px; }
+table.summary { border-collapse: collapse; width: 100%; }
 table.summary th, table.summary td { text-align: left; padding: 4px 12px 4px 0;
   border-bottom: 1px solid #eaeef2; vertical-align: top; }
-table.summary th { font-weight: 600; white-space: nowrap; }
+table.summary th { font-weight: 600; width: 36%; }
 td.pass { color: #1a7f37; font-weight: 600; }
 td.fail { color: #cf222e; font-weight: 600; }
 svg text { font: 11px system-ui, sans-serif; fill: #57606a; }
