@@ -1,8 +1,9 @@
 """The demo's report as one self-contained HTML page: lock holds per node, waits, latencies.
 
-``render(data)`` returns a complete page with inline CSS and inline SVG only: no scripts, fonts,
-images or style sheets are fetched, so the file opens the same offline, from a mail attachment or
-a CI artifact.  Hovering a hold, a contention mark or a bar shows its details (SVG ``<title>``).
+``render(data)`` returns a complete page, in ASCII (other characters as character references),
+with inline CSS and inline SVG only: no scripts, fonts, images or style sheets are fetched, so
+the file opens the same offline, from a mail attachment or a CI artifact.  Hovering a hold, a
+contention mark or a bar shows its details (SVG ``<title>``).
 Every name that comes from the cluster (nodes, pods, summary text) is HTML-escaped.
 
 What it shows:
@@ -10,7 +11,7 @@ What it shows:
 - a timeline per node: one bar per lock hold (who held the node's lock, from when to when),
   coloured by workload, and a mark for each time a pod found the node locked (contention);
 - the distribution of lock waits (first contention to acquisition, per pod);
-- the distribution of bind to Allocate (admission) latency;
+- the distribution of bind to admission (kubelet's Allocate answered) latency;
 - the summary table the caller passes (invariants, counts, request rates).
 """
 
@@ -110,10 +111,10 @@ def render(data: ReportData) -> str:
         f"{_stats(data.lock_waits_s)}.</p>",
         _histogram(data.lock_waits_s, "lock wait", "#4e79a7"),
         "</section>",
-        '<section id="bind-to-admit"><h2>Bind &#8594; Allocate latency</h2>',
-        '<p class="note">From the pod&#8217;s binding to kubelet&#8217;s Allocate answered '
-        f"(the pod admitted with its devices){_stats(data.bind_to_admit_s)}.</p>",
-        _histogram(data.bind_to_admit_s, "bind to Allocate", "#59a14f"),
+        '<section id="bind-to-admit"><h2>Bind &#8594; admission</h2>',
+        '<p class="note">From the pod&#8217;s binding to its admission by kubelet (Allocate '
+        f"answered with its devices){_stats(data.bind_to_admit_s)}.</p>",
+        _histogram(data.bind_to_admit_s, "bind to admission", "#59a14f"),
         "</section>",
         "</div>",
         "<footer>nodelock &#183; this page is self-contained: no scripts, no external "
@@ -121,7 +122,8 @@ def render(data: ReportData) -> str:
         "</body>",
         "</html>",
     ]
-    return "\n".join(parts) + "\n"
+    page = "\n".join(parts) + "\n"
+    return page.encode("ascii", "xmlcharrefreplace").decode("ascii")  # any file encoding works
 
 
 # Kubernetes' generated name suffixes (pod-template hash, random suffix) use this alphabet
@@ -188,8 +190,8 @@ def fmt_s(seconds: float) -> str:
 
 def _lede(data: ReportData, duration: float) -> str:
     return escape(
-        f"{len(data.nodes)} nodes · {len(data.holds)} lock holds · "
-        f"{len(data.contention)} contended binds · run of {fmt_s(duration)}"
+        f"{len(data.nodes)} nodes \u00b7 {len(data.holds)} lock holds \u00b7 "
+        f"{len(data.contention)} contended binds \u00b7 run of {fmt_s(duration)}"
     )
 
 
