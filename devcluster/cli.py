@@ -51,6 +51,26 @@ def register(sub: Any) -> None:
         action="store_true",
         help="fail instead of building when the binaries are not cached",
     )
+    u.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="simulated GPU nodes to start, with the extender wired into kube-scheduler "
+        "(default 0: control plane only)",
+    )
+    u.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node")
+    u.add_argument(
+        "--extender-replicas",
+        type=int,
+        default=1,
+        help="extender replicas behind one address (default 1)",
+    )
+    u.add_argument(
+        "--policy",
+        choices=["binpack", "spread"],
+        default="binpack",
+        help="the extender's device-choice policy",
+    )
     u.set_defaults(func=_up)
 
     d = dsub.add_parser("down", help="stop everything the cluster started")

@@ -310,6 +310,8 @@ async def test_live_replica_confirms_from_its_cache_without_listing(
         await wait_for(lambda: _known(two, node))
         assert await post_bind(one, binding_args(a, node)) == ""
         assert await release_as_device_plugin(one.locks, node) == f"{namespace}/a"
+        # replica two refuses from its Lease watch without asking; let it see the release
+        await wait_for(lambda: _lock_free(two, node))
         assert await post_bind(two, binding_args(b, node)) == ""
         assert two.metrics.confirm_fallbacks._value.get() == 0.0
     a_devices = devices_in(await get_pod(kube, namespace, "a"))
@@ -411,3 +413,8 @@ async def test_repeated_bind_of_a_bound_pod_keeps_its_lock_and_token(
     assert bound["metadata"]["annotations"]["nodelock.io/token"] == str(
         after["spec"]["leaseTransitions"]
     )
+
+
+async def _lock_free(ext: Extender, node: str) -> bool:
+    view = ext.locks.view(NodeName(node))
+    return view is not None and view.record.holder is None
