@@ -12,8 +12,9 @@ Phases, each a burst of ``--pods`` single-GPU pods created at once and waited to
 
 Per phase: pods/s (first create to last Running), creation->Running p50/p99, binds that found the
 node locked (the extender's own counter), API requests per pod by verb and resource from
-kube-apiserver's ``apiserver_request_total`` (all clients), and the handoff's overhead: how long
-each node lock was held (acquire -> release, seen on a Lease watch; the simulated kubelet starts
+kube-apiserver's ``apiserver_request_total`` (all clients, less the idle cluster's own rate
+measured for 5 s before the burst: node heartbeats renew Leases too), and the handoff's
+overhead: how long each node lock was held (acquire -> release, seen on a Lease watch; the simulated kubelet starts
 containers with no delay, so nothing of it is the kubelet's own time).  Prints a table, writes
 ``bench/results/handoff.json``.
 """
@@ -27,7 +28,6 @@ import math
 import platform
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +36,21 @@ from devcluster.cluster import Cluster
 from devcluster.gpunodes import up_gpu_cluster
 from lockd.kube import JSON, KubeClient, namespace_path, pod_path
 from nodelock.demo import (
+    BACKGROUND_S,
+    HANDOFF_WRITES,
     Timeline,
     _api_requests,
     _quantile,
     _scrape,
     _watch_leases,
     _watch_pods,
+    background_requests,
     metric_samples,
     metric_sum,
+    net_of_background,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
-HANDOFF_WRITES = [("PUT", "leases"), ("POST", "leases"), ("POST", "pods/binding")]
 
 
 def pod(name: str, gpus: int) -> JSON:
@@ -87,10 +90,13 @@ async def burst(cluster: Cluster, label: str, n: int, gpus: int) -> dict[str, An
 
         demo_ns = demo.NAMESPACE
         demo.NAMESPACE = ns  # the watchers follow the demo's namespace
-        tasks = [asyncio.create_task(_watch_pods(kube, tl)),
-                 asyncio.create_task(_watch_leases(kube, tl))]
-        await asyncio.sleep(0.5)
+        tasks = [
+            asyncio.create_task(_watch_pods(kube, tl)),
+            asyncio.create_task(_watch_leases(kube, tl)),
+        ]
+        background = await background_requests(kube, seconds=BACKGROUND_S)
         before_req = await _api_requests(kube)
+        started = time.monotonic()
         before_cont = contended(cluster) if gpus else 0.0
         t0 = tl.now()
         await asyncio.gather(*(kube.create(pod_path(ns), pod(f"p{i}", gpus)) for i in range(n)))
@@ -101,6 +107,7 @@ async def burst(cluster: Cluster, label: str, n: int, gpus: int) -> dict[str, An
         t_end = max(v for k, v in tl.running.items() if k.startswith(ns + "/"))
         await asyncio.sleep(1.0)  # the last releases
         after_req = await _api_requests(kube)
+        elapsed = time.monotonic() - started
         after_cont = contended(cluster) if gpus else 0.0
         for t in tasks:
             t.cancel()
@@ -111,7 +118,7 @@ async def burst(cluster: Cluster, label: str, n: int, gpus: int) -> dict[str, An
             if not (await kube.list(pod_path(ns)))["items"]:
                 break
             await asyncio.sleep(0.2)
-    req: Counter[tuple[str, str]] = after_req - before_req
+    req = net_of_background(after_req - before_req, background, elapsed / BACKGROUND_S)
     to_running = [tl.running[k] - tl.first_seen[k] for k in tl.running if k in tl.first_seen]
     holds = [t1 - s for _, h, s, t1 in tl.holds if h.startswith(ns + "/")]
     return {
@@ -133,12 +140,16 @@ async def burst(cluster: Cluster, label: str, n: int, gpus: int) -> dict[str, An
 
 def table(rows: list[dict[str, Any]]) -> str:
     base = next(r for r in rows if r["phase"] == "default-binder")
-    head = (f"{'phase':<24}{'pods/s':>8}{'vs base':>9}{'p50 ms':>9}{'p99 ms':>9}"
-            f"{'contended':>11}{'hold p50':>10}{'hold p99':>10}{'writes':>8}{'LISTs':>7}{'req':>7}")
+    head = (
+        f"{'phase':<24}{'pods/s':>8}{'vs base':>9}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'contended':>11}{'hold p50':>10}{'hold p99':>10}{'writes':>8}{'LISTs':>7}{'req':>7}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
+
         def ms(v: float) -> str:
             return "-" if math.isnan(v) else f"{v * 1000:.0f}"
+
         lines.append(
             f"{r['phase']:<24}{r['pods_per_s']:>8.1f}{r['pods_per_s'] / base['pods_per_s']:>9.2f}"
             f"{ms(r['to_running_p50_s']):>9}{ms(r['to_running_p99_s']):>9}"
@@ -146,8 +157,10 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['handoff_writes_per_pod']:>8.2f}{r['lists_per_pod']:>7.2f}"
             f"{r['all_requests_per_pod']:>7.1f}"
         )
-    lines.append("writes = the handoff's own writes per pod (Lease POST/PUT + pods/binding); "
-                 "LISTs and req = every client's, per pod")
+    lines.append(
+        "writes = the handoff's own writes per pod (Lease POST/PUT + pods/binding); "
+        "LISTs and req = every client's, per pod"
+    )
     return "\n".join(lines)
 
 
@@ -178,8 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         cluster.down()
     print(table(rows))
     RESULTS.mkdir(exist_ok=True)
-    out = {"machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
-           "nodes": args.nodes, "gpus_per_node": args.gpus, "rows": rows}
+    out = {
+        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus,
+        "rows": rows,
+    }
     (RESULTS / "handoff.json").write_text(json.dumps(out, indent=1))
     print(f"\nwrote {RESULTS / 'handoff.json'}")
     return 0
