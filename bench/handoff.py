@@ -14,9 +14,9 @@ Per phase: pods/s (first create to last Running), creation->Running p50/p99, bin
 node locked (the extender's own counter), API requests per pod by verb and resource from
 kube-apiserver's ``apiserver_request_total`` (all clients, less the idle cluster's own rate
 measured for 5 s before the burst: node heartbeats renew Leases too), and the handoff's
-overhead: how long each node lock was held (acquire -> release, seen on a Lease watch; the simulated kubelet starts
-containers with no delay, so nothing of it is the kubelet's own time).  Prints a table, writes
-``bench/results/handoff.json``.
+overhead: how long each node lock was held (acquire -> release, seen on a Lease watch; the
+simulated kubelet starts containers with no delay, so none of it is the kubelet's own time).
+Prints a table, writes ``bench/results/handoff.json``.
 """
 
 from __future__ import annotations
