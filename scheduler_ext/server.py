@@ -30,6 +30,7 @@ from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import NodeGPUs, Policy
 from scheduler_ext.metrics import ExtenderMetrics, Result, Verb
 from scheduler_ext.need import BadPod, PodNeed, pod_need
+from scheduler_ext.promises import Promises
 from scheduler_ext.protocol import (
     BadRequest,
     ExtenderArgs,
@@ -87,6 +88,7 @@ class Endpoints:
         self._ready = ready
         # node -> (cache picture, lock record, picture with the holder's devices taken)
         self._overlays: dict[NodeName, tuple[NodeGPUs, object, NodeGPUs]] = {}
+        self.promises = Promises()
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -181,6 +183,8 @@ class Endpoints:
             self._done(Verb.PRIORITIZE, Result.BAD_REQUEST, started)
             return _error(400, str(exc))
         locked = locked_by_others(args.node_names, self.locks.view, pod_uid=uid)
+        if self.options.lock_aware:  # and soon locked: the best node of a pod still binding
+            locked += self.promises.promised_to_others(uid)
         scores = prioritize_nodes(
             need,
             args.node_names,
@@ -188,6 +192,8 @@ class Endpoints:
             policy=self.options.policy,
             locked=locked if self.options.lock_aware else (),
         )
+        if self.options.lock_aware:
+            self.promises.promise(scores, uid)
         self._done(Verb.PRIORITIZE, Result.OK, started)
         return web.json_response(host_priority_list(scores))
 
@@ -200,6 +206,7 @@ class Endpoints:
             return _error(400, str(exc))
         try:
             outcome = await asyncio.shield(self.binder.bind(args))
+            self.promises.forget(args.pod_uid)
         except Exception as exc:  # a bug: say so in Error (a 500 would reach no one's events)
             log.exception("bind of %s to %s failed", args.key, args.node)
             self._done(Verb.BIND, Result.ERROR, started)
