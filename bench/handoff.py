@@ -34,6 +34,7 @@ from typing import Any
 from devcluster.binaries import ensure_control_plane, ensure_simkubelet
 from devcluster.cluster import Cluster
 from devcluster.gpunodes import up_gpu_cluster
+from devcluster.namespaces import create_namespace
 from lockd.kube import JSON, KubeClient, namespace_path, pod_path
 from nodelock.demo import (
     BACKGROUND_S,
@@ -76,15 +77,7 @@ def contended(cluster: Cluster) -> float:
 async def burst(cluster: Cluster, label: str, n: int, gpus: int) -> dict[str, Any]:
     ns = f"bench-{label}"
     async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
-        await kube.create(
-            namespace_path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-        )
-        for _ in range(300):
-            try:
-                await kube.get(f"{namespace_path(ns)}/serviceaccounts/default")
-                break
-            except Exception:
-                await asyncio.sleep(0.1)
+        await create_namespace(kube, ns)
         tl = Timeline()
         import nodelock.demo as demo
 

@@ -9,7 +9,6 @@ the end.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import re
 import secrets
@@ -19,8 +18,8 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from lockd.errors import NotFound
-from lockd.kube import KubeClient, namespace_path
+from devcluster.namespaces import create_namespace
+from lockd.kube import KubeClient
 
 
 def add_cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -51,17 +50,7 @@ def cluster_kubeconfig(kubeconfig: str | None) -> Iterator[str]:
 
 async def fresh_namespace(kube: KubeClient, prefix: str) -> str:
     """Create a namespace for the run and wait for its default ServiceAccount."""
-    name = f"{prefix}-{secrets.token_hex(3)}"
-    await kube.create(
-        namespace_path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    )
-    for _ in range(300):
-        try:
-            await kube.get(f"{namespace_path(name)}/serviceaccounts/default")
-            break
-        except NotFound:
-            await asyncio.sleep(0.1)
-    return name
+    return await create_namespace(kube, f"{prefix}-{secrets.token_hex(3)}")
 
 
 _REQUEST_LINE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)$")

@@ -25,7 +25,8 @@ from devcluster.binaries import ensure_control_plane, ensure_simkubelet
 from devcluster.cluster import LOCK_NAMESPACE, Cluster
 from devcluster.gpunodes import up_gpu_cluster
 from devcluster.invariants import Findings, check_locks_free, check_pods
-from lockd.kube import JSON, KubeClient, lease_path, namespace_path, pod_path
+from devcluster.namespaces import create_namespace
+from lockd.kube import JSON, KubeClient, lease_path, pod_path
 from nodelock import htmlreport
 
 RESOURCE = "nvidia.com/gpu"
@@ -409,16 +410,7 @@ async def run_workload(
 ) -> tuple[Timeline, dict[str, Any]]:
     """Submit the workload, show progress, and collect what the report needs."""
     async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
-        await kube.create(
-            namespace_path(),
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        )
-        for _ in range(300):  # the namespace's default ServiceAccount comes from a controller
-            try:
-                await kube.get(f"{namespace_path(NAMESPACE)}/serviceaccounts/default")
-                break
-            except Exception:
-                await asyncio.sleep(0.1)
+        await create_namespace(kube, NAMESPACE)
         background = await background_requests(kube, seconds=BACKGROUND_S)
         before = await _api_requests(kube)
         run_started = time.monotonic()

@@ -7,7 +7,6 @@ kube-controller-manager and kube-scheduler built from the Kubernetes Go modules)
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import shutil
 import tempfile
@@ -18,7 +17,7 @@ import pytest
 
 from devcluster.binaries import ensure_control_plane
 from devcluster.cluster import Cluster
-from lockd.errors import NotFound
+from devcluster.namespaces import create_namespace
 from lockd.kube import KubeClient, namespace_path
 
 _MARKS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
@@ -58,17 +57,7 @@ async def kube(cluster: Cluster) -> AsyncIterator[KubeClient]:
 @pytest.fixture
 async def namespace(kube: KubeClient) -> AsyncIterator[str]:
     """A fresh namespace for one test, deleted afterwards."""
-    name = f"t-{secrets.token_hex(4)}"
-    await kube.create(
-        namespace_path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    )
-    # pods need the namespace's default ServiceAccount, which kube-controller-manager creates
-    for _ in range(300):
-        try:
-            await kube.get(f"{namespace_path(name)}/serviceaccounts/default")
-            break
-        except NotFound:
-            await asyncio.sleep(0.1)
+    name = await create_namespace(kube, f"t-{secrets.token_hex(4)}")
     try:
         yield name
     finally:

@@ -14,6 +14,7 @@ from typing import Any
 
 from devcluster.cluster import LOCK_NAMESPACE, Cluster
 from devcluster.invariants import allocated, check_pods
+from devcluster.namespaces import create_namespace
 from lockd.errors import NotFound
 from lockd.kube import JSON, KubeClient, lease_path, namespace_path, pod_path
 
@@ -31,19 +32,8 @@ class GPUCluster:
     namespace: str = field(init=False, default="")
 
     async def new_namespace(self) -> str:
-        self.namespace = f"e2e-{secrets.token_hex(3)}"
-        await self.kube.create(
-            namespace_path(),
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}},
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                await self.kube.get(f"{namespace_path(self.namespace)}/serviceaccounts/default")
-                return self.namespace
-            except NotFound:
-                await asyncio.sleep(0.1)
-        raise AssertionError("the namespace's default ServiceAccount never appeared")
+        self.namespace = await create_namespace(self.kube, f"e2e-{secrets.token_hex(3)}")
+        return self.namespace
 
     async def cleanup(self) -> None:
         """Delete the namespace and wait until its pods are gone and every lock is free."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 import subprocess
 import sys
 from typing import Any
@@ -116,7 +117,10 @@ async def test_observe_judges_expiry_by_observed_time(
     code, out, _ = await run(args(cluster, namespace, observe=0.5))
     assert code == 0
     row = next(line for line in out.splitlines() if line.startswith(NODE))
-    assert "no (unchanged 0s of 15s)" in row
+    # observed for about --observe seconds (more on a loaded machine), far below the duration
+    unchanged = re.search(r"no \(unchanged (\d+)s of 15s\)", row)
+    assert unchanged is not None, row
+    assert int(unchanged.group(1)) < 15
     assert "in handoff:" in row
 
 
