@@ -113,9 +113,10 @@ def _up(args: argparse.Namespace) -> int:
             cluster.down()
             raise
     now = time.monotonic()
+    what = f"{args.nodes} GPU nodes x {args.gpus_per_node} GPUs" if args.nodes else "control plane"
     print(
-        f"devcluster is up in {cluster.state_dir} (control plane ready in {now - t0:.1f}s, "
-        f"{now - started:.1f}s in all)"
+        f"devcluster is up in {cluster.state_dir}: {what} ready in {now - t0:.1f}s "
+        f"({now - started:.1f}s in all)"
     )
     for st in cluster.status():
         print(f"  {st.name:<26} pid {st.pid:<8} log {st.log}")

@@ -30,6 +30,7 @@ from scheduler_ext.config import scheduler_config
 RESOURCE = "nvidia.com/gpu"
 INVENTORY_ANNOTATION = "nodelock.io/gpus"
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 _NAMESPACE_WRAPPER = f'mkdir -p {KUBELET_DIR} && mount --bind "$0" {KUBELET_DIR} && exec "$@"'
 
 
@@ -105,6 +106,13 @@ def start_node(cluster: Cluster, spec: NodeSpec, *, plugin_args: list[str] | Non
     simkubelet = ensure_simkubelet()
     node_dir = cluster.state_dir / "nodes" / spec.name
     plugin_dir = node_dir / "device-plugins"
+    longest = plugin_dir / "nodelock-gpu.sock"
+    if len(str(longest).encode()) > MAX_SOCKET_PATH:
+        raise DevclusterError(
+            f"the state directory {cluster.state_dir} is too deep for the nodes' unix sockets "
+            f"({longest} is {len(str(longest).encode())} bytes, at most {MAX_SOCKET_PATH} "
+            "work): choose a shorter --state-dir"
+        )
     plugin_dir.mkdir(parents=True, exist_ok=True)
     kubelet_argv = [
         "unshare",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from devcluster.binaries import KUBERNETES_VERSION, cache_root
@@ -121,3 +123,61 @@ def test_corrupt_cache_is_a_clear_error(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "manifest" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_up_with_gpu_nodes_waits_until_every_node_reports_its_gpus(tmp_path: Path) -> None:
+    deep = run(
+        "devcluster", "up", "--state-dir", str(tmp_path / ("d" * 60)), "--no-build", "--nodes", "1"
+    )
+    assert deep.returncode == 2
+    assert "choose a shorter --state-dir" in deep.stderr
+    assert "Traceback" not in deep.stderr
+
+    state = Path(tempfile.mkdtemp(prefix="nlt-", dir="/tmp"))  # unix socket paths are short
+    up = run(
+        "devcluster",
+        "up",
+        "--state-dir",
+        str(state),
+        "--no-build",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "2 GPU nodes x 2 GPUs ready" in up.stdout
+        assert f"export KUBECONFIG={state.resolve()}/admin.kubeconfig" in up.stdout
+        settings = json.loads((state / "state.json").read_text())
+        kubectl = Path(settings["settings"]["binaries"]) / "kubectl"
+        nodes = json.loads(
+            subprocess.run(
+                [
+                    str(kubectl),
+                    f"--kubeconfig={state}/admin.kubeconfig",
+                    "get",
+                    "nodes",
+                    "-o",
+                    "json",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
+            ).stdout
+        )["items"]
+        # already there when `up` returns: kubelet's count and the plugin's inventory
+        assert sorted(n["metadata"]["name"] for n in nodes) == ["gpu-node-01", "gpu-node-02"]
+        for n in nodes:
+            assert n["status"]["allocatable"]["nvidia.com/gpu"] == "2"
+            assert len(json.loads(n["metadata"]["annotations"]["nodelock.io/gpus"])) == 2
+        pids = [c["pid"] for c in settings["components"].values()]
+        assert {"extender", "kubelet-gpu-node-01", "deviceplugin-gpu-node-02"} <= set(
+            settings["components"]
+        )
+    finally:
+        down = run("devcluster", "down", "--state-dir", str(state))
+        shutil.rmtree(state, ignore_errors=True)
+    assert down.returncode == 0, down.stderr
+    assert not [p for p in pids if pid_alive(p)]
