@@ -122,13 +122,14 @@ def skewed(offset: str) -> dict[str, str]:
 
 
 async def test_clock_skew_of_sixty_seconds_changes_nothing(e2e: GPUCluster) -> None:
-    """One extender replica runs 60 s ahead, one device plugin 60 s behind: no lock is judged
-    expired early or late, no takeover happens, every pod gets its assignment."""
+    """The extender (both replicas: kube-scheduler keeps one connection, so either may get every
+    bind) runs 60 s ahead, one device plugin 60 s behind: no lock is judged expired early or
+    late, no takeover happens, every pod gets its assignment."""
     replicas = sorted(
         n for n in e2e.cluster.state.procs() if n.startswith("extender-") and n != "extender-lb"
     )
-    ahead, plugin_node = replicas[0], e2e.nodes[0]
-    await restart_extenders(e2e.cluster, {}, only=[ahead], env_for={ahead: skewed("+60s")})
+    plugin_node = e2e.nodes[0]
+    await restart_extenders(e2e.cluster, skewed("+60s"))
     seen = plugin_registrations(e2e.cluster, plugin_node)
     e2e.cluster.restart_component(f"deviceplugin-{plugin_node}", env=skewed("-60s"))
     await wait_registrations(e2e.cluster, plugin_node, seen)
@@ -138,7 +139,7 @@ async def test_clock_skew_of_sixty_seconds_changes_nothing(e2e: GPUCluster) -> N
         pods = [await e2e.wait_phase(n, ["Running"], timeout_s=120) for n in names]
         for p in pods:
             assert kubelet_devices(p)["c0"] == sorted(assignment(p)["c0"])
-        # the skew was real: binds by the replica that runs ahead carry its clock
+        # the skew was real: the extender writes its own clock into every binding
         now = datetime.now(UTC)
         bound_at = [
             datetime.strptime(
@@ -146,7 +147,7 @@ async def test_clock_skew_of_sixty_seconds_changes_nothing(e2e: GPUCluster) -> N
             ).replace(tzinfo=UTC)
             for p in pods
         ]
-        assert any((b - now).total_seconds() > 45 for b in bound_at), bound_at
+        assert all((b - now).total_seconds() > 30 for b in bound_at), bound_at
         takeovers = 0.0
         for name in replicas:
             listen = next(
@@ -160,7 +161,7 @@ async def test_clock_skew_of_sixty_seconds_changes_nothing(e2e: GPUCluster) -> N
         assert takeovers == 0
         assert not await held_locks(e2e.kube)
     finally:
-        await restart_extenders(e2e.cluster, {}, only=[ahead])
+        await restart_extenders(e2e.cluster, {})
         seen = plugin_registrations(e2e.cluster, plugin_node)
         e2e.cluster.restart_component(f"deviceplugin-{plugin_node}", env={})
         await wait_registrations(e2e.cluster, plugin_node, seen)
