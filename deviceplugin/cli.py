@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import logging
 import os
-import signal
 from pathlib import Path
 
 from deviceplugin.answer import DeviceMode
@@ -27,6 +24,7 @@ from deviceplugin.simulated import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, SimSpec, S
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
 from lockd.kube import KubeClient
 from lockd.model import NodeName
+from lockd.process import configure_logging, run_until_signalled
 
 
 class ConfigError(Exception):
@@ -191,22 +189,13 @@ async def _serve(args: argparse.Namespace, config: PluginConfig) -> None:
                 args.metrics_port, addr=args.metrics_address, registry=metrics.registry
             )
         plugin = DevicePlugin(config, kube=kube, backend=backend, metrics=metrics)
-        task = asyncio.create_task(plugin.run())
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await run_until_signalled(plugin.run())
     finally:
         await kube.close()
 
 
 def _run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level)
     config = config_from_args(args)
     asyncio.run(_serve(args, config))
     return 0

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import logging
-import signal
 
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
 from lockd.kube import KubeClient
+from lockd.process import configure_logging, run_until_signalled
 from scheduler_ext.choose import Policy
 from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES
 from scheduler_ext.service import Extender, Settings, check_settings, parse_listen
@@ -109,21 +107,13 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> None:
     kube = await KubeClient.connect(args.kubeconfig)
     try:
         extender = Extender(kube, settings)
-        task = asyncio.create_task(extender.serve_forever())
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await run_until_signalled(extender.serve_forever())
     finally:
         await kube.close()
 
 
 def _run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     settings = settings_from_args(args)
     asyncio.run(_serve(args, settings))
     return 0
