@@ -162,18 +162,36 @@ def _default_binary_name(package: str) -> str:
     return parts[-1]
 
 
-def _go_build(packages: dict[str, str], out_dir: Path, *, what: str, progress: Progress) -> None:
+@dataclass(frozen=True)
+class GoModule:
+    """Where and how a set of binaries is built: the module directory, link flags, env."""
+
+    directory: Path = GOMOD_DIR
+    ldflags: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _go_build(
+    packages: dict[str, str],
+    out_dir: Path,
+    *,
+    what: str,
+    progress: Progress,
+    module: GoModule | None = None,
+) -> None:
     """Build ``packages`` (binary name -> package) into ``out_dir`` in one ``go build``."""
+    module = module or GoModule(ldflags=_ldflags())
     go = go_toolchain()
     env = dict(os.environ)
     env.setdefault("GOFLAGS", "-mod=readonly")
+    env.update(module.env)
     started = time.monotonic()
     progress(f"devcluster: building {what} with {go} (minutes on a cold cache)...")
-    cmd = [go, "build", "-v", "-trimpath", "-ldflags", _ldflags(), "-o", f"{out_dir}/"]
+    cmd = [go, "build", "-v", "-trimpath", "-ldflags", module.ldflags, "-o", f"{out_dir}/"]
     try:
         proc = subprocess.Popen(
             [*cmd, *packages.values()],
-            cwd=GOMOD_DIR,
+            cwd=module.directory,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -216,7 +234,9 @@ def _ensure(
     what: str,
     build: bool,
     progress: Progress,
+    module: GoModule | None = None,
 ) -> Path:
+    """``entry`` holding ``packages`` built and checksummed, building them if needed."""
     problem = verify_entry(entry, list(packages))
     if problem is None:
         return entry
@@ -230,7 +250,7 @@ def _ensure(
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
     try:
-        _go_build(packages, tmp, what=what, progress=progress)
+        _go_build(packages, tmp, what=what, progress=progress, module=module)
         sums = {name: _sha256(tmp / name) for name in packages}
         (tmp / "MANIFEST.json").write_text(json.dumps({"sha256": sums}, indent=1))
         if entry.exists():

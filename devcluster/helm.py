@@ -15,26 +15,15 @@ that is renamed into place whole.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from devcluster.binaries import (
-    Progress,
-    _sha256,
-    _stderr,
-    cache_root,
-    go_toolchain,
-    verify_entry,
-)
+from devcluster.binaries import GoModule, Progress, _ensure, _stderr, cache_root
 from devcluster.errors import DevclusterError
 
 GOMOD_HELM_DIR = Path(__file__).resolve().parent / "gomod-helm"
@@ -51,65 +40,19 @@ def helm_ldflags() -> str:
     )
 
 
-def _build(out: Path, *, progress: Progress) -> None:
-    go = go_toolchain()
-    env = dict(os.environ)
-    env.setdefault("GOFLAGS", "-mod=readonly")
-    env["CGO_ENABLED"] = "0"
-    cmd = [go, "build", "-trimpath", "-ldflags", helm_ldflags(), "-o", str(out), HELM_PACKAGE]
-    started = time.monotonic()
-    progress(f"devcluster: building Helm {HELM_VERSION} with {go} (minutes on a cold cache)...")
-    stop = threading.Event()
-
-    def tick() -> None:
-        while not stop.wait(15):
-            progress(f"  still building Helm ({time.monotonic() - started:.0f}s)")
-
-    ticker = threading.Thread(target=tick, daemon=True)
-    ticker.start()
-    try:
-        res = subprocess.run(
-            cmd, cwd=GOMOD_HELM_DIR, env=env, capture_output=True, text=True, check=False
-        )
-    except OSError as exc:
-        raise DevclusterError(f"could not run {go}: {exc}") from exc
-    finally:
-        stop.set()
-    if res.returncode != 0:
-        tail = "\n".join((res.stdout + res.stderr).splitlines()[-25:])
-        raise DevclusterError(
-            f"building Helm {HELM_VERSION} failed (exit {res.returncode}):\n{tail}"
-        )
-    progress(f"devcluster: built Helm {HELM_VERSION} in {time.monotonic() - started:.0f}s")
-
-
 def ensure_helm(
     *, cache: str | os.PathLike[str] | None = None, build: bool = True, progress: Progress = _stderr
 ) -> Path:
     """Path of the ``helm`` binary for ``HELM_VERSION``, built if not cached."""
-    entry = cache_root(cache) / "helm" / HELM_VERSION
-    problem = verify_entry(entry, ["helm"])
-    if problem is None:
-        return entry / "helm"
-    if not build:
-        raise DevclusterError(
-            f"the cached Helm {HELM_VERSION} in {entry} is unusable: {problem}. "
-            "Run `nodelock devcluster build` (or devcluster.helm.ensure_helm()) to build it"
-        )
-    if problem != "not built yet":
-        progress(f"devcluster: the cached Helm in {entry} is unusable ({problem}); rebuilding")
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
-    try:
-        _build(tmp / "helm", progress=progress)
-        manifest = {"sha256": {"helm": _sha256(tmp / "helm")}, "version": HELM_VERSION}
-        (tmp / "MANIFEST.json").write_text(json.dumps(manifest, indent=1))
-        if entry.exists():
-            shutil.rmtree(entry)
-        tmp.rename(entry)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    module = GoModule(GOMOD_HELM_DIR, helm_ldflags(), env=(("CGO_ENABLED", "0"),))
+    entry = _ensure(
+        cache_root(cache) / "helm" / HELM_VERSION,
+        {"helm": HELM_PACKAGE},
+        what=f"Helm {HELM_VERSION}",
+        build=build,
+        progress=progress,
+        module=module,
+    )
     return entry / "helm"
 
 
