@@ -1,22 +1,29 @@
 """The handoff benchmark: pods/s through the extender against the default binder, API requests per
-pod, handoff overhead, and lock-aware prioritize on and off — all on one devcluster in one run.
+pod, the lock hold's stages, and the peers' semantics — all on one devcluster in one run.
 
-    .venv/bin/python -m bench.handoff [--nodes 8] [--gpus 8] [--pods 64]
+    .venv/bin/python -m bench.handoff [--nodes 8] [--gpus 8] [--pods 64] [--mix 1]
 
-Phases, each a burst of ``--pods`` single-GPU pods created at once and waited to Running:
+Phases, each a burst created at once and waited to Running:
 
-1. ``nodelock``: kube-scheduler with the extender (lock-aware prioritize on);
-2. ``nodelock-no-lock-aware``: the same with lock-aware prioritize off (issue: the burst measure);
-3. ``default-binder``: kube-scheduler alone binding the same number of pods that ask for no GPU —
-   no extender, no lock, no device plugin in the path: the limit the handoff can approach.
+1. ``nodelock``: kube-scheduler with the extender as shipped (binds wait their turn per node,
+   prioritize by expected wait);
+2. ``peers``: the same parts with the peers' semantics: a bind fails at once on a held lock
+   (``--bind-wait-budget=0``) and prioritize is lock-blind (``--no-lock-aware``), so
+   kube-scheduler's backoff (1 s doubling to 10 s) paces the retries;
+3. ``default-binder``: kube-scheduler alone binding as many pods that ask for no GPU — no
+   extender, no lock, no device plugin in the path: the limit the handoff can approach.
 
-Per phase: pods/s (first create to last Running), creation->Running p50/p99, binds that found the
-node locked (the extender's own counter), API requests per pod by verb and resource from
+``--mix 1`` bursts ``--pods`` single-GPU pods; ``--mix 8,4,2,1`` fills the cluster with equal GPU
+shares of 8-, 4-, 2- and 1-GPU pods (``--pods`` is then ignored).
+
+Per phase: pods/s (first create to last Running), creation->Running p50/p99, binds refused for a
+held lock (the extender's ``contended`` binds), API requests per pod by verb and resource from
 kube-apiserver's ``apiserver_request_total`` (all clients, less the idle cluster's own rate
-measured for 5 s before the burst: node heartbeats renew Leases too), and the handoff's
-overhead: how long each node lock was held (acquire -> release, seen on a Lease watch; the
-simulated kubelet starts containers with no delay, so none of it is the kubelet's own time).
-Prints a table, writes ``bench/results/handoff.json``.
+measured for 5 s before the burst: node heartbeats renew Leases too), and the lock hold
+(acquire -> release, seen on a Lease watch) split into stages: acquire -> pod seen bound (confirm
+and the binding write), bound -> released (kubelet admission, GetPreferredAllocation, Allocate,
+the release write), released -> Running (the simulated kubelet's status write; not in the hold).
+Prints a table, writes ``bench/results/handoff[-SCENARIO].json``.
 """
 
 from __future__ import annotations
@@ -54,6 +61,12 @@ from nodelock.demo import (
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+PHASE_ARGS = {
+    "nodelock": ["--lock-aware"],
+    "peers": ["--bind-wait-budget=0", "--no-lock-aware"],
+}
+
+
 def pod(name: str, gpus: int) -> JSON:
     container: JSON = {"name": "c", "image": "registry.invalid/sim:never-pulled"}
     if gpus:
@@ -67,14 +80,42 @@ def pod(name: str, gpus: int) -> JSON:
 
 
 def contended(cluster: Cluster) -> float:
+    """Binds refused for a held lock, summed over the extender replicas."""
     total = 0.0
     for url in cluster.settings()["extender"]["replicas"]:
         samples = metric_samples(_scrape(f"{url}/metrics"))
-        total += metric_sum(samples, "nodelock_lock_acquisitions_total", result="contended")
+        total += metric_sum(
+            samples, "nodelock_extender_requests_total", verb="bind", result="contended"
+        )
     return total
 
 
-async def burst(cluster: Cluster, label: str, n: int, gpus: int) -> dict[str, Any]:
+def burst_sizes(mix: list[int], *, nodes: int, gpus: int, pods: int) -> list[int]:
+    """GPUs per pod of the burst: ``pods`` of one size, or equal GPU shares of several sizes
+    that fill the cluster exactly."""
+    if len(mix) == 1:
+        return [mix[0]] * pods
+    share = nodes * gpus // len(mix)
+    sizes = [size for size in mix for _ in range(share // size)]
+    return sorted(sizes, reverse=True)
+
+
+def stages(tl: Timeline, ns: str) -> dict[str, list[float]]:
+    """Per pod of ``ns``: the lock hold and its stages, from the Lease and pod watches."""
+    out: dict[str, list[float]] = {"hold": [], "bind": [], "admit": [], "status": []}
+    for _, holder, t0, t1 in tl.holds:
+        if not holder.startswith(ns + "/") or holder not in tl.bound:
+            continue
+        bound = tl.bound[holder]
+        out["hold"].append(t1 - t0)
+        out["bind"].append(bound - t0)
+        out["admit"].append(t1 - bound)
+        if holder in tl.running:
+            out["status"].append(tl.running[holder] - t1)
+    return out
+
+
+async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any]:
     ns = f"bench-{label}"
     async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
         await create_namespace(kube, ns)
@@ -90,9 +131,13 @@ async def burst(cluster: Cluster, label: str, n: int, gpus: int) -> dict[str, An
         background = await background_requests(kube, seconds=BACKGROUND_S)
         before_req = await _api_requests(kube)
         started = time.monotonic()
+        gpus = max(sizes)
+        n = len(sizes)
         before_cont = contended(cluster) if gpus else 0.0
         t0 = tl.now()
-        await asyncio.gather(*(kube.create(pod_path(ns), pod(f"p{i}", gpus)) for i in range(n)))
+        await asyncio.gather(
+            *(kube.create(pod_path(ns), pod(f"p{i}", size)) for i, size in enumerate(sizes))
+        )
         while sum(1 for k in tl.running if k.startswith(ns + "/")) < n:
             await asyncio.sleep(0.05)
             if tl.now() - t0 > 600:
@@ -113,7 +158,8 @@ async def burst(cluster: Cluster, label: str, n: int, gpus: int) -> dict[str, An
             await asyncio.sleep(0.2)
     req = net_of_background(after_req - before_req, background, elapsed / BACKGROUND_S)
     to_running = [tl.running[k] - tl.first_seen[k] for k in tl.running if k in tl.first_seen]
-    holds = [t1 - s for _, h, s, t1 in tl.holds if h.startswith(ns + "/")]
+    parts = stages(tl, ns)
+    holds = parts["hold"]
     return {
         "phase": label,
         "pods": n,
@@ -124,6 +170,8 @@ async def burst(cluster: Cluster, label: str, n: int, gpus: int) -> dict[str, An
         "contended_binds": after_cont - before_cont,
         "handoff_p50_s": _quantile(holds, 0.5) if holds else math.nan,
         "handoff_p99_s": _quantile(holds, 0.99) if holds else math.nan,
+        "stages_p50_s": {k: _quantile(v, 0.5) for k, v in parts.items() if v},
+        "stages_p99_s": {k: _quantile(v, 0.99) for k, v in parts.items() if v},
         "requests_per_pod": {f"{v} {r}": c / n for (v, r), c in sorted(req.items())},
         "handoff_writes_per_pod": sum(req.get(k, 0) for k in HANDOFF_WRITES) / n,
         "lists_per_pod": sum(c for (v, _), c in req.items() if v == "LIST") / n,
@@ -154,7 +202,34 @@ def table(rows: list[dict[str, Any]]) -> str:
         "writes = the handoff's own writes per pod (Lease POST/PUT + pods/binding); "
         "LISTs and req = every client's, per pod"
     )
+    lines.append("")
+    lines.append(
+        "hold stages, p50 / p99 ms: bind = acquire -> pod bound; admit = bound -> released "
+        "(kubelet, GetPreferredAllocation, Allocate, release); status = released -> Running"
+    )
+    for r in rows:
+        p50, p99 = r.get("stages_p50_s") or {}, r.get("stages_p99_s") or {}
+        if p50:
+            cells = "  ".join(
+                f"{k} {p50[k] * 1000:.0f} / {p99[k] * 1000:.0f}"
+                for k in ("bind", "admit", "status")
+            )
+            lines.append(f"  {r['phase']:<22}{cells}")
     return "\n".join(lines)
+
+
+def restart_extenders(cluster: Cluster, phase_args: list[str]) -> None:
+    """Restart every extender replica with ``phase_args`` in place of the phase flags."""
+    flags = ("--bind-wait-budget", "--lock-aware", "--no-lock-aware")
+    for name, proc in cluster.state.procs().items():
+        if name != "extender" and not name.startswith("extender-"):
+            continue
+        if name == "extender-lb":
+            continue
+        argv = [a for a in proc.argv if not a.startswith(flags)] + phase_args
+        cluster.stop_component(name)
+        cluster.start_component(name, argv)
+    time.sleep(2)  # the replicas list and watch again
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +237,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--pods", type=int, default=64)
+    parser.add_argument(
+        "--mix", default="1", help="GPUs per pod: one size, or a comma list for a mixed burst"
+    )
+    parser.add_argument(
+        "--phases",
+        default="nodelock,peers,default-binder",
+        help="comma list of nodelock, peers, default-binder (default: all three)",
+    )
     args = parser.parse_args(argv)
+    mix = [int(x) for x in args.mix.split(",")]
+    sizes = burst_sizes(mix, nodes=args.nodes, gpus=args.gpus, pods=args.pods)
+    phases = sorted(args.phases.split(","), key=lambda p: p == "default-binder")  # it goes last
+    unknown = set(phases) - {*PHASE_ARGS, "default-binder"}
+    if unknown:
+        parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     binaries = ensure_control_plane()
     ensure_simkubelet()
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="nlb-", dir="/tmp")), binaries=binaries)
@@ -170,28 +259,33 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         up_gpu_cluster(cluster, nodes=args.nodes, gpus_per_node=args.gpus)
-        rows.append(asyncio.run(burst(cluster, "nodelock", args.pods, 1)))
-        for name in [n for n in cluster.state.procs() if n == "extender"]:
-            proc = cluster.state.procs()[name]
-            argv2 = ["--no-lock-aware" if a == "--lock-aware" else a for a in proc.argv]
-            cluster.stop_component(name)
-            cluster.start_component(name, argv2)
-        time.sleep(2)
-        rows.append(asyncio.run(burst(cluster, "nodelock-no-lock-aware", args.pods, 1)))
-        cluster.restart_scheduler({})  # no extender: the default binder
-        rows.append(asyncio.run(burst(cluster, "default-binder", args.pods, 0)))
+        for phase in phases:
+            if phase == "default-binder":
+                cluster.restart_scheduler({})  # no extender: the default binder
+                rows.append(asyncio.run(burst(cluster, phase, [0] * len(sizes))))
+                continue
+            restart_extenders(cluster, PHASE_ARGS[phase])
+            rows.append(asyncio.run(burst(cluster, phase, sizes)))
     finally:
         cluster.down()
+    print(f"{len(sizes)} pods of {args.mix} GPU(s) on {args.nodes} nodes x {args.gpus} GPUs")
     print(table(rows))
     RESULTS.mkdir(exist_ok=True)
     out = {
         "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
         "nodes": args.nodes,
         "gpus_per_node": args.gpus,
+        "mix": mix,
+        "pods": len(sizes),
         "rows": rows,
     }
-    (RESULTS / "handoff.json").write_text(json.dumps(out, indent=1))
-    print(f"\nwrote {RESULTS / 'handoff.json'}")
+    name = (
+        "handoff.json"
+        if mix == [1] and args.nodes == 8
+        else (f"handoff-{args.nodes}x{args.gpus}-mix{'-'.join(map(str, mix))}.json")
+    )
+    (RESULTS / name).write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {RESULTS / name}")
     return 0
 
 

@@ -114,6 +114,10 @@ class NodeLocks:
         seen = self._obs.get(node)
         return self._view(seen, self._clock()) if seen is not None else None
 
+    def held_nodes(self) -> frozenset[NodeName]:
+        """The nodes whose lock was last seen held; sends no request."""
+        return self._obs.held()
+
     def views(self) -> list[NodeLockView]:
         """Every node's last observation, sorted by node; sends no request."""
         now = self._clock()

@@ -63,6 +63,7 @@ class Observations:
 
     def __init__(self) -> None:
         self._seen: dict[NodeName, Seen] = {}
+        self._held: set[NodeName] = set()
 
     def observe(
         self, record: LockRecord, lease: JSON, now: float, *, replace: bool = False
@@ -88,6 +89,10 @@ class Observations:
                 record, lease, changed_at=now, held_since=old.held_since if same_holding else now
             )
         self._seen[node] = seen
+        if seen.record.holder is not None:
+            self._held.add(node)
+        else:
+            self._held.discard(node)
         return seen
 
     def get(self, node: NodeName) -> Seen | None:
@@ -97,6 +102,11 @@ class Observations:
     def forget(self, node: NodeName) -> None:
         """Drop what is known of ``node`` (its Lease was deleted or is unknown)."""
         self._seen.pop(node, None)
+        self._held.discard(node)
+
+    def held(self) -> frozenset[NodeName]:
+        """The nodes whose latest observation has a holder."""
+        return frozenset(self._held)
 
     def nodes(self) -> list[NodeName]:
         """Nodes with an observation, sorted."""

@@ -3,8 +3,13 @@
 The steps (DESIGN §3.2):
 
 1. *Choose* devices from the cache plus the lock holder's assignment (pure, ``choose``).
-2. *Acquire* the node's lock for the pod, its assignment in the Lease.  On contention the bind
-   fails at once with the holder and its age; kube-scheduler backs the pod off and retries.
+2. *Wait its turn, then acquire* the node's lock for the pod, its assignment in the Lease.
+   Binds to one node queue in FIFO order (``scheduler_ext.waiting``): only the head tries, woken
+   by the Lease watch when the lock is released, and choosing happens after the wait, from the
+   view that includes the previous holder.  A bind that cannot get its turn within the wait
+   budget (or is expected not to) fails with the holder, its age and the queue depth;
+   kube-scheduler backs the pod off and retries.  A second bind of a pod that already holds the
+   lock fails instead of taking a new token.
 3. *Confirm* against a view of the node that cannot miss a finished handoff: the Lease names the
    previous holder; once the cache has seen that pod bound (or deleted), the watch's ordering
    means it has seen every earlier binding on the node.  When the previous holder never bound
@@ -13,14 +18,18 @@ The steps (DESIGN §3.2):
    the Lease's copy rewritten (conditional on our token), or the bind fails.
 4. *Bind* with one ``pods/binding`` create carrying the assignment, token and bind time as
    annotations and the pod UID as precondition.
+   Just before the write, the Lease as last seen must still carry our token and pod.
 5. Any failure after acquiring releases the lock (conditional on our token) — except when the
-   binding's outcome is unknown (the API server did not answer); then the lock is kept, since the
-   pod may be bound, and is taken over later only once its holder is seen not bound here.
+   binding's outcome is unknown (the API server did not answer, or the bind was interrupted
+   after the write was sent); then the lock is kept, since the pod may be bound, and is taken
+   over later only once its holder is seen not bound here.
 
 Guarantees: no device is given to two live pods by binds that all go through node locks (two
 extender replicas included), provided the inventory's device IDs are stable.  A bind is never
 written more than ``duration_s / 3`` after the lock was acquired, so a bind that stalls cannot
-land after another holder took the lock over (takeover needs ``duration_s`` of no change).
+land after another holder took the lock over (takeover needs ``duration_s`` of no change).  A
+bind call lasts at most the wait budget plus ``duration_s / 3`` plus its reads, which the
+extender's configuration check keeps below kube-scheduler's ``httpTimeout``.
 """
 
 from __future__ import annotations
@@ -45,10 +54,12 @@ from scheduler_ext.protocol import BindingArgs
 from scheduler_ext.state import BadObject, PodState, pod_state
 from scheduler_ext.takeover import judge
 from scheduler_ext.verbs import ASSIGNMENT_DATA, with_lock_holder
+from scheduler_ext.waiting import BindQueues, WaitRefused
 
 log = logging.getLogger(__name__)
 
 CONFIRM_WAIT_S = 2.0
+DEFAULT_WAIT_BUDGET_S = 4.0
 MIN_BINDING_BUDGET_S = 0.5
 PROVEN_OUTCOMES = frozenset({Outcome.ALLOCATED.value, Outcome.REJECTED.value})
 
@@ -82,6 +93,7 @@ class Binder:
         metrics: ExtenderMetrics,
         *,
         duration_s: int,
+        wait_budget_s: float = DEFAULT_WAIT_BUDGET_S,
         confirm_wait_s: float = CONFIRM_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -93,6 +105,8 @@ class Binder:
         # the confirm wait must leave most of the binding's budget (duration / 3) to the write
         self._confirm_wait_s = min(confirm_wait_s, duration_s / 6)
         self._clock = clock
+        self.queues = BindQueues(budget_s=wait_budget_s, clock=clock, on_refused=metrics.refused)
+        metrics.follow_queues(self.queues.depths)
 
     # ---- the takeover check (DESIGN §3.4) ---------------------------------------------------
 
@@ -179,22 +193,42 @@ class Binder:
             self._metrics.bound(args.pod_uid)
             return BindOutcome(Result.OK)
         try:
-            assignment = choose(self._picture(node, args.pod_uid), pod.need)
-        except NoFit as exc:
-            raise BindFailed(Result.NO_FIT, f"pod {args.key}: {exc}") from exc
-        await self._not_bound_by_an_earlier_call(args)
-        holder = self._holder(args, assignment)
-        try:
-            held = await self._locks.acquire(node, holder, may_take_over=self.may_take_over)
-        except LockHeld as exc:
+            async with self.queues.turn(node, args.pod_uid, args.key) as turn:
+                while True:
+                    await turn.ready(lambda: self._locks.view(node))
+                    await self._not_holding_already(args)
+                    try:
+                        assignment = choose(self._picture(node, args.pod_uid), pod.need)
+                    except NoFit as exc:
+                        raise BindFailed(Result.NO_FIT, f"pod {args.key}: {exc}") from exc
+                    holder = self._holder(args, assignment)
+                    try:
+                        held = await self._locks.acquire(
+                            node, holder, may_take_over=self.may_take_over
+                        )
+                    except LockHeld:
+                        turn.lost(self._locks.view(node))  # a race lost: stay head, wait again
+                        continue
+                    except (LockError, ApiError, ApiUnavailable, ValueError) as exc:
+                        raise BindFailed(
+                            Result.ERROR, f"cannot take the lock of node {node}: {exc}"
+                        ) from exc
+                    self._metrics.queue_wait.observe(turn.waited_s)
+                    return await self._bind_holding(args, pod.need, held, assignment)
+        except WaitRefused as exc:
             self._metrics.contended(args.pod_uid)
-            raise BindFailed(Result.CONTENDED, f"{exc}; the scheduler will retry") from exc
-        except (LockError, ApiError, ApiUnavailable, ValueError) as exc:
-            raise BindFailed(Result.ERROR, f"cannot take the lock of node {node}: {exc}") from exc
+            raise BindFailed(Result.CONTENDED, str(exc)) from exc
+
+    async def _bind_holding(
+        self, args: BindingArgs, need: PodNeed, held: HeldLock, assignment: Assignment
+    ) -> BindOutcome:
+        """Steps 3-5 with the lock held: confirm, the one binding write, release on failure."""
+        node = args.node
         acquired_at = self._clock()
+        sent = False  # whether the binding write may have reached the API server
         failpoints.hit("bind.after-acquire")  # e2e: an extender crash with the lock held, unbound
         try:
-            held, assignment = await self._confirm(held, args, pod.need, assignment)
+            held, assignment = await self._confirm(held, args, need, assignment)
             annotations = {
                 self._cache.keys.assignment: format_assignment(assignment),
                 self._cache.keys.token: str(held.token),
@@ -207,12 +241,26 @@ class Binder:
                     f"bind of {args.key} to {node} took longer than {self._duration_s / 3:.1f}s "
                     "after taking the lock; released it",
                 )
+            self._still_ours(held)
+            sent = True
             await self._post_binding(args, annotations=annotations, timeout_s=left)
             failpoints.hit("bind.after-binding")  # e2e: bound, but kube-scheduler never hears so
         except _Unknown as exc:
             log.warning("%s; keeping the lock of %s (token %d)", exc, node, held.token)
             raise BindFailed(Result.ERROR, str(exc)) from exc
         except BaseException as exc:
+            if sent and not isinstance(exc, BindFailed | ApiError | LockError):
+                # cancelled (or broken) with the binding on its way: it may land, so the lock
+                # stays; it is taken over only once its holder is seen not bound here
+                log.warning(
+                    "bind of %s to %s interrupted after its binding was sent (%r); keeping "
+                    "the lock (token %d)",
+                    args.key,
+                    node,
+                    exc,
+                    held.token,
+                )
+                raise
             await self._release(held, args)
             if isinstance(exc, BindFailed):
                 raise
@@ -222,6 +270,42 @@ class Binder:
         self._metrics.bound(args.pod_uid)
         log.info("bound %s to %s with token %d: %s", args.key, node, held.token, assignment)
         return BindOutcome(Result.OK, assignment=assignment, token=held.token)
+
+    def _still_ours(self, held: HeldLock) -> None:
+        """The last look before the binding write: the node's Lease, as the watch last showed
+        it, must still carry our token and pod (a Lease deleted, reset or broken by hand
+        mid-bind fails the bind instead of binding against a lock nobody holds)."""
+        view = self._locks.view(held.node)
+        holder = view.record.holder if view is not None else None
+        if (
+            view is None
+            or view.record.token != held.token
+            or holder is None
+            or (holder.uid != held.holder.uid)
+        ):
+            seen = "gone" if view is None else f"token {view.record.token}"
+            raise BindFailed(
+                Result.CONFLICT,
+                f"node {held.node}'s lock changed under the bind of {held.holder.key} "
+                f"(ours: token {held.token}; now {seen}); not bound",
+            )
+
+    async def _not_holding_already(self, args: BindingArgs) -> None:
+        """Refuse a second bind of a pod that already holds the node's lock (an earlier call
+        for it is still binding, or bound it after kube-scheduler stopped waiting): acquiring
+        again would give the lock a new token that the first call's binding does not carry.
+        Once that lock has expired it may be acquired again, unless the pod is bound."""
+        view = self._locks.view(args.node)
+        holder = view.record.holder if view is not None else None
+        if view is None or holder is None or holder.uid != args.pod_uid:
+            return
+        if not view.expired:
+            raise BindFailed(
+                Result.ERROR,
+                f"pod {args.key} already holds the lock of {args.node} (token "
+                f"{view.record.token}, {view.held_for_s:.1f}s): another bind of it is under way",
+            )
+        await self._not_bound_by_an_earlier_call(args)
 
     async def _not_bound_by_an_earlier_call(self, args: BindingArgs) -> None:
         """Refuse when this pod already holds the node's lock and is bound (an earlier bind call
@@ -249,6 +333,7 @@ class Binder:
     async def _release(self, held: HeldLock, args: BindingArgs) -> None:
         try:
             await self._locks.release(held, outcome=Outcome.BIND_FAILED)
+            self.queues.notify(held.node)
         except (LockError, ApiError, ApiUnavailable) as exc:
             log.warning(
                 "could not release the lock of %s for %s (token %d): %s; it will expire",

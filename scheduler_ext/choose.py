@@ -12,7 +12,7 @@ never gives two app containers the same device.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -139,19 +139,22 @@ def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
     return 1 + min(span, (2 * span * filled + cap) // (2 * cap))
 
 
-def steer_from_locked(
-    scores: Mapping[NodeName, int], locked: Iterable[NodeName]
+def steer_by_wait(
+    scores: Mapping[NodeName, int], waits: Mapping[NodeName, float], *, tolerance_s: float
 ) -> dict[NodeName, int]:
-    """Lower nodes whose lock is held when some fitting node's lock is free.
+    """Keep the policy's score only on the fitting nodes a bind would be served soonest.
 
-    A locked node makes a bind fail (and the scheduler back the pod off), so while any unlocked
-    node fits (score > 0, see ``score``), locked nodes get 0.  When every fitting node is locked
-    the scores are left as they are.
+    ``waits`` holds the expected wait of a bind per node (absent: none).  Among fitting nodes
+    (score > 0, see ``score``), those expected to wait more than ``tolerance_s`` longer than the
+    soonest get 0, so a burst spreads over the nodes where it is served first; the others keep
+    their score, so the policy decides among equally soon nodes.
     """
-    locked_set = set(locked)
-    if not any(s > 0 and n not in locked_set for n, s in scores.items()):
+    fitting = [n for n, s in scores.items() if s > 0]
+    if not fitting:
         return dict(scores)
-    return {n: (0 if n in locked_set else s) for n, s in scores.items()}
+    soonest = min(waits.get(n, 0.0) for n in fitting)
+    limit = soonest + tolerance_s
+    return {n: (s if s <= 0 or waits.get(n, 0.0) <= limit else 0) for n, s in scores.items()}
 
 
 def choose(node: NodeGPUs, need: PodNeed) -> Assignment:

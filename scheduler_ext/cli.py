@@ -8,7 +8,9 @@ import asyncio
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
 from lockd.kube import KubeClient
 from lockd.process import configure_logging, run_until_signalled
+from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
 from scheduler_ext.choose import Policy
+from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
 from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES
 from scheduler_ext.service import Extender, Settings, check_settings, parse_listen
 
@@ -59,10 +61,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "its holder left the handoff (default 15)",
     )
     p.add_argument(
+        "--bind-wait-budget",
+        type=float,
+        default=DEFAULT_WAIT_BUDGET_S,
+        metavar="SECONDS",
+        help="how long a bind waits its turn for a held node lock before failing; 0 fails at "
+        "once, as peers do (the "
+        f"scheduler then retries the pod later; default {DEFAULT_WAIT_BUDGET_S:g})",
+    )
+    p.add_argument(
+        "--scheduler-http-timeout",
+        type=float,
+        default=DEFAULT_HTTP_TIMEOUT_S,
+        metavar="SECONDS",
+        help="kube-scheduler's httpTimeout for this extender: the extender refuses to start when "
+        "a bind that waits its whole budget could outlast it "
+        f"(default {DEFAULT_HTTP_TIMEOUT_S:g})",
+    )
+    p.add_argument(
         "--lock-aware",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="prioritize away from nodes whose lock is held (default on)",
+        help="prioritize nodes by the wait a bind there should expect: the lock's holder and "
+        "the binds queued for it (default on)",
     )
     p.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", default=None, help="private key of --tls-cert (PEM)")
@@ -93,6 +114,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         resource_name=args.resource_name,
         policy=Policy(args.policy),
         lease_duration_s=args.lease_duration,
+        wait_budget_s=args.bind_wait_budget,
+        scheduler_http_timeout_s=args.scheduler_http_timeout,
         lock_aware=args.lock_aware,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

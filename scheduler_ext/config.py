@@ -21,7 +21,37 @@ from handoff.wire import DEFAULT_RESOURCE
 JSON = dict[str, Any]
 
 DEFAULT_WEIGHT = 5
-DEFAULT_HTTP_TIMEOUT = "10s"
+DEFAULT_HTTP_TIMEOUT_S = 10.0
+BIND_READS_MARGIN_S = 1.0  # a bind's reads outside the wait and the binding window
+
+
+def go_duration(seconds: float) -> str:
+    """``seconds`` as a Go duration string (``10s``, ``12.5s``), as kube-scheduler reads it."""
+    return f"{seconds:g}s"
+
+
+def check_bind_timing(
+    *, wait_budget_s: float, lease_duration_s: int, http_timeout_s: float
+) -> None:
+    """Raise ``ValueError`` unless a bind that waits its whole budget still ends before
+    kube-scheduler's ``httpTimeout``: the wait, then at most ``lease_duration / 3`` holding the
+    lock before the binding write, plus a margin for the bind's reads.  A bind answered after
+    kube-scheduler stopped listening could bind a pod the scheduler already gave up on."""
+    if wait_budget_s < 0:
+        raise ValueError(f"the bind wait budget cannot be negative ({wait_budget_s:g}s)")
+    needed = wait_budget_s + lease_duration_s / 3 + BIND_READS_MARGIN_S
+    if needed > http_timeout_s:
+        fits = http_timeout_s - lease_duration_s / 3 - BIND_READS_MARGIN_S
+        raise ValueError(
+            f"a bind may take up to {needed:g}s (wait budget {wait_budget_s:g}s + lease duration "
+            f"{lease_duration_s}s / 3 + {BIND_READS_MARGIN_S:g}s of reads), longer than "
+            f"kube-scheduler's extender httpTimeout of {http_timeout_s:g}s: "
+            + (
+                f"use a wait budget of at most {fits:g}s, or raise httpTimeout"
+                if fits > 0
+                else "raise httpTimeout or shorten the lease duration"
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -56,7 +86,7 @@ def extender_entry(
     tls: ExtenderTLS | None = None,
     resource_name: str = DEFAULT_RESOURCE,
     weight: int = DEFAULT_WEIGHT,
-    http_timeout: str = DEFAULT_HTTP_TIMEOUT,
+    http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S,
 ) -> JSON:
     """One ``extenders:`` item: filter, prioritize and bind, only for pods asking for the GPU."""
     if weight <= 0:
@@ -71,7 +101,7 @@ def extender_entry(
         "bindVerb": "bind",
         "weight": weight,
         "enableHTTPS": https,
-        "httpTimeout": http_timeout,
+        "httpTimeout": go_duration(http_timeout_s),
         "nodeCacheCapable": node_cache_capable,
         "managedResources": [{"name": resource_name, "ignoredByScheduler": False}],
         "ignorable": False,
@@ -89,7 +119,7 @@ def scheduler_config(
     tls: ExtenderTLS | None = None,
     resource_name: str = DEFAULT_RESOURCE,
     weight: int = DEFAULT_WEIGHT,
-    http_timeout: str = DEFAULT_HTTP_TIMEOUT,
+    http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S,
 ) -> JSON:
     """A whole KubeSchedulerConfiguration using the extender at ``extender_url``."""
     return {
@@ -104,7 +134,7 @@ def scheduler_config(
                 tls=tls,
                 resource_name=resource_name,
                 weight=weight,
-                http_timeout=http_timeout,
+                http_timeout_s=http_timeout_s,
             )
         ],
     }

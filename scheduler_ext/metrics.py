@@ -21,7 +21,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from lockd.metrics import WAIT_BUCKETS
+from lockd.model import NodeName
 from scheduler_ext.cache import ClusterCache
+from scheduler_ext.waiting import GiveUp
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -49,8 +51,9 @@ class Result(StrEnum):
 
 
 class _CacheGauges(Collector):
-    def __init__(self, cache: ClusterCache) -> None:
+    def __init__(self, cache: ClusterCache, queues: Callable[[], dict[NodeName, int]]) -> None:
         self.cache = cache
+        self.queues = queues
 
     def collect(self) -> Iterator[Metric]:
         total = GaugeMetricFamily(
@@ -81,6 +84,15 @@ class _CacheGauges(Collector):
             "1 once the node and pod caches have been listed.",
         )
         synced.add_metric([], 1.0 if self.cache.synced else 0.0)
+        depth = GaugeMetricFamily(
+            "nodelock_extender_bind_queue_depth",
+            "Binds waiting their turn (or being carried out) per node, in this replica.",
+            labels=["node"],
+        )
+        depths = self.queues()
+        for node in sorted(self.cache.gpu_counts()):
+            depth.add_metric([node], depths.get(node, 0))
+        yield depth
         yield total
         yield assigned
         yield stale
@@ -98,6 +110,7 @@ class ExtenderMetrics:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = registry
+        self._queue_depths: Callable[[], dict[NodeName, int]] = dict
         self._clock = clock
         self.latency = Histogram(
             "nodelock_extender_request_duration_seconds",
@@ -153,8 +166,22 @@ class ExtenderMetrics:
             ["resource"],
             registry=registry,
         )
+        self.queue_wait = Histogram(
+            "nodelock_extender_bind_queue_wait_seconds",
+            "Per bind that took its node's lock: joining the node's queue to acquiring.",
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.wait_refusals = Counter(
+            "nodelock_extender_bind_wait_refusals",
+            "Binds that left their node's queue without the lock, by reason (budget: the wait "
+            "budget ran out; fail_fast: the expected wait exceeded it; abandoned: the scheduler "
+            "stopped waiting; duplicate: a bind of the same pod was already queued).",
+            ["reason"],
+            registry=registry,
+        )
         self._first_contention: OrderedDict[str, tuple[float, int]] = OrderedDict()
-        registry.register(_CacheGauges(cache))
+        registry.register(_CacheGauges(cache, lambda: self._queue_depths()))
         # Every series a dashboard or alert asks for exists (at 0) before its first event.
         for verb in Verb:
             self.latency.labels(verb.value)
@@ -164,6 +191,16 @@ class ExtenderMetrics:
             self.filter_nodes.labels(verdict)
         for resource in ("nodes", "pods"):
             self.relists.labels(resource)
+        for reason in GiveUp:
+            self.wait_refusals.labels(reason.value)
+
+    def follow_queues(self, depths: Callable[[], dict[NodeName, int]]) -> None:
+        """Report ``depths()`` (node -> queued binds) as the queue-depth gauge."""
+        self._queue_depths = depths
+
+    def refused(self, reason: GiveUp) -> None:
+        """A bind left its node's queue without the lock."""
+        self.wait_refusals.labels(reason.value).inc()
 
     def contended(self, pod_uid: str) -> None:
         """A bind of ``pod_uid`` met a held lock."""

@@ -1,15 +1,16 @@
-"""Nodes this extender expects to be locked soon: the best-scored node of each pod in flight.
+"""Binds on their way: the best-scored node of each pod that was prioritized but not yet bound.
 
 kube-scheduler prioritizes the next pod while the previous pod's bind is still on its way, so a
-lock taken in that bind is not yet visible: in a burst, every pod would pick the same "best"
-node and all but one would fail to bind and back off.  ``Promises`` remembers, for a short
-time, the node each pod scored highest, so that prioritize can steer *other* pods away from it
-as if it were already locked.  A promise ends when the pod binds (or fails to) or after
-``ttl_s``; it is a hint for scoring only and never refuses anything.
+bind that will queue for a node is not yet visible there: in a burst, every pod would pick the
+same "best" node and queue behind each other.  ``Promises`` remembers, for a short time, the node
+each pod scored highest, so that prioritize counts it as one more bind expected on that node for
+*other* pods.  A promise ends when the pod's bind arrives (it is then in the node's queue) or
+after ``ttl_s``; it is a hint for scoring only and never refuses anything.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Sequence
 
@@ -19,32 +20,31 @@ DEFAULT_TTL_S = 1.0
 
 
 class Promises:
-    """Node -> (pod UID, expiry on the local clock), for the prioritize hint."""
+    """Pod UID -> (its best node, expiry on the local clock), for the prioritize hint."""
 
     def __init__(
         self, *, ttl_s: float = DEFAULT_TTL_S, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._ttl_s = ttl_s
         self._clock = clock
-        self._by_node: dict[NodeName, tuple[str, float]] = {}
+        self._by_pod: dict[str, tuple[NodeName, float]] = {}
 
     def promise(self, scores: Sequence[tuple[NodeName, int]], pod_uid: str) -> NodeName | None:
         """Remember the best-scored node (first of equals; none when nothing scores) for the pod."""
         best = max(scores, key=lambda s: s[1], default=None)
         if best is None or best[1] <= 0:
+            self.forget(pod_uid)
             return None
-        self.forget(pod_uid)
-        self._by_node[best[0]] = (pod_uid, self._clock() + self._ttl_s)
+        self._by_pod[pod_uid] = (best[0], self._clock() + self._ttl_s)
         return best[0]
 
     def forget(self, pod_uid: str) -> None:
-        """The pod's bind came (or failed): its promise has done its work."""
-        for node in [n for n, (uid, _) in self._by_node.items() if uid == pod_uid]:
-            del self._by_node[node]
+        """The pod's bind arrived: its promise has done its work."""
+        self._by_pod.pop(pod_uid, None)
 
-    def promised_to_others(self, pod_uid: str) -> list[NodeName]:
-        """Nodes promised to another pod and not expired."""
+    def promised_to_others(self, pod_uid: str) -> collections.Counter[NodeName]:
+        """Per node, the unexpired promises of pods other than ``pod_uid``."""
         now = self._clock()
-        for node in [n for n, (_, until) in self._by_node.items() if until <= now]:
-            del self._by_node[node]
-        return [n for n, (uid, _) in self._by_node.items() if uid != pod_uid]
+        for uid in [u for u, (_, until) in self._by_pod.items() if until <= now]:
+            del self._by_pod[uid]
+        return collections.Counter(n for u, (n, _) in self._by_pod.items() if u != pod_uid)

@@ -44,7 +44,6 @@ from scheduler_ext.protocol import (
 from scheduler_ext.state import BadObject, node_state
 from scheduler_ext.verbs import (
     filter_nodes,
-    locked_by_others,
     prioritize_nodes,
     with_lock_holder,
 )
@@ -182,15 +181,22 @@ class Endpoints:
         except BadRequest as exc:
             self._done(Verb.PRIORITIZE, Result.BAD_REQUEST, started)
             return _error(400, str(exc))
-        locked = locked_by_others(args.node_names, self.locks.view, pod_uid=uid)
-        if self.options.lock_aware:  # and soon locked: the best node of a pod still binding
-            locked += self.promises.promised_to_others(uid)
+        waits = None
+        queues = self.binder.queues
+        if self.options.lock_aware:  # binds queued, locks held, and pods about to bind
+            waits = queues.expected_waits(
+                self.locks.held_nodes(),
+                self.locks.view,
+                self.promises.promised_to_others(uid),
+                pod_uid=uid,
+            )
         scores = prioritize_nodes(
             need,
             args.node_names,
             self._gpus_of(args, uid),
             policy=self.options.policy,
-            locked=locked if self.options.lock_aware else (),
+            waits=waits,
+            tolerance_s=queues.hold.value_s / 2,
         )
         if self.options.lock_aware:
             self.promises.promise(scores, uid)
@@ -204,9 +210,16 @@ class Endpoints:
         except BadRequest as exc:
             self._done(Verb.BIND, Result.BAD_REQUEST, started)
             return _error(400, str(exc))
+        self.promises.forget(args.pod_uid)
+        bind = asyncio.ensure_future(self.binder.bind(args))
         try:
-            outcome = await asyncio.shield(self.binder.bind(args))
-            self.promises.forget(args.pod_uid)
+            # shielded: a disconnect (kube-scheduler's timeout) only makes a queued bind leave
+            # its queue; a bind holding the lock finishes, bounded by the binding's own budget
+            outcome = await asyncio.shield(bind)
+        except asyncio.CancelledError:
+            self.binder.queues.abandon(args.node, args.pod_uid)
+            self._done(Verb.BIND, Result.ERROR, started)
+            raise
         except Exception as exc:  # a bug: say so in Error (a 500 would reach no one's events)
             log.exception("bind of %s to %s failed", args.key, args.node)
             self._done(Verb.BIND, Result.ERROR, started)

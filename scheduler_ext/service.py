@@ -22,9 +22,10 @@ from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURC
 from lockd.kube import KubeClient, node_path, pod_path
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
-from scheduler_ext.binder import CONFIRM_WAIT_S, Binder
+from scheduler_ext.binder import CONFIRM_WAIT_S, DEFAULT_WAIT_BUDGET_S, Binder
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.choose import Policy
+from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, check_bind_timing
 from scheduler_ext.metrics import ExtenderMetrics
 from scheduler_ext.reflector import Reflector
 from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES, Endpoints, ServerOptions, make_app
@@ -49,6 +50,8 @@ class Settings:
     resource_name: str = DEFAULT_RESOURCE
     policy: Policy = Policy.BINPACK
     lease_duration_s: int = 15
+    wait_budget_s: float = DEFAULT_WAIT_BUDGET_S
+    scheduler_http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S
     lock_aware: bool = True
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -101,6 +104,14 @@ def check_settings(settings: Settings) -> None:
         )
     if settings.lease_duration_s < 3:
         raise ConfigError("--lease-duration must be at least 3 seconds")
+    try:
+        check_bind_timing(
+            wait_budget_s=settings.wait_budget_s,
+            lease_duration_s=settings.lease_duration_s,
+            http_timeout_s=settings.scheduler_http_timeout_s,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"--bind-wait-budget: {exc}") from exc
     if settings.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
     if not settings.annotation_prefix.endswith("/"):
@@ -142,6 +153,7 @@ class Extender:
             self.locks,
             self.metrics,
             duration_s=settings.lease_duration_s,
+            wait_budget_s=settings.wait_budget_s,
             confirm_wait_s=confirm_wait_s,
             clock=clock,
         )
@@ -195,13 +207,21 @@ class Extender:
         """Start watching and serving; with ``wait_synced_s``, wait until the caches are listed."""
         for reflector in self._reflectors():
             self._tasks.append(asyncio.create_task(reflector.run(), name=reflector.name))
-        self._tasks.append(asyncio.create_task(self.locks.watch(), name="leases"))
+        self._tasks.append(
+            asyncio.create_task(
+                self.locks.watch(on_change=self.binder.queues.lock_changed), name="leases"
+            )
+        )
         ssl_ctx = None
         if self.settings.tls_cert is not None and self.settings.tls_key is not None:
             ssl_ctx = server_ssl_context(
                 self.settings.tls_cert, self.settings.tls_key, self.settings.client_ca
             )
-        self._runner = web.AppRunner(make_app(self.endpoints), access_log=None)
+        # a bind whose caller disconnects (kube-scheduler's httpTimeout) is cancelled, so it
+        # leaves its node's queue; a bind that holds the lock finishes regardless (server.py)
+        self._runner = web.AppRunner(
+            make_app(self.endpoints), access_log=None, handler_cancellation=True
+        )
         await self._runner.setup()
         site = web.TCPSite(
             self._runner, self.settings.host, self.settings.port, ssl_context=ssl_ctx

@@ -8,7 +8,7 @@ so no function here can reach the API server.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from handoff.wire import Keys, MalformedAnnotation, parse_assignment
@@ -20,7 +20,7 @@ from scheduler_ext.choose import (
     devices_of,
     fit,
     score,
-    steer_from_locked,
+    steer_by_wait,
 )
 from scheduler_ext.need import PodNeed
 
@@ -99,35 +99,22 @@ def filter_nodes(
     return Filtered(tuple(passed), failed, unresolvable)
 
 
-def locked_by_others(
-    names: Iterable[NodeName],
-    view_of: Callable[[NodeName], NodeLockView | None],
-    *,
-    pod_uid: str,
-) -> list[NodeName]:
-    """The nodes among ``names`` whose lock is held by another pod than ``pod_uid``."""
-    out: list[NodeName] = []
-    for name in names:
-        view = view_of(name)
-        holder = view.record.holder if view is not None else None
-        if holder is not None and holder.uid != pod_uid:
-            out.append(name)
-    return out
-
-
 def prioritize_nodes(
     need: PodNeed,
     names: Sequence[NodeName],
     gpus_of: Callable[[NodeName], NodeGPUs | None],
     *,
     policy: Policy,
-    locked: Iterable[NodeName] = (),
+    waits: Mapping[NodeName, float] | None = None,
+    tolerance_s: float = 0.0,
 ) -> list[tuple[NodeName, int]]:
-    """Score every candidate 0..10 by ``policy``; with ``locked`` given, steer away from nodes
-    whose lock is held while an unlocked node fits.  Same order as ``names``."""
+    """Score every candidate 0..10 by ``policy``; with ``waits`` (node -> expected wait of a
+    bind there), steer to the fitting nodes where a bind is served soonest (``steer_by_wait``).
+    Same order as ``names``."""
     scores: dict[NodeName, int] = {}
     for name in names:
         gpus = gpus_of(name)
         scores[name] = 0 if gpus is None else score(gpus, need, policy)
-    steered = steer_from_locked(scores, locked)
-    return [(name, steered[name]) for name in names]
+    if waits:
+        scores = steer_by_wait(scores, waits, tolerance_s=tolerance_s)
+    return [(name, scores[name]) for name in names]

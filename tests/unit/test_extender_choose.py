@@ -19,7 +19,7 @@ from scheduler_ext.choose import (
     devices_of,
     fit,
     score,
-    steer_from_locked,
+    steer_by_wait,
 )
 from scheduler_ext.need import ContainerKind, ContainerNeed, PodNeed, plan_slots
 
@@ -156,12 +156,26 @@ def test_score_is_positive_exactly_where_the_pod_fits(shape: tuple[int, int, int
             assert (s > 0) == (fit(n, apps(want)).fit is Fit.FITS)
 
 
-def test_steer_from_locked_only_while_an_unlocked_node_fits() -> None:
-    a, b, c = NodeName("a"), NodeName("b"), NodeName("c")
-    assert steer_from_locked({a: 10, b: 3, c: 0}, [a]) == {a: 0, b: 3, c: 0}
-    assert steer_from_locked({a: 10, b: 0}, [a]) == {a: 10, b: 0}  # nothing else fits
-    assert steer_from_locked({a: 10, b: 0, c: 7}, [a, c]) == {a: 10, b: 0, c: 7}  # all locked
-    assert steer_from_locked({a: 10, b: 0}, []) == {a: 10, b: 0}
+def test_steer_by_wait_keeps_the_policy_only_where_a_bind_is_served_soonest() -> None:
+    a, b, c, d = (NodeName(x) for x in "abcd")
+    # a is the policy's favourite but has a bind queued: the soonest fitting node wins
+    assert steer_by_wait({a: 10, b: 3, c: 0}, {a: 0.4}, tolerance_s=0.1) == {a: 0, b: 3, c: 0}
+    # nothing else fits: the wait does not matter
+    assert steer_by_wait({a: 10, b: 0}, {a: 0.4}, tolerance_s=0.1) == {a: 10, b: 0}
+    # every fitting node is busy: the least busy keep their scores, within the tolerance
+    assert steer_by_wait({a: 10, b: 4, d: 7}, {a: 0.8, b: 0.4, d: 0.45}, tolerance_s=0.1) == {
+        a: 0,
+        b: 4,
+        d: 7,
+    }
+    assert steer_by_wait({a: 10, b: 0}, {}, tolerance_s=0.1) == {a: 10, b: 0}
+    # a node that does not fit never becomes the "soonest" one
+    assert steer_by_wait({a: 10, b: 5, c: 0}, {a: 0.2, b: 0.3}, tolerance_s=0.0) == {
+        a: 10,
+        b: 0,
+        c: 0,
+    }
+
 
 
 def test_conflicts_name_what_is_wrong() -> None:
