@@ -25,7 +25,8 @@ from devcluster.binaries import ensure_simkubelet
 from devcluster.cluster import Cluster
 from devcluster.errors import DevclusterError
 from devcluster.pki import ADMIN
-from scheduler_ext.config import scheduler_config
+from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
+from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, scheduler_config
 
 RESOURCE = "nvidia.com/gpu"
 INVENTORY_ANNOTATION = "nodelock.io/gpus"
@@ -61,10 +62,14 @@ def start_extender(
     policy: str = "binpack",
     lock_aware: bool = True,
     extra_args: list[str] | None = None,
+    bind_wait_budget_s: float = DEFAULT_WAIT_BUDGET_S,
+    http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S,
     timeout_s: float = 60.0,
 ) -> str:
     """Start extender replica(s) (behind a round-robin proxy when more than one), wire them into
-    kube-scheduler, and return the URL the scheduler calls."""
+    kube-scheduler, and return the URL the scheduler calls.  The bind wait budget and
+    kube-scheduler's ``httpTimeout`` are set together: the extender is told the timeout the
+    scheduler is configured with, and refuses to start if the budget cannot fit in it."""
     urls = []
     ports = []
     for i in range(replicas):
@@ -77,6 +82,8 @@ def start_extender(
             f"--listen=127.0.0.1:{port}",
             f"--policy={policy}",
             "--lock-aware" if lock_aware else "--no-lock-aware",
+            f"--bind-wait-budget={bind_wait_budget_s:g}",
+            f"--scheduler-http-timeout={http_timeout_s:g}",
             *(extra_args or []),
         ]
         cluster.start_component(name, argv)
@@ -91,7 +98,9 @@ def start_extender(
         cluster.start_component("extender-lb", argv)
         url = f"http://127.0.0.1:{lb_port}"
         _wait_ok(cluster, "extender-lb", f"{url}/readyz", timeout_s)
-    config = scheduler_config(url, kubeconfig=str(cluster.kubeconfig))
+    config = scheduler_config(
+        url, kubeconfig=str(cluster.kubeconfig), http_timeout_s=http_timeout_s
+    )
     cluster.restart_scheduler({"extenders": config["extenders"]})
     data = cluster.state.load()
     data["settings"]["extender"] = {"url": url, "replicas": urls}

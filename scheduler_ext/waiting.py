@@ -92,7 +92,7 @@ def explain(reason: GiveUp, node: NodeName, picture: WaitPicture, budget_s: floa
     if picture.holder is not None:
         held = f"held by {picture.holder} for {picture.holder_age_s:.1f}s"
     else:
-        held = "free, but another waiter's turn"
+        held = "free, another bind's turn"
     queue = f"{picture.depth} bind(s) queued, {picture.position} ahead of this one"
     if reason is GiveUp.FAIL_FAST:
         why = (
@@ -105,7 +105,7 @@ def explain(reason: GiveUp, node: NodeName, picture: WaitPicture, budget_s: floa
         why = "a bind of this pod is already waiting here"
     else:
         why = "the scheduler stopped waiting"
-    return f"node {node} lock is {held}; {queue}; {why}; the scheduler will retry"
+    return f"node {node}: lock {held}; {queue}; {why}; the scheduler will retry"
 
 
 @dataclass

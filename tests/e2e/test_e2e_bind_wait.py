@@ -1,0 +1,139 @@
+"""Binds that wait their turn (DESIGN §3.2), through the real kube-scheduler and two extender
+replicas: a burst larger than the node count, an Allocate stalled past the wait budget, and the
+extenders killed with binds queued.  The ``e2e`` fixture checks S1/S2 over all pods after each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+
+from lockd.kube import pod_path
+from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
+from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
+from tests.e2e.kit import (
+    GPUCluster,
+    assignment,
+    kubelet_devices,
+    metric_value,
+    restart_extenders,
+    slow_admission,
+)
+
+
+def replicas(e2e: GPUCluster) -> list[str]:
+    urls: list[str] = e2e.cluster.settings()["extender"]["replicas"]
+    return urls
+
+
+async def extender_sum(e2e: GPUCluster, name: str, **labels: str) -> float:
+    return sum([await metric_value(f"{u}/metrics", name, **labels) for u in replicas(e2e)])
+
+
+async def queued(e2e: GPUCluster, node: str) -> float:
+    return await extender_sum(e2e, "nodelock_extender_bind_queue_depth", node=node)
+
+
+async def binds_over_timeout(e2e: GPUCluster) -> float:
+    """Bind calls the extenders answered later than kube-scheduler's httpTimeout."""
+    name = "nodelock_extender_request_duration_seconds"
+    total = await extender_sum(e2e, f"{name}_count", verb="bind")
+    within = await extender_sum(e2e, f"{name}_bucket", verb="bind", le="10.0")
+    assert DEFAULT_HTTP_TIMEOUT_S == 10.0  # the bucket read above
+    return total - within
+
+
+async def test_a_burst_larger_than_the_nodes_through_two_replicas(e2e: GPUCluster) -> None:
+    """Every GPU of the cluster asked for at once, twice over: all pods run, each container got
+    its assignment, and each node's fencing tokens grow strictly in the order of the binds."""
+    gpus = 4 * len(e2e.nodes)
+    refused_before = await extender_sum(
+        e2e, "nodelock_extender_requests_total", verb="bind", result="contended"
+    )
+    tokens: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for wave in range(2):
+        names = [f"w{wave}-{i}" for i in range(gpus)]
+        await asyncio.gather(*(e2e.create_pod(n, [1]) for n in names))
+        pods = [await e2e.wait_phase(n, ["Running"], timeout_s=120) for n in names]
+        for pod in pods:
+            assert kubelet_devices(pod) == {c: sorted(i) for c, i in assignment(pod).items()}
+            notes = pod["metadata"]["annotations"]
+            tokens[pod["spec"]["nodeName"]].append(
+                (notes["nodelock.io/bound-at"], int(notes["nodelock.io/token"]))
+            )
+        await asyncio.gather(*(e2e.kube.delete(pod_path(e2e.namespace, n)) for n in names))
+        for _ in range(300):
+            if not (await e2e.kube.list(pod_path(e2e.namespace)))["items"]:
+                break
+            await asyncio.sleep(0.2)
+    for node, seen in tokens.items():
+        in_bind_order = [token for _, token in sorted(seen)]
+        assert in_bind_order == sorted(set(in_bind_order)), (node, seen)
+    refused = (
+        await extender_sum(e2e, "nodelock_extender_requests_total", verb="bind", result="contended")
+        - refused_before
+    )
+    assert refused <= 2, f"{refused} binds refused for a held lock in a burst the nodes can serve"
+    assert await binds_over_timeout(e2e) == 0
+
+
+async def test_a_stalled_allocate_makes_waiters_fail_at_the_budget_without_touching_the_lease(
+    e2e: GPUCluster,
+) -> None:
+    """The holder's Allocate stalls longer than the wait budget: binds queued behind it fail
+    when their budget runs out (kube-scheduler retries them), none is answered after
+    kube-scheduler's timeout, and the Lease stays the holder's until it is released."""
+    node = e2e.nodes[2]
+    stall = DEFAULT_WAIT_BUDGET_S + 4.0
+    refusals_before = await extender_sum(e2e, "nodelock_extender_bind_wait_refusals_total")
+    async with slow_admission(e2e, node, seconds=stall):
+        await e2e.create_pod("holder", [1], node=node)
+        lease = await e2e.wait_holder(node, e2e.key("holder"))
+        version = lease["metadata"]["resourceVersion"]
+        await asyncio.gather(*(e2e.create_pod(f"wait-{i}", [1], node=node) for i in range(2)))
+        deadline = time.monotonic() + stall
+        refused = 0.0
+        while time.monotonic() < deadline and refused < 2:
+            await asyncio.sleep(0.2)
+            refused = (
+                await extender_sum(e2e, "nodelock_extender_bind_wait_refusals_total")
+                - refusals_before
+            )
+        assert refused >= 2, "the waiters never gave up"
+        lease = await e2e.lease(node)
+        assert lease["metadata"]["resourceVersion"] == version  # no waiter wrote it
+        for i in range(2):
+            assert not (await e2e.pod(f"wait-{i}"))["spec"].get("nodeName")
+        holder = await e2e.wait_phase("holder", ["Running"], timeout_s=stall + 30)
+        for i in range(2):
+            pod = await e2e.wait_phase(f"wait-{i}", ["Running"], timeout_s=60)
+            assert set(kubelet_devices(pod)["c0"]).isdisjoint(kubelet_devices(holder)["c0"])
+    assert await binds_over_timeout(e2e) == 0
+    abandoned = await extender_sum(
+        e2e, "nodelock_extender_bind_wait_refusals_total", reason="abandoned"
+    )
+    assert abandoned == 0
+
+
+async def test_extenders_killed_with_binds_queued_change_no_lease(e2e: GPUCluster) -> None:
+    """Both replicas die while binds wait behind a stalled holder: the Lease is exactly as the
+    holder left it, and after the restart every pod is placed."""
+    node = e2e.nodes[1]
+    async with slow_admission(e2e, node, seconds=DEFAULT_WAIT_BUDGET_S):
+        await e2e.create_pod("holder", [1], node=node)
+        lease = await e2e.wait_holder(node, e2e.key("holder"))
+        version = lease["metadata"]["resourceVersion"]
+        await e2e.create_pod("waiter", [1], node=node)
+        deadline = time.monotonic() + 10
+        while await queued(e2e, node) < 1:
+            assert time.monotonic() < deadline, "the waiter never queued"
+            await asyncio.sleep(0.05)
+        for name in e2e.cluster.state.procs():
+            if name.startswith("extender-") and name != "extender-lb":
+                e2e.cluster.kill_component(name)
+        await asyncio.sleep(0.5)
+        assert (await e2e.lease(node))["metadata"]["resourceVersion"] == version
+        await restart_extenders(e2e.cluster, {})
+        await e2e.wait_phase("holder", ["Running"], timeout_s=60)
+        await e2e.wait_phase("waiter", ["Running"], timeout_s=60)
