@@ -32,12 +32,15 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import platform
+import re
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from devcluster import processes
 from devcluster.binaries import ensure_control_plane, ensure_simkubelet
 from devcluster.cluster import Cluster
 from devcluster.gpunodes import up_gpu_cluster
@@ -90,6 +93,28 @@ def contended(cluster: Cluster) -> float:
     return total
 
 
+def cpu_seconds(cluster: Cluster) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each kind of component of the cluster: its
+    processes and their process groups, read from /proc; the benchmark itself as ``bench``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+
+    def used(pid: int) -> float:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return 0.0
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    for name, proc in cluster.state.procs().items():
+        kind = re.sub(r"-(gpu-node-\d+|\d+)$", "", name)
+        pids = set(processes.group_members(proc.pid)) | {proc.pid}
+        out[kind] = out.get(kind, 0.0) + sum(used(pid) for pid in pids)
+    out["bench"] = used(os.getpid())
+    return out
+
+
 def burst_sizes(mix: list[int], *, nodes: int, gpus: int, pods: int) -> list[int]:
     """GPUs per pod of the burst: ``pods`` of one size, or equal GPU shares of several sizes
     that fill the cluster exactly."""
@@ -134,6 +159,7 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
         gpus = max(sizes)
         n = len(sizes)
         before_cont = contended(cluster) if gpus else 0.0
+        cpu_before = cpu_seconds(cluster)
         t0 = tl.now()
         await asyncio.gather(
             *(kube.create(pod_path(ns), pod(f"p{i}", size)) for i, size in enumerate(sizes))
@@ -145,6 +171,7 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
         t_end = max(v for k, v in tl.running.items() if k.startswith(ns + "/"))
         await asyncio.sleep(1.0)  # the last releases
         after_req = await _api_requests(kube)
+        cpu_after = cpu_seconds(cluster)
         elapsed = time.monotonic() - started
         after_cont = contended(cluster) if gpus else 0.0
         for t in tasks:
@@ -170,6 +197,11 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
         "contended_binds": after_cont - before_cont,
         "handoff_p50_s": _quantile(holds, 0.5) if holds else math.nan,
         "handoff_p99_s": _quantile(holds, 0.99) if holds else math.nan,
+        "cpu_ms_per_pod": {
+            k: (cpu_after.get(k, 0.0) - v) * 1000 / n
+            for k, v in cpu_before.items()
+            if cpu_after.get(k, 0.0) > v
+        },
         "stages_p50_s": {k: _quantile(v, 0.5) for k, v in parts.items() if v},
         "stages_p99_s": {k: _quantile(v, 0.99) for k, v in parts.items() if v},
         "requests_per_pod": {f"{v} {r}": c / n for (v, r), c in sorted(req.items())},
@@ -215,6 +247,16 @@ def table(rows: list[dict[str, Any]]) -> str:
                 for k in ("bind", "admit", "status")
             )
             lines.append(f"  {r['phase']:<22}{cells}")
+    lines.append("")
+    lines.append(
+        "CPU per pod, ms, by component (from the first create to a second after the last Running; "
+        f"the machine has {os.cpu_count()} cores)"
+    )
+    for r in rows:
+        cpu = sorted(r.get("cpu_ms_per_pod", {}).items(), key=lambda kv: -kv[1])
+        total = sum(v for _, v in cpu)
+        cells = "  ".join(f"{k} {v:.0f}" for k, v in cpu if v >= 0.5)
+        lines.append(f"  {r['phase']:<22}total {total:.0f}: {cells}")
     return "\n".join(lines)
 
 

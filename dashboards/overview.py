@@ -149,16 +149,52 @@ def model() -> JSON:
                         "contended binds",
                     )
                 ],
-                "Share of bind calls that met a held lock. Above one half for long: pods queue "
-                "for the same nodes (alert NodelockLockContentionHigh).",
+                "Share of bind calls that could not get their turn at the node's lock within "
+                "the wait budget (kube-scheduler retries them). Above one half for long: more "
+                "pods per node than the budget can serve (alert NodelockLockContentionHigh).",
                 unit="percentunit",
                 minimum=0,
             ),
             Panel(
-                "Lock wait per pod",
+                "Bind queue wait",
+                quantiles("nodelock_extender_bind_queue_wait_seconds"),
+                "Per bind that took its node's lock: joining the node's queue to acquiring. "
+                "Near the wait budget (4 s by default): bursts larger than the nodes can serve, "
+                "or long holds.",
+                unit="s",
+            ),
+            Panel(
+                "Binds queued per node",
+                [
+                    Target(
+                        "topk(10, sum by (node) (nodelock_extender_bind_queue_depth))",
+                        "{{node}}",
+                    )
+                ],
+                "Binds waiting their turn (or being carried out), summed over the extender "
+                "replicas (each has its own queues), the ten busiest nodes. High "
+                "on a few nodes while others are idle: prioritize is not spreading.",
+                minimum=0,
+            ),
+            Panel(
+                "Binds that gave up waiting, by reason",
+                [
+                    Target(
+                        f"sum by (reason) (rate(nodelock_extender_bind_wait_refusals_total[{RI}]))",
+                        "{{reason}}",
+                    )
+                ],
+                "budget: waited the whole budget (a stuck holder?); fail_fast: the expected "
+                "wait did not fit; abandoned: kube-scheduler stopped waiting (httpTimeout "
+                "shorter than the extender was told); duplicate: the same pod twice.",
+                unit="ops",
+                stack=True,
+            ),
+            Panel(
+                "Lock wait per pod across retries",
                 quantiles("nodelock_extender_lock_wait_seconds"),
-                "From a pod's first contended bind to its successful bind (includes "
-                "kube-scheduler's backoff). Only pods that met a held lock.",
+                "Pods whose bind was refused at least once: from that refusal to the successful "
+                "bind (includes kube-scheduler's backoff).",
                 unit="s",
             ),
             Panel(

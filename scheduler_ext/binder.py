@@ -13,9 +13,10 @@ The steps (DESIGN §3.2):
 3. *Confirm* against a view of the node that cannot miss a finished handoff: the Lease names the
    previous holder; once the cache has seen that pod bound (or deleted), the watch's ordering
    means it has seen every earlier binding on the node.  When the previous holder never bound
-   (bind-failed, broken, taken over) or is not seen within ``confirm_wait_s``, the node's pods are
-   listed instead (one consistent LIST of that node).  A conflicting choice is made again and
-   the Lease's copy rewritten (conditional on our token), or the bind fails.
+   (bind-failed, broken, taken over), is not seen within ``confirm_wait_s``, or the Lease names
+   no previous holder at all (a new Lease — or one deleted or reset by hand mid-handoff), the
+   node's pods are listed instead (one consistent LIST of that node).  A conflicting choice is
+   made again and the Lease's copy rewritten (conditional on our token), or the bind fails.
 4. *Bind* with one ``pods/binding`` create carrying the assignment, token and bind time as
    annotations and the pod UID as precondition.
    Just before the write, the Lease as last seen must still carry our token and pod.
@@ -291,29 +292,13 @@ class Binder:
             )
 
     async def _not_holding_already(self, args: BindingArgs) -> None:
-        """Refuse a second bind of a pod that already holds the node's lock (an earlier call
-        for it is still binding, or bound it after kube-scheduler stopped waiting): acquiring
-        again would give the lock a new token that the first call's binding does not carry.
-        Once that lock has expired it may be acquired again, unless the pod is bound."""
+        """Refuse a second bind of a pod that already holds the node's lock: an earlier call for
+        it bound it after kube-scheduler stopped waiting, or is still binding.  Acquiring again
+        would give the lock a new token that the first call's binding does not carry.  Once
+        that lock has expired and the pod is still not bound, it may be acquired again."""
         view = self._locks.view(args.node)
         holder = view.record.holder if view is not None else None
         if view is None or holder is None or holder.uid != args.pod_uid:
-            return
-        if not view.expired:
-            raise BindFailed(
-                Result.ERROR,
-                f"pod {args.key} already holds the lock of {args.node} (token "
-                f"{view.record.token}, {view.held_for_s:.1f}s): another bind of it is under way",
-            )
-        await self._not_bound_by_an_earlier_call(args)
-
-    async def _not_bound_by_an_earlier_call(self, args: BindingArgs) -> None:
-        """Refuse when this pod already holds the node's lock and is bound (an earlier bind call
-        for it succeeded after kube-scheduler stopped waiting): acquiring again would give the
-        lock a new token that the pod's annotations do not carry."""
-        view = self._locks.view(args.node)
-        holder = view.record.holder if view is not None else None
-        if holder is None or holder.uid != args.pod_uid:
             return
         try:
             obj = await self._kube.get(pod_path(args.pod_namespace, args.pod_name))
@@ -322,6 +307,12 @@ class Binder:
         bound_to = (obj.get("spec") or {}).get("nodeName")
         if bound_to:
             raise BindFailed(Result.ERROR, f"pod {args.key} is already bound to {bound_to}")
+        if not view.expired:
+            raise BindFailed(
+                Result.ERROR,
+                f"pod {args.key} already holds the lock of {args.node} (token "
+                f"{view.record.token}, {view.held_for_s:.1f}s): another bind of it is under way",
+            )
 
     def _holder(self, args: BindingArgs, assignment: Assignment) -> Holder:
         return Holder(
@@ -360,11 +351,9 @@ class Binder:
                 gpus = self._cache.node_gpus(node, exclude_uid=uid)
                 if gpus is not None:
                     return gpus
-        elif last is None:
-            # no handoff before ours on this Lease: the cache is as complete as anything
-            gpus = self._cache.node_gpus(node, exclude_uid=uid)
-            if gpus is not None:
-                return gpus
+        # No proven previous handoff: it never bound, or the Lease has no last holder at all — a
+        # new node, or a Lease deleted or reset by hand, possibly under a holder that is bound
+        # and not yet admitted.  Nothing proves the cache complete then: list the node.
         return await self._listed_view(node, uid)
 
     async def _listed_view(self, node: NodeName, uid: str) -> NodeGPUs:

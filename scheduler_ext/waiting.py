@@ -68,6 +68,7 @@ class WaitPicture:
     holder: str | None  # the lock holder's pod key, None when free
     holder_age_s: float  # since this process first saw that holder
     hold_s: float  # the recent hold estimate
+    token: int = 0  # the lock's fencing token as last seen
 
 
 def expected_wait_s(picture: WaitPicture) -> float:
@@ -90,7 +91,10 @@ def give_up_reason(picture: WaitPicture, left_s: float) -> GiveUp | None:
 def explain(reason: GiveUp, node: NodeName, picture: WaitPicture, budget_s: float) -> str:
     """The refusal as kube-scheduler shows it in the pod's events."""
     if picture.holder is not None:
-        held = f"held by {picture.holder} for {picture.holder_age_s:.1f}s"
+        held = (
+            f"held by {picture.holder} for {picture.holder_age_s:.1f}s "
+            f"(fencing token {picture.token})"
+        )
     else:
         held = "free, another bind's turn"
     queue = f"{picture.depth} bind(s) queued, {picture.position} ahead of this one"
@@ -115,6 +119,7 @@ class _Waiter:
     enqueued_at: float
     deadline: float
     abandoned: bool = False
+    timed_out: bool = False  # its budget ran out on the event loop's own clock
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -154,8 +159,9 @@ class Turn:
         self._refused_version = view.record.resource_version if view is not None else None
 
     async def ready(self, view_of: Callable[[], NodeLockView | None]) -> None:
-        """Return when this waiter is the head and the lock looks free or expired (a takeover
-        may be possible); raise ``WaitRefused`` when it cannot be served in time."""
+        """Return when this waiter is the head and the lock looks free, expired (a takeover may
+        be possible) or held by this waiter's own pod; raise ``WaitRefused`` when it cannot be
+        served in time."""
         queues, waiter = self._queues, self._waiter
         while True:
             waiter.wake.clear()
@@ -166,7 +172,8 @@ class Turn:
             if head and self._may_try(view):
                 return
             picture = queues.picture(self.node, waiter, view)
-            reason = give_up_reason(picture, waiter.deadline - queues.clock())
+            left = 0.0 if waiter.timed_out else waiter.deadline - queues.clock()
+            reason = give_up_reason(picture, left)
             if reason is not None:
                 self._refuse(reason, view)
             await queues.sleep(waiter)
@@ -176,7 +183,9 @@ class Turn:
             return True
         if view.record.resource_version == self._refused_version:
             return False  # nothing changed since the last refusal
-        return view.record.holder is None or view.expired
+        holder = view.record.holder
+        # a lock held by this very pod is the caller's to judge (an earlier bind of it)
+        return holder is None or holder.uid == self._waiter.uid or view.expired
 
     def _refuse(self, reason: GiveUp, view: NodeLockView | None) -> None:
         picture = self._queues.picture(self.node, self._waiter, view)
@@ -275,6 +284,7 @@ class BindQueues:
             holder=holder.key if holder is not None else None,
             holder_age_s=view.held_for_s if view is not None and holder is not None else 0.0,
             hold_s=self.hold.value_s,
+            token=view.record.token if view is not None else 0,
         )
 
     async def sleep(self, waiter: _Waiter) -> None:
@@ -285,7 +295,7 @@ class BindQueues:
         try:
             await asyncio.wait_for(waiter.wake.wait(), timeout=left)
         except TimeoutError:
-            return
+            waiter.timed_out = True
 
     # -- wake-ups -----------------------------------------------------------------------------
 

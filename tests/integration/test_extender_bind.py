@@ -418,3 +418,29 @@ async def test_repeated_bind_of_a_bound_pod_keeps_its_lock_and_token(
 async def _lock_free(ext: Extender, node: str) -> bool:
     view = ext.locks.view(NodeName(node))
     return view is not None and view.record.holder is None
+
+
+async def test_a_lease_deleted_mid_handoff_is_confirmed_by_listing_the_node(
+    kube: KubeClient, namespace: str, nodes: list[str], extender: Extender
+) -> None:
+    """The Lease is deleted by hand while its holder is bound and not yet admitted; a replica
+    whose cache missed that binding creates the Lease anew (token 1, no last holder).  It must
+    not trust its cache then: it lists the node and leaves the holder's GPU alone."""
+    node = await gpu_node(kube, nodes, namespace, 2)
+    a = await create_pod(kube, namespace, pod_body("a", test=namespace, gpus=1))
+    b = await create_pod(kube, namespace, pod_body("b", test=namespace, gpus=1))
+    lagging = await _frozen_cache(kube)  # sees both pods unbound
+    binder = _lagging_binder(kube, namespace, lagging)
+    await wait_for(lambda: _known(extender, node))
+    assert await post_bind(extender, binding_args(a, node)) == ""
+    a_devices = devices_in(await get_pod(kube, namespace, "a"))
+    await kube.delete(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{node}")
+
+    outcome = await binder.bind(
+        BindingArgs(b["metadata"]["name"], namespace, b["metadata"]["uid"], NodeName(node))
+    )
+    assert outcome.error == ""
+    assert outcome.token == 1  # a new Lease
+    b_devices = devices_in(await get_pod(kube, namespace, "b"))
+    assert not a_devices & b_devices, (a_devices, b_devices)
+    assert binder._metrics.confirm_fallbacks._value.get() == 1.0

@@ -116,7 +116,8 @@ def test_dashboards_cover_what_the_design_asks_for() -> None:
         "Bind latency",
         "Allocate latency",
         "Lock acquisitions by result",
-        "Lock wait per pod",
+        "Bind queue wait",
+        "Binds queued per node",
         "GPUs assigned vs free",
         "Errors per second",
     ):
