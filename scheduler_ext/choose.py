@@ -172,7 +172,11 @@ def steer_from_locked(
     locked_set = set(locked)
     if not any(s > 0 and n not in locked_set for n, s in scores.items()):
         return dict(scores)
-    return {n: (0 if n in locked_set else s) for n, s in scores.items()}
+    steered = dict(scores)
+    for n in locked_set:  # the locked nodes only, not every node
+        if n in steered:
+            steered[n] = 0
+    return steered
 
 
 def choose(node: NodeGPUs, need: PodNeed) -> Assignment:

@@ -46,6 +46,7 @@ from scheduler_ext.verbs import (
     filter_nodes,
     locked_by_others,
     prioritize_nodes,
+    with_holder,
     with_lock_holder,
 )
 
@@ -86,7 +87,7 @@ class Endpoints:
         self.metrics = metrics
         self.options = options
         self._ready = ready
-        # node -> (cache picture, lock record, picture with the holder's devices taken)
+        # node -> (cache picture, (holder, holder finished), picture with its devices taken)
         self._overlays: dict[NodeName, tuple[NodeGPUs, object, NodeGPUs]] = {}
         self.promises = Promises()
 
@@ -106,25 +107,24 @@ class Endpoints:
         keys = self.cache.keys
         finished = self.cache.finished
         if args.nodes is None:
-
-            def from_cache(name: NodeName) -> NodeGPUs | None:
-                gpus = self.cache.node_gpus(name)
-                if gpus is None:
-                    return None
-                view = self.locks.view(name)
-                if view is None or view.record.holder is None:
-                    return gpus
-                if view.record.holder.uid == pod_uid:
-                    return gpus
-                done = finished(view.record.holder.uid)
-                memo = self._overlays.get(name)  # same picture, lock record, holder state: reuse
-                if memo is not None and memo[0] is gpus and memo[1] == (view.record, done):
-                    return memo[2]
-                over = with_lock_holder(gpus, view, keys=keys, finished=finished)
-                self._overlays[name] = (gpus, (view.record, done), over)
-                return over
-
-            return from_cache
+            pictures = self.cache.pictures()
+            holders = self.locks.holders()  # the held locks only: few, whatever the node count
+            if not holders:
+                return pictures.get
+            merged = dict(pictures)
+            for name, holder in holders.items():
+                gpus = pictures.get(name)
+                if gpus is None or holder.uid == pod_uid:
+                    continue
+                done = finished(holder.uid)
+                memo = self._overlays.get(name)  # same picture, holder, holder state: reuse
+                if memo is not None and memo[0] is gpus and memo[1] == (holder, done):
+                    merged[name] = memo[2]
+                    continue
+                over = with_holder(gpus, holder, keys=keys, finished=finished)
+                self._overlays[name] = (gpus, (holder, done), over)
+                merged[name] = over
+            return merged.get
         # not node-cache capable: the scheduler sent the Node objects; read inventories there
         given = dict(zip(args.node_names, args.nodes, strict=True))
 
@@ -182,7 +182,7 @@ class Endpoints:
         except BadRequest as exc:
             self._done(Verb.PRIORITIZE, Result.BAD_REQUEST, started)
             return _error(400, str(exc))
-        locked = locked_by_others(args.node_names, self.locks.view, pod_uid=uid)
+        locked = locked_by_others(args.node_names, self.locks.holders(), pod_uid=uid)
         if self.options.lock_aware:  # and soon locked: the best node of a pod still binding
             locked += self.promises.promised_to_others(uid)
         scores = prioritize_nodes(
