@@ -114,9 +114,11 @@ class NodeLocks:
         seen = self._obs.get(node)
         return self._view(seen, self._clock()) if seen is not None else None
 
-    def held_nodes(self) -> frozenset[NodeName]:
-        """The nodes whose lock was last seen held; sends no request."""
-        return self._obs.held()
+    def holders(self) -> dict[NodeName, Holder]:
+        """Node -> holder of its last observation, for every node seen held (expired or not,
+        as ``view(node).record.holder`` says); sends no request and costs the number of held
+        locks, not of nodes, so a filter over thousands of nodes can ask it once."""
+        return self._obs.holders()
 
     def views(self) -> list[NodeLockView]:
         """Every node's last observation, sorted by node; sends no request."""

@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from lockd.model import LockRecord, NodeLockView, NodeName
+from lockd.model import Holder, LockRecord, NodeLockView, NodeName
 
 JSON = dict[str, Any]
 
@@ -59,11 +59,15 @@ class Seen:
 
 
 class Observations:
-    """Per node, the latest record seen and the local times of its last change."""
+    """Per node, the latest record seen and the local times of its last change.
+
+    Also indexes the nodes whose latest record has a holder, so that ``holders()`` costs the
+    number of held locks, not the number of nodes.
+    """
 
     def __init__(self) -> None:
         self._seen: dict[NodeName, Seen] = {}
-        self._held: set[NodeName] = set()
+        self._held: dict[NodeName, Holder] = {}  # node -> holder of its latest record
 
     def observe(
         self, record: LockRecord, lease: JSON, now: float, *, replace: bool = False
@@ -89,10 +93,10 @@ class Observations:
                 record, lease, changed_at=now, held_since=old.held_since if same_holding else now
             )
         self._seen[node] = seen
-        if seen.record.holder is not None:
-            self._held.add(node)
+        if record.holder is None:
+            self._held.pop(node, None)
         else:
-            self._held.discard(node)
+            self._held[node] = record.holder
         return seen
 
     def get(self, node: NodeName) -> Seen | None:
@@ -102,11 +106,11 @@ class Observations:
     def forget(self, node: NodeName) -> None:
         """Drop what is known of ``node`` (its Lease was deleted or is unknown)."""
         self._seen.pop(node, None)
-        self._held.discard(node)
+        self._held.pop(node, None)
 
-    def held(self) -> frozenset[NodeName]:
-        """The nodes whose latest observation has a holder."""
-        return frozenset(self._held)
+    def holders(self) -> dict[NodeName, Holder]:
+        """Node -> holder, for every node whose latest record has one (expired or not)."""
+        return dict(self._held)
 
     def nodes(self) -> list[NodeName]:
         """Nodes with an observation, sorted."""

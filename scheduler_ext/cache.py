@@ -9,6 +9,10 @@ Guarantees:
   for GPUs but has no (or a malformed) assignment is counted as holding that many unknown GPUs.
 - A pod's GPUs are freed when it is seen terminal (Succeeded/Failed) or deleted, or disappears
   from a relist.
+- ``pictures()`` holds, for every known node, exactly what ``node_gpus`` would build from scratch
+  out of the node and its pods as now cached: each write rebuilds the pictures of the nodes it
+  touched (and only those) before it returns, so filter and prioritize read a ready picture per
+  node and never rebuild one.
 - ``seen_bound_or_gone(uid)`` is true once this cache saw the pod bound or deleted; because a
   watch delivers writes in order, the cache has then also seen every write before that one.
 Non-guarantee: the cache lags the API server; bind proves its choice against that lag separately
@@ -81,7 +85,8 @@ class ClusterCache:
         self._pods: dict[str, PodState] = {}  # by UID
         self._by_key: dict[HolderKey, str] = {}  # namespace/name -> UID
         self._on_node: dict[NodeName, set[str]] = {}  # node -> UIDs of pods bound to it
-        self._gpus: dict[NodeName, NodeGPUs] = {}  # memo, dropped when the node or its pods change
+        self._gpus: dict[NodeName, NodeGPUs] = {}  # every known node's picture, kept current
+        self._stale: set[NodeName] = set()  # pictures the write in progress invalidated
         self._gone: OrderedDict[str, None] = OrderedDict()  # UIDs seen deleted
         self.nodes_synced = False
         self.pods_synced = False
@@ -129,11 +134,16 @@ class ClusterCache:
         if node is None:
             return None
         if exclude_uid is None:
-            memo = self._gpus.get(name)
-            if memo is None:
-                memo = self._gpus[name] = node_gpus(node, self.pods_on(name))
-            return memo
+            return self._gpus[name]
         return node_gpus(node, [p for p in self.pods_on(name) if p.uid != exclude_uid])
+
+    def pictures(self) -> Mapping[NodeName, NodeGPUs]:
+        """Every known node's GPU picture (without lock holders), by node name.
+
+        The mapping is live (it follows later writes) and read-only to callers; reading it is one
+        dictionary lookup per node, which is what filter and prioritize do for thousands of nodes.
+        """
+        return self._gpus
 
     def staleness_s(self, resource: str) -> float | None:
         """Seconds since the last watch event or relist of ``resource`` ("nodes"/"pods")."""
@@ -157,7 +167,18 @@ class ClusterCache:
 
     # ---- writing ----------------------------------------------------------------------------
 
+    def _refresh(self) -> None:
+        """Rebuild the pictures of the nodes the last write touched (only those)."""
+        for name in self._stale:
+            node = self._nodes.get(name)
+            if node is None:
+                self._gpus.pop(name, None)
+            else:
+                self._gpus[name] = node_gpus(node, self.pods_on(name))
+        self._stale.clear()
+
     def _touch(self, resource: str) -> None:
+        self._refresh()
         self.last_event[resource] = self._clock()
         self._changed.set()
         self._changed = asyncio.Event()
@@ -173,12 +194,12 @@ class ClusterCache:
             log.warning("ignoring a node without identity: %s", exc)
             return
         self._nodes[state.name] = state
-        self._gpus.pop(state.name, None)
+        self._stale.add(state.name)
 
     def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
         """Take a full LIST of nodes."""
+        self._stale.update(self._nodes)
         self._nodes.clear()
-        self._gpus.clear()
         for obj in items:
             self._put_node(obj)
         self.nodes_synced = True
@@ -190,7 +211,7 @@ class ClusterCache:
             name = (obj.get("metadata") or {}).get("name")
             if isinstance(name, str):
                 self._nodes.pop(NodeName(name), None)
-                self._gpus.pop(NodeName(name), None)
+                self._stale.add(NodeName(name))
         else:
             self._put_node(obj)
         self._touch("nodes")
@@ -204,13 +225,13 @@ class ClusterCache:
                 on.discard(pod.uid)
                 if not on:
                     del self._on_node[pod.node]
-            self._gpus.pop(pod.node, None)
+            self._stale.add(pod.node)
 
     def _index(self, pod: PodState) -> None:
         self._by_key[pod.key] = pod.uid
         if pod.node is not None:
             self._on_node.setdefault(pod.node, set()).add(pod.uid)
-            self._gpus.pop(pod.node, None)
+            self._stale.add(pod.node)
 
     def _put_pod(self, obj: Mapping[str, Any]) -> None:
         try:
@@ -239,7 +260,7 @@ class ClusterCache:
         self._pods.clear()
         self._by_key.clear()
         self._on_node.clear()
-        self._gpus.clear()
+        self._stale.update(self._nodes)
         for obj in items:
             self._put_pod(obj)
         for uid in before - set(self._pods):

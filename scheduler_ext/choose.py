@@ -12,9 +12,11 @@ never gives two app containers the same device.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NewType
 
 from handoff.wire import GPU, Assignment, ContainerName, DeviceID
 from lockd.model import NodeName
@@ -38,7 +40,19 @@ class Fit(StrEnum):
     NEVER = "never"  # cannot fit whatever leaves (UnschedulableAndUnresolvable)
 
 
-@dataclass(frozen=True)
+FitKey = NewType("FitKey", str)  # see ``NodeGPUs.fit_key``
+
+
+def fit_key(
+    problem: str | None, healthy: int, allocatable: int | None, capacity: int, available: int
+) -> FitKey:
+    """What ``fit`` and ``score`` read of a node, as one interned string: equal inputs give the
+    same string object, whose hash is computed once, so a dictionary keyed by it costs a pointer
+    comparison per node where a tuple would be hashed again at every lookup."""
+    return FitKey(sys.intern(repr((problem, healthy, allocatable, capacity, available))))
+
+
+@dataclass(frozen=True, slots=True)
 class NodeGPUs:
     """One node's GPUs as the extender sees them: inventory, what is taken, what kubelet reports.
 
@@ -57,13 +71,16 @@ class NodeGPUs:
     capacity: int = field(init=False, repr=False, compare=False)
     assigned: int = field(init=False, repr=False, compare=False)
     available: int = field(init=False, repr=False, compare=False)
+    fit_key: FitKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """Derive, once, what filter and prioritize read for every candidate node.
 
         ``free``: healthy untaken devices by index; ``capacity``: healthy devices capped by
         kubelet's allocatable (what a pod could ever get); ``assigned``: devices held by pods or
-        the lock holder, attributed or not; ``available``: what a new pod can get now.
+        the lock holder, attributed or not; ``available``: what a new pod can get now;
+        ``fit_key``: everything ``fit`` and ``score`` read, so that nodes with equal keys get the
+        same verdict (reason included) and the same score for any pod and policy.
         """
         free = sorted(
             (g for g in self.devices if g.healthy and g.id not in self.taken),
@@ -81,6 +98,10 @@ class NodeGPUs:
             ("capacity", capacity),
             ("assigned", assigned),
             ("available", max(available, 0)),
+            (
+                "fit_key",
+                fit_key(self.problem, healthy, self.allocatable, capacity, max(available, 0)),
+            ),
         ):
             object.__setattr__(self, name, value)
 
@@ -149,12 +170,17 @@ def steer_by_wait(
     soonest get 0, so a burst spreads over the nodes where it is served first; the others keep
     their score, so the policy decides among equally soon nodes.
     """
-    fitting = [n for n, s in scores.items() if s > 0]
-    if not fitting:
-        return dict(scores)
-    soonest = min(waits.get(n, 0.0) for n in fitting)
+    steered = dict(scores)
+    busy = [(n, w) for n, w in waits.items() if scores.get(n, 0) > 0]  # waits is sparse
+    if not busy:
+        return steered
+    fitting = sum(1 for s in scores.values() if s > 0)
+    soonest = 0.0 if fitting > len(busy) else min(w for _, w in busy)
     limit = soonest + tolerance_s
-    return {n: (s if s <= 0 or waits.get(n, 0.0) <= limit else 0) for n, s in scores.items()}
+    for n, w in busy:
+        if w > limit:
+            steered[n] = 0
+    return steered
 
 
 def choose(node: NodeGPUs, need: PodNeed) -> Assignment:

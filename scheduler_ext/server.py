@@ -13,13 +13,13 @@ lock is never left half-handled.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -45,6 +45,7 @@ from scheduler_ext.state import BadObject, node_state
 from scheduler_ext.verbs import (
     filter_nodes,
     prioritize_nodes,
+    with_holder,
     with_lock_holder,
 )
 
@@ -62,8 +63,13 @@ class ServerOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
+def _json(body: object, *, status: int = 200) -> web.Response:
+    """``body`` as a JSON response (orjson: filter and prioritize answers name every node)."""
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"Error": message}, status=status)
+    return _json({"Error": message}, status=status)
 
 
 class Endpoints:
@@ -85,7 +91,7 @@ class Endpoints:
         self.metrics = metrics
         self.options = options
         self._ready = ready
-        # node -> (cache picture, lock record, picture with the holder's devices taken)
+        # node -> (cache picture, (holder, holder finished), picture with its devices taken)
         self._overlays: dict[NodeName, tuple[NodeGPUs, object, NodeGPUs]] = {}
         self.promises = Promises()
 
@@ -97,33 +103,32 @@ class Endpoints:
         except web.HTTPRequestEntityTooLarge:
             raise
         try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:  # also bad UTF-8 and nesting past 1,024 levels
             raise BadRequest(f"body is not JSON: {exc}") from exc
 
     def _gpus_of(self, args: ExtenderArgs, pod_uid: str) -> Callable[[NodeName], NodeGPUs | None]:
         keys = self.cache.keys
         finished = self.cache.finished
         if args.nodes is None:
-
-            def from_cache(name: NodeName) -> NodeGPUs | None:
-                gpus = self.cache.node_gpus(name)
-                if gpus is None:
-                    return None
-                view = self.locks.view(name)
-                if view is None or view.record.holder is None:
-                    return gpus
-                if view.record.holder.uid == pod_uid:
-                    return gpus
-                done = finished(view.record.holder.uid)
-                memo = self._overlays.get(name)  # same picture, lock record, holder state: reuse
-                if memo is not None and memo[0] is gpus and memo[1] == (view.record, done):
-                    return memo[2]
-                over = with_lock_holder(gpus, view, keys=keys, finished=finished)
-                self._overlays[name] = (gpus, (view.record, done), over)
-                return over
-
-            return from_cache
+            pictures = self.cache.pictures()
+            holders = self.locks.holders()  # the held locks only: few, whatever the node count
+            if not holders:
+                return pictures.get
+            merged = dict(pictures)
+            for name, holder in holders.items():
+                gpus = pictures.get(name)
+                if gpus is None or holder.uid == pod_uid:
+                    continue
+                done = finished(holder.uid)
+                memo = self._overlays.get(name)  # same picture, holder, holder state: reuse
+                if memo is not None and memo[0] is gpus and memo[1] == (holder, done):
+                    merged[name] = memo[2]
+                    continue
+                over = with_holder(gpus, holder, keys=keys, finished=finished)
+                self._overlays[name] = (gpus, (holder, done), over)
+                merged[name] = over
+            return merged.get
         # not node-cache capable: the scheduler sent the Node objects; read inventories there
         given = dict(zip(args.node_names, args.nodes, strict=True))
 
@@ -166,13 +171,13 @@ class Endpoints:
         except Exception as exc:  # a bug must not fail scheduling silently: say so in Error
             log.exception("filter failed")
             self._done(Verb.FILTER, Result.ERROR, started)
-            return web.json_response(filter_error(f"GPU extender filter failed: {exc!r}"))
+            return _json(filter_error(f"GPU extender filter failed: {exc!r}"))
         self.metrics.filter_nodes.labels("passed").inc(len(out.passed))
         self.metrics.filter_nodes.labels("failed").inc(len(out.failed))
         self.metrics.filter_nodes.labels("unresolvable").inc(len(out.unresolvable))
         body = filter_result(args, out.passed, out.failed, out.unresolvable)
         self._done(Verb.FILTER, Result.OK, started)
-        return web.json_response(body)
+        return _json(body)
 
     async def prioritize(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -185,7 +190,7 @@ class Endpoints:
         queues = self.binder.queues
         if self.options.lock_aware:  # binds queued, locks held, and pods about to bind
             waits = queues.expected_waits(
-                self.locks.held_nodes(),
+                self.locks.holders(),
                 self.locks.view,
                 self.promises.promised_to_others(uid),
                 pod_uid=uid,
@@ -201,7 +206,7 @@ class Endpoints:
         if self.options.lock_aware:
             self.promises.promise(scores, uid)
         self._done(Verb.PRIORITIZE, Result.OK, started)
-        return web.json_response(host_priority_list(scores))
+        return _json(host_priority_list(scores))
 
     async def bind(self, request: web.Request) -> web.Response:
         started = time.perf_counter()

@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import compress
+from typing import cast
 
 from handoff.wire import Keys, MalformedAnnotation, parse_assignment
-from lockd.model import NodeLockView, NodeName
+from lockd.model import Holder, NodeLockView, NodeName
 from scheduler_ext.choose import (
     Fit,
+    FitKey,
     NodeGPUs,
     Policy,
     devices_of,
@@ -54,9 +57,21 @@ def with_lock_holder(
     The holder's pod annotation may not have reached the cache yet; the Lease's copy of its
     assignment covers that gap.
     """
-    if view is None or view.record.holder is None:
+    holder = view.record.holder if view is not None else None
+    return with_holder(gpus, holder, pod_uid=pod_uid, keys=keys, finished=finished)
+
+
+def with_holder(
+    gpus: NodeGPUs,
+    holder: Holder | None,
+    *,
+    pod_uid: str | None = None,
+    keys: Keys = DEFAULT_KEYS,
+    finished: Callable[[str], bool] | None = None,
+) -> NodeGPUs:
+    """``with_lock_holder`` given the holder itself (None: the lock is free)."""
+    if holder is None:
         return gpus
-    holder = view.record.holder
     if pod_uid is not None and holder.uid == pod_uid:
         return gpus
     if finished is not None and finished(holder.uid):
@@ -74,29 +89,60 @@ def with_lock_holder(
     return replace(gpus, taken=gpus.taken | devices)
 
 
+def _fit_keys(
+    names: Sequence[NodeName], gpus_of: Callable[[NodeName], NodeGPUs | None]
+) -> tuple[list[FitKey | None], dict[FitKey, NodeGPUs]]:
+    """Each name's ``fit_key`` (None: unknown node), and one picture per distinct key.
+
+    Written with built-ins (``map``, ``zip``, ``dict``) so that little Python code runs per node,
+    none at all for ``gpus_of`` when it is itself a built-in (a dict's ``get``, as the server
+    passes).
+    """
+    pictures = list(map(gpus_of, names))
+    keys = [None if g is None else g.fit_key for g in pictures]
+    one_each = dict(zip(keys, pictures, strict=True))  # nodes with equal keys judge alike
+    one_each.pop(None, None)
+    return keys, cast(dict[FitKey, NodeGPUs], one_each)
+
+
 def filter_nodes(
     need: PodNeed, names: Sequence[NodeName], gpus_of: Callable[[NodeName], NodeGPUs | None]
 ) -> Filtered:
     """Keep the nodes the pod fits on now; the others go to failed (others hold their GPUs) or
-    unresolvable (too few GPUs in all, or no usable inventory)."""
+    unresolvable (too few GPUs in all, or no usable inventory).
+
+    Judges each distinct ``NodeGPUs.fit_key`` once (nodes with equal keys get equal verdicts), so
+    a large cluster costs a few lookups per node.
+    """
     if not need.wants_gpus:
         return Filtered(tuple(names), {}, {})
-    passed: list[NodeName] = []
-    failed: dict[NodeName, str] = {}
-    unresolvable: dict[NodeName, str] = {}
-    for name in names:
-        gpus = gpus_of(name)
-        if gpus is None:
-            failed[name] = UNKNOWN_NODE
-            continue
+    keys, one_each = _fit_keys(names, gpus_of)
+    fits: set[FitKey | None] = set()
+    no_room: dict[FitKey | None, str] = {None: UNKNOWN_NODE}
+    never: dict[FitKey | None, str] = {}
+    for key, gpus in one_each.items():
         verdict = fit(gpus, need)
         if verdict.fit is Fit.FITS:
-            passed.append(name)
+            fits.add(key)
         elif verdict.fit is Fit.NO_ROOM:
-            failed[name] = verdict.reason
+            no_room[key] = verdict.reason
         else:
-            unresolvable[name] = verdict.reason
-    return Filtered(tuple(passed), failed, unresolvable)
+            never[key] = verdict.reason
+    return Filtered(
+        tuple(compress(names, map(fits.__contains__, keys))),
+        _with_reason(names, keys, no_room),
+        _with_reason(names, keys, never),
+    )
+
+
+def _with_reason(
+    names: Sequence[NodeName], keys: list[FitKey | None], reasons: dict[FitKey | None, str]
+) -> dict[NodeName, str]:
+    """Name -> reason for each name whose key has one, in ``names`` order (built-ins only)."""
+    if not reasons:
+        return {}
+    pairs = zip(names, map(reasons.get, keys), strict=True)  # None only where not kept below
+    return cast(dict[NodeName, str], dict(compress(pairs, map(reasons.__contains__, keys))))
 
 
 def prioritize_nodes(
@@ -110,11 +156,16 @@ def prioritize_nodes(
 ) -> list[tuple[NodeName, int]]:
     """Score every candidate 0..10 by ``policy``; with ``waits`` (node -> expected wait of a
     bind there), steer to the fitting nodes where a bind is served soonest (``steer_by_wait``).
-    Same order as ``names``."""
-    scores: dict[NodeName, int] = {}
-    for name in names:
-        gpus = gpus_of(name)
-        scores[name] = 0 if gpus is None else score(gpus, need, policy)
+    Same order as ``names``.
+
+    Scores each distinct ``NodeGPUs.fit_key`` once (nodes with equal keys score alike)."""
+    keys, one_each = _fit_keys(names, gpus_of)
+    by_key: dict[FitKey | None, int] = {key: score(g, need, policy) for key, g in one_each.items()}
+    by_key[None] = 0  # a node the extender does not know
+    values = list(map(by_key.__getitem__, keys))
     if waits:
-        scores = steer_by_wait(scores, waits, tolerance_s=tolerance_s)
-    return [(name, scores[name]) for name in names]
+        steered = steer_by_wait(
+            dict(zip(names, values, strict=True)), waits, tolerance_s=tolerance_s
+        )
+        values = list(map(steered.__getitem__, names))
+    return list(zip(names, values, strict=True))

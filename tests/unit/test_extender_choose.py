@@ -177,7 +177,6 @@ def test_steer_by_wait_keeps_the_policy_only_where_a_bind_is_served_soonest() ->
     }
 
 
-
 def test_conflicts_name_what_is_wrong() -> None:
     n = node(4, taken=(1,), unhealthy=(2,))
     assignment = {ContainerName("c"): [DeviceID("GPU-00"), DeviceID("GPU-01"), DeviceID("GPU-02")]}

@@ -255,6 +255,19 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
         "'PodName' must be a string",
     ),
     ("bind", b"null", "must be a JSON object"),
+    ("filter", b"[" * 100_000, "body is not JSON"),  # deeper than any decoder recurses
+    (
+        "prioritize",
+        b'{"Pod": {"metadata": {"name": "p", "namespace": "n"}, "spec": {}}, '
+        b'"NodeNames": ["a", 7]}',
+        "7 is not a node name",
+    ),
+    (
+        "filter",
+        b'{"Pod": {"metadata": {"name": "p", "namespace": "n"}, "spec": {}}, '
+        b'"NodeNames": ["a", ""]}',
+        "'' is not a node name",
+    ),
 ]
 
 

@@ -1,0 +1,153 @@
+"""Filter and prioritize over many nodes: judging each distinct node shape once changes nothing.
+
+``filter_nodes`` and ``prioritize_nodes`` call ``fit``/``score`` once per distinct
+``NodeGPUs.fit_key`` and spread the answer over the nodes with that key.  These tests compare them
+with the plain per-node loop (``fit``/``score`` for every node, then steering by wait) on
+arbitrary clusters whose nodes share shapes, with unknown and repeated names, and check that
+``fit_key`` holds everything ``fit`` and ``score`` read.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from handoff.wire import GPU, ContainerName, DeviceID
+from lockd.model import NodeName
+from scheduler_ext.choose import (
+    Fit,
+    NodeGPUs,
+    Policy,
+    fit,
+    score,
+)
+from scheduler_ext.need import ContainerKind, ContainerNeed, PodNeed, plan_slots
+from scheduler_ext.verbs import UNKNOWN_NODE, filter_nodes, prioritize_nodes
+
+PROBLEMS = [None, None, None, "node has no GPU inventory", "node's GPU inventory does not parse"]
+
+
+@st.composite
+def pictures(draw: st.DrawFn, name: str) -> NodeGPUs:
+    n = draw(st.integers(0, 8))
+    devices = tuple(
+        GPU(DeviceID(f"GPU-{name}-{i}"), i, "H100", 81559, 0, draw(st.booleans()) or i % 3 > 0)
+        for i in range(n)
+    )
+    taken = draw(st.sets(st.sampled_from([d.id for d in devices]))) if devices else set()
+    return NodeGPUs(
+        node=NodeName(name),
+        devices=devices,
+        taken=frozenset(taken),
+        unattributed=draw(st.integers(0, 2)),
+        allocatable=draw(st.one_of(st.none(), st.integers(0, 9))),
+        problem=draw(st.sampled_from(PROBLEMS)),
+    )
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[dict[NodeName, NodeGPUs], list[NodeName]]:
+    count = draw(st.integers(0, 30))
+    known = {NodeName(f"n{i}"): draw(pictures(f"n{i}")) for i in range(count)}
+    pool = [*known, NodeName("ghost-1"), NodeName("ghost-2")]
+    names = draw(st.lists(st.sampled_from(pool), max_size=40))  # unknown and repeated names too
+    return known, names
+
+
+def need(total: int) -> PodNeed:
+    if total == 0:
+        return plan_slots([])
+    return plan_slots([ContainerNeed(ContainerName("c"), total, ContainerKind.APP)])
+
+
+def naive_filter(
+    pod: PodNeed, names: list[NodeName], known: dict[NodeName, NodeGPUs]
+) -> tuple[tuple[NodeName, ...], dict[NodeName, str], dict[NodeName, str]]:
+    if not pod.wants_gpus:
+        return tuple(names), {}, {}
+    passed: list[NodeName] = []
+    failed: dict[NodeName, str] = {}
+    unresolvable: dict[NodeName, str] = {}
+    for name in names:
+        gpus = known.get(name)
+        if gpus is None:
+            failed[name] = UNKNOWN_NODE
+            continue
+        verdict = fit(gpus, pod)
+        if verdict.fit is Fit.FITS:
+            passed.append(name)
+        elif verdict.fit is Fit.NO_ROOM:
+            failed[name] = verdict.reason
+        else:
+            unresolvable[name] = verdict.reason
+    return tuple(passed), failed, unresolvable
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters(), st.integers(0, 9))
+def test_filter_equals_judging_every_node_on_its_own(
+    cluster: tuple[dict[NodeName, NodeGPUs], list[NodeName]], total: int
+) -> None:
+    known, names = cluster
+    pod = need(total)
+    out = filter_nodes(pod, names, known.get)
+    passed, failed, unresolvable = naive_filter(pod, names, known)
+    assert out.passed == passed
+    assert list(out.failed.items()) == list(failed.items())  # same reasons, same order
+    assert list(out.unresolvable.items()) == list(unresolvable.items())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    clusters(),
+    st.integers(0, 9),
+    st.sampled_from(list(Policy)),
+    st.dictionaries(
+        st.sampled_from([NodeName(f"n{i}") for i in range(30)]),
+        st.floats(min_value=0.01, max_value=2.0),
+        max_size=6,
+    ),
+    st.sampled_from([0.0, 0.1, 0.5]),
+)
+def test_prioritize_equals_scoring_every_node_on_its_own(
+    cluster: tuple[dict[NodeName, NodeGPUs], list[NodeName]],
+    total: int,
+    policy: Policy,
+    waits: dict[NodeName, float],
+    tolerance: float,
+) -> None:
+    known, names = cluster
+    pod = need(total)
+    plain: dict[NodeName, int] = {}
+    for name in names:
+        gpus = known.get(name)
+        plain[name] = 0 if gpus is None else score(gpus, pod, policy)
+    fitting = [n for n, s in plain.items() if s > 0]
+    soonest = min((waits.get(n, 0.0) for n in fitting), default=0.0)
+    expected = [
+        (n, plain[n] if plain[n] <= 0 or waits.get(n, 0.0) <= soonest + tolerance else 0)
+        for n in names
+    ]
+    assert (
+        prioritize_nodes(pod, names, known.get, policy=policy, waits=waits, tolerance_s=tolerance)
+        == expected
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(pictures("a"), pictures("b"), st.integers(0, 9), st.sampled_from(list(Policy)))
+def test_equal_fit_keys_mean_equal_verdicts_and_scores(
+    a: NodeGPUs, b: NodeGPUs, total: int, policy: Policy
+) -> None:
+    pod = need(total)
+    if a.fit_key == b.fit_key:
+        assert fit(a, pod) == fit(b, pod)
+        assert score(a, pod, policy) == score(b, pod, policy)
+    else:
+        assert (a.problem, a.healthy, a.allocatable, a.capacity, a.available) != (
+            b.problem,
+            b.healthy,
+            b.allocatable,
+            b.capacity,
+            b.available,
+        )
