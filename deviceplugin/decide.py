@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from handoff.holder import holder_status
 from handoff.wire import (
     DEFAULT_RESOURCE,
     MAX_DEVICES_PER_CONTAINER,
@@ -454,23 +455,12 @@ def hint(available: Sequence[str], must_include: Sequence[str], size: int) -> tu
 def handoff_abandoned(pod: PodJSON | None, progress: HandoffProgress, node: NodeName) -> bool:
     """Whether the pod of an interrupted handoff can no longer ask for its next container.
 
-    True when it is gone (or replaced under its name), bound elsewhere, being deleted, finished,
-    running, or has container statuses (kubelet got past admission).  A pod still Pending on this
-    node without container statuses may yet ask (kubelet restarted mid-admission), so that is
-    False.
+    ``handoff.holder`` decides: True when the pod has left the handoff (gone or replaced under
+    its name, bound elsewhere or never bound, admitted by kubelet, finished).  A pod still
+    Pending on this node and not admitted may yet ask (kubelet restarted mid-admission, or it
+    admits a pod being deleted before stopping it), and so may one of phase Unknown: False.
     """
-    if pod is None:
-        return True
-    meta = pod.get("metadata") or {}
-    if str(meta.get("uid", "")) != progress.uid or meta.get("deletionTimestamp"):
-        return True
-    if str((pod.get("spec") or {}).get("nodeName") or "") != node:
-        return True
-    status = pod.get("status") or {}
-    if status.get("phase") not in (None, "", "Pending"):
-        return True
-    # kubelet reports container statuses only for pods it admitted.
-    return bool(status.get("initContainerStatuses") or status.get("containerStatuses"))
+    return not holder_status(pod, uid=progress.uid, node=node).in_handoff
 
 
 def known_devices(devices: Collection[DeviceID]) -> dict[DeviceID, bool]:

@@ -464,7 +464,10 @@ def test_interrupted_handoff_is_abandoned_unless_still_pending_here() -> None:
         {"status": {"phase": "Running"}},
         {"status": {"phase": "Pending", "containerStatuses": [{"name": "main"}]}},
         {"metadata": {"uid": "other", "namespace": "ns", "name": "p"}},
-        {"metadata": {"uid": UID, "deletionTimestamp": "2024-01-01T00:00:00Z"}},
         {"spec": {"nodeName": "n2"}},
     ):
         assert handoff_abandoned({**ONE_POD, **change}, progress, NODE), change
+    # kubelet admits a pod it has not seen before it stops it: one being deleted may still ask
+    deleting = {**ONE_POD["metadata"], "deletionTimestamp": "2024-01-01T00:00:00Z"}
+    assert not handoff_abandoned({**ONE_POD, "metadata": deleting}, progress, NODE)
+    assert not handoff_abandoned({**ONE_POD, "status": {"phase": "Unknown"}}, progress, NODE)
