@@ -6,7 +6,8 @@ its assignment for its next GPU container, or refuse with a reason a person can 
 
 Guarantees (each one unit-tested with plain data):
 - An ``Allocation`` is returned only for the lock's holder, bound to this node, whose UID and
-  token equal the Lease's, whose pod annotation equals the Lease's copy of the assignment, whose
+  token equal the Lease's, that is still in the handoff (``handoff.holder``: neither finished
+  nor admitted by kubelet), whose pod annotation equals the Lease's copy of the assignment, whose
   spec requests exactly the assigned counts, and only for its next unserved GPU container (init
   containers first, then containers, in spec order) with kubelet's request of the same size.
   What it serves is always the Lease's copy (written only by the extender), in assignment order.
@@ -29,7 +30,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from handoff.holder import holder_status
+from handoff.holder import HolderState
+from handoff.holder import holder_status as handoff_status
 from handoff.wire import (
     DEFAULT_RESOURCE,
     MAX_DEVICES_PER_CONTAINER,
@@ -75,6 +77,7 @@ class RefusalKind(StrEnum):
     COUNT_MISMATCH = "count-mismatch"
     UNHEALTHY = "unhealthy"
     DEVICES_MISMATCH = "devices-mismatch"
+    LEFT_HANDOFF = "left-handoff"  # the Lease names a holder kubelet rejected or admitted
     UNAVAILABLE = "unavailable"  # the API server could not be read (not decided here)
     INTERNAL = "internal"  # the plugin could not record its progress (not decided here)
 
@@ -262,6 +265,16 @@ def _verify(
         )
     name = _pod_name(pod)
     bound = str((pod.get("spec") or {}).get("nodeName") or "")
+    where = handoff_status(pod, uid=holder.uid, node=node)
+    if where.state is HolderState.FINISHED or where.state is HolderState.ADMITTED:
+        # kubelet is done with the holder: the pod asking now is another one.  The view may be
+        # stale (a takeover while the watch reconnected); the caller re-reads it.  The lock is
+        # not released here: whoever holds it now is not known from this view.
+        return Refusal(
+            RefusalKind.LEFT_HANDOFF,
+            f"node {node}: lock holder {name} left the handoff ({where.why}); kubelet is "
+            "admitting another pod",
+        )
     if not bound:
         return Refusal(RefusalKind.NOT_BOUND, f"pod {name}: not bound yet (node {node})")
     if bound != node:
@@ -460,7 +473,7 @@ def handoff_abandoned(pod: PodJSON | None, progress: HandoffProgress, node: Node
     Pending on this node and not admitted may yet ask (kubelet restarted mid-admission, or it
     admits a pod being deleted before stopping it), and so may one of phase Unknown: False.
     """
-    return not holder_status(pod, uid=progress.uid, node=node).in_handoff
+    return not handoff_status(pod, uid=progress.uid, node=node).in_handoff
 
 
 def known_devices(devices: Collection[DeviceID]) -> dict[DeviceID, bool]:

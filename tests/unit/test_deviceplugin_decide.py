@@ -471,3 +471,36 @@ def test_interrupted_handoff_is_abandoned_unless_still_pending_here() -> None:
     deleting = {**ONE_POD["metadata"], "deletionTimestamp": "2024-01-01T00:00:00Z"}
     assert not handoff_abandoned({**ONE_POD, "metadata": deleting}, progress, NODE)
     assert not handoff_abandoned({**ONE_POD, "status": {"phase": "Unknown"}}, progress, NODE)
+
+
+# -- a holder that left the handoff (a stale Lease view after a takeover) ------------------------
+
+STARTED = {"name": "main", "state": {"running": {}}, "containerID": "containerd://abc"}
+LEFT_HANDOFF = [
+    ("rejected by kubelet", {"phase": "Failed", "reason": "UnexpectedAdmissionError"}),
+    ("evicted", {"phase": "Failed", "reason": "Evicted"}),
+    ("completed", {"phase": "Succeeded"}),
+    ("running", {"phase": "Running"}),
+    ("a started container", {"phase": "Pending", "containerStatuses": [STARTED]}),
+    ("a waiting container", {"phase": "Pending", "containerStatuses": [{"name": "main"}]}),
+]
+
+
+@pytest.mark.parametrize("status", [s for _, s in LEFT_HANDOFF], ids=[n for n, _ in LEFT_HANDOFF])
+def test_a_holder_that_left_the_handoff_is_not_served_nor_released(status: dict[str, Any]) -> None:
+    """S2: a view of the Lease that still names a holder kubelet rejected (or admitted) must not
+    serve that holder's devices to whatever pod kubelet admits now (the lock may have been taken
+    over while the watch was reconnecting); the lock is not the plugin's to release."""
+    finished = {**ONE_POD, "status": status}
+    r = refused(decide_allocate(lease(ONE), finished, ids(3), None, CTX), RefusalKind.LEFT_HANDOFF)
+    assert r.release is None
+    assert "ns/p" in r.message
+    pref = decide_preferred(lease(ONE), finished, ids(3, 4), [], 1, None, CTX)
+    assert not pref.hit
+    assert "left the handoff" in pref.reason
+
+
+def test_a_holder_being_deleted_but_not_admitted_is_still_served() -> None:
+    """kubelet admits a pod it has not seen before it stops it; its devices are still its own."""
+    meta = {**ONE_POD["metadata"], "deletionTimestamp": "2024-01-01T00:00:00Z"}
+    served(decide_allocate(lease(ONE), {**ONE_POD, "metadata": meta}, ids(3), None, CTX))
