@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.decide import HandoffProgress
-from handoff.wire import ContainerName
+from handoff.wire import ContainerName, DeviceID, valid_device_id
 from lockd.model import FencingToken, Holder, HolderKey, NodeName, Outcome
 
 VERSION = 1
@@ -81,6 +81,7 @@ def to_json(cp: Checkpoint) -> dict[str, Any]:
             "uid": cp.progress.uid,
             "token": cp.progress.token,
             "served": list(cp.progress.served),
+            "given": [list(ids) for ids in cp.progress.given],
         }
     return {
         "version": VERSION,
@@ -105,11 +106,21 @@ def from_json(raw: Any, node: NodeName) -> Checkpoint:
         served = p["served"]
         if not isinstance(served, list) or not all(isinstance(c, str) for c in served):
             raise ValueError("progress.served must be a list of container names")
+        given = p.get("given") or []  # absent in checkpoints written before it was kept
+        if (
+            not isinstance(given, list)
+            or len(given) > len(served)
+            or not all(isinstance(g, list) and all(valid_device_id(d) for d in g) for g in given)
+        ):
+            raise ValueError(
+                "progress.given must be a list (one per served container) of device ID lists"
+            )
         progress = HandoffProgress(
             holder=HolderKey(str(p["holder"])),
             uid=str(p["uid"]),
             token=FencingToken(_int(p["token"])),
             served=tuple(ContainerName(c) for c in served),
+            given=tuple(tuple(DeviceID(d) for d in g) for g in given),
         )
     pending = tuple(
         PendingRelease(

@@ -90,9 +90,16 @@ class HandoffProgress:
     uid: str
     token: FencingToken
     served: tuple[ContainerName, ...] = ()
+    # the devices each served container was given, parallel to ``served``; a container without
+    # an entry (a checkpoint written before this was kept) was given its own assignment
+    given: tuple[tuple[DeviceID, ...], ...] = ()
 
     def same_handoff(self, holder: Holder, token: FencingToken) -> bool:
         return self.uid == holder.uid and self.token == token and self.holder == holder.key
+
+    def devices_of(self, index: int) -> tuple[DeviceID, ...] | None:
+        """What served container ``index`` was given, when recorded."""
+        return self.given[index] if index < len(self.given) else None
 
 
 @dataclass(frozen=True)
@@ -136,10 +143,43 @@ class _Plan:
     order: tuple[tuple[ContainerName, tuple[DeviceID, ...]], ...]
     progress: HandoffProgress
     next_index: int  # index into order of the next container to serve
+    reusing: frozenset[ContainerName] = frozenset()  # init containers whose devices are reused
 
     @property
     def next(self) -> tuple[ContainerName, tuple[DeviceID, ...]] | None:
         return self.order[self.next_index] if self.next_index < len(self.order) else None
+
+    def pool(self) -> tuple[DeviceID, ...]:
+        """The pod's devices not held by a served app container or sidecar, assignment order.
+
+        kubelet gives a container devices from the pod's reuse pool (what its non-restartable
+        init containers had) first, in its own order and without GetPreferredAllocation, and
+        the rest from the free devices; app containers and sidecars keep theirs.  So any
+        container may be given any devices of this pool, and no two containers that run at the
+        same time share one.
+        """
+        assigned = dict(self.order)
+        held: set[DeviceID] = set()
+        for i, container in enumerate(self.progress.served):
+            if container in self.reusing:
+                continue
+            given = self.progress.devices_of(i)
+            held.update(given if given is not None else assigned.get(container, ()))
+        out: list[DeviceID] = []
+        for _, ids in self.order:
+            out.extend(d for d in ids if d not in held and d not in out)
+        return tuple(out)
+
+    def expected(self) -> tuple[DeviceID, ...]:
+        """What the next container should get: its own assigned devices that are still in the
+        pool first, then other pool devices (assignment order); shorter than its count only
+        when the pool ran out."""
+        nxt = self.next
+        if nxt is None:
+            return ()
+        pool = self.pool()
+        own = [d for d in nxt[1] if d in pool]
+        return tuple([*own, *(d for d in pool if d not in own)][: len(nxt[1])])
 
 
 @dataclass(frozen=True)
@@ -186,6 +226,17 @@ def gpu_containers(pod: PodJSON, resource: str) -> list[tuple[ContainerName, int
             if int(text) > 0:
                 out.append((ContainerName(str(container.get("name", ""))), int(text)))
     return out
+
+
+def reusing_init_containers(pod: PodJSON) -> frozenset[ContainerName]:
+    """The pod's non-restartable init containers: kubelet puts their devices in the pod's reuse
+    pool for later containers (a restartable init container, a sidecar, keeps its own)."""
+    spec = pod.get("spec") or {}
+    return frozenset(
+        ContainerName(str(c.get("name", "")))
+        for c in spec.get("initContainers") or []
+        if c.get("restartPolicy") != "Always"
+    )
 
 
 def check_request(
@@ -312,8 +363,9 @@ def _verify(
     if isinstance(plan, Refusal):
         return Refusal(plan.kind, plan.message, release)
     served: tuple[ContainerName, ...] = ()
+    given: tuple[tuple[DeviceID, ...], ...] = ()
     if progress is not None and progress.same_handoff(holder, token):
-        served = progress.served
+        served, given = progress.served, progress.given
     done = set(served)
     next_index = next((i for i, (c, _) in enumerate(plan) if c not in done), len(plan))
     return _Plan(
@@ -321,8 +373,9 @@ def _verify(
         token=token,
         pod=name,
         order=tuple(plan),
-        progress=HandoffProgress(holder.key, holder.uid, token, served),
+        progress=HandoffProgress(holder.key, holder.uid, token, served, given),
         next_index=next_index,
+        reusing=reusing_init_containers(pod),
     )
 
 
@@ -355,6 +408,13 @@ def _order(
         out.append((container, tuple(ids)))
     if not out:
         return Refusal(RefusalKind.SPEC_MISMATCH, f"{where}: no container requests {ctx.resource}")
+    shared = _shared_while_running(out, reusing_init_containers(pod))
+    if shared:
+        return Refusal(
+            RefusalKind.SPEC_MISMATCH,
+            f"{where}: the assignment gives containers that run at the same time the same "
+            f"devices: {shared}",
+        )
     unknown = sorted({d for _, ids in out for d in ids if d not in ctx.devices})
     if unknown:
         return Refusal(
@@ -362,6 +422,23 @@ def _order(
             f"{where}: assigned devices this node does not have: {unknown}",
         )
     return out
+
+
+def _shared_while_running(
+    order: Sequence[tuple[ContainerName, tuple[DeviceID, ...]]], reusing: Collection[ContainerName]
+) -> list[str]:
+    """Devices an assignment gives two containers that kubelet runs side by side: app containers
+    and sidecars keep theirs for the pod's life; an init container runs alongside the sidecars
+    started before it."""
+    kept: dict[DeviceID, ContainerName] = {}
+    problems: list[str] = []
+    for container, ids in order:
+        for dev in ids:
+            if dev in kept:
+                problems.append(f"{dev} ({kept[dev]} and {container})")
+        if container not in reusing:
+            kept.update(dict.fromkeys(ids, container))
+    return problems
 
 
 def decide_allocate(
@@ -389,35 +466,49 @@ def decide_allocate(
             f"{where}: every GPU container ({[c for c, _ in plan.order]}) was already served; "
             "kubelet asked for one more",
         )
-    container, devices = nxt
-    if len(requested) != len(devices):
+    container, assigned = nxt
+    if len(requested) != len(assigned):
         return Refusal(
             RefusalKind.COUNT_MISMATCH,
             f"{where}: kubelet asks for {len(requested)} devices but the next GPU container "
-            f"{container!r} is assigned {len(devices)}",
+            f"{container!r} is assigned {len(assigned)}",
         )
+    pool = plan.pool()
+    differs = not set(requested) <= set(pool)
+    # kubelet's pick from the pod's own devices (init container reuse) is served as it is
+    devices = plan.expected() if differs else tuple(d for d in pool if d in set(requested))
     sick = [d for d in devices if not ctx.devices.get(d, False)]
     if sick:
         return Refusal(
             RefusalKind.UNHEALTHY,
             f"{where}: container {container!r} is assigned unhealthy devices {sick}",
         )
-    differs = set(requested) != set(devices)
-    if differs and policy is MismatchPolicy.REFUSE:
+    if differs and (policy is MismatchPolicy.REFUSE or len(devices) != len(assigned)):
         return Refusal(
             RefusalKind.DEVICES_MISMATCH,
             f"{where}: kubelet chose {sorted(requested)} for container {container!r} but the "
-            f"assignment is {list(devices)}",
+            f"assignment is {list(assigned)} and the pod's devices not held by its other "
+            f"containers are {list(pool)}",
         )
     served = (*plan.progress.served, container)
+    given = (*_given(plan), devices)
     return Allocation(
         holder=plan.holder,
         token=plan.token,
         container=container,
         devices=devices,
-        progress=HandoffProgress(plan.holder.key, plan.holder.uid, plan.token, served),
+        progress=HandoffProgress(plan.holder.key, plan.holder.uid, plan.token, served, given),
         last=plan.next_index + 1 == len(plan.order),
         kubelet_differs=differs,
+    )
+
+
+def _given(plan: _Plan) -> tuple[tuple[DeviceID, ...], ...]:
+    """The devices of every served container, filled in from the assignment where unrecorded."""
+    assigned = dict(plan.order)
+    return tuple(
+        g if (g := plan.progress.devices_of(i)) is not None else tuple(assigned.get(c, ()))
+        for i, c in enumerate(plan.progress.served)
     )
 
 
@@ -443,14 +534,27 @@ def decide_preferred(
     elif plan.next is None:
         reason = f"every GPU container of {plan.pod} was already served"
     else:
-        container, devices = plan.next
+        container, assigned = plan.next
+        pool = plan.pool()
         offered = set(available) | set(must_include)
-        if len(devices) != size:
-            reason = f"asked for {size} devices, container {container!r} is assigned {len(devices)}"
-        elif not set(devices) <= offered:
-            reason = f"assigned devices {sorted(set(devices) - offered)} are not available"
+        outside = sorted(set(must_include) - set(pool))
+        # kubelet already took ``must_include`` from the pod's reuse pool; fill up from the pool
+        choice = [d for d in pool if d in set(must_include)]
+        choice += [d for d in plan.expected() if d in offered and d not in choice]
+        choice += [d for d in pool if d in offered and d not in choice]
+        if len(assigned) != size:
+            reason = (
+                f"asked for {size} devices, container {container!r} is assigned {len(assigned)}"
+            )
+        elif outside:
+            reason = f"kubelet must include {outside}, which are not the pod's devices to reuse"
+        elif len(choice) < size:
+            reason = (
+                f"the pod's devices {list(pool)} not held by its other containers are not "
+                f"available (available: {sorted(offered)})"
+            )
         else:
-            return Preference(devices=devices, hit=True)
+            return Preference(devices=tuple(choice[:size]), hit=True)
     return Preference(devices=hint(available, must_include, size), hit=False, reason=reason)
 
 
