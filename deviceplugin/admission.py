@@ -48,6 +48,7 @@ from deviceplugin.decide import (
 )
 from deviceplugin.devices import DeviceState
 from deviceplugin.metrics import PluginMetrics, ReleaseResult
+from deviceplugin.podwatch import NodePods
 from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
 from lockd import failpoints
 from lockd.errors import ApiError, ApiUnavailable, LockLost, NotFound, StaleToken
@@ -58,6 +59,7 @@ from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView,
 API_RETRY_S = 30.0  # how long a read may keep failing (API server restart) before refusing
 RELEASE_INLINE_S = 5.0  # how long Allocate waits for its release before leaving it to the retrier
 RELEASE_BACKOFF_S = (0.2, 10.0)
+SERVED_PODS_KEPT = 256  # pods served here that are not counted as bystanders (docs: "Limits")
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -90,6 +92,7 @@ class Admission:
         policy: MismatchPolicy = MismatchPolicy.REFUSE,
         mode: DeviceMode = DeviceMode.DEVICE_NODES,
         api_retry_s: float = API_RETRY_S,
+        pods: NodePods | None = None,
     ) -> None:
         self.node = node
         self._kube = kube
@@ -106,6 +109,8 @@ class Admission:
         self._lock = asyncio.Lock()
         self._cp = Checkpoint(node)
         self._pod_cache: tuple[tuple[HolderKey, str, FencingToken], PodJSON] | None = None
+        self._pods = pods
+        self._served_uids: dict[str, None] = {}  # pods served here, newest last (bounded)
         self._pending_changed = asyncio.Event()
 
     # -- state ----------------------------------------------------------------------------------
@@ -229,7 +234,27 @@ class Admission:
         # the pod is read anew for every Allocate (not taken from GetPreferredAllocation's read),
         # so an edit of its assignment after binding is seen and refused
         pod = await self._holder_pod(view, fresh=True)
-        return decide_allocate(view, pod, ids, self._cp.progress, ctx, policy=self._policy)
+        bound_here: list[PodJSON] = []
+        if self._pods is not None and self._pods.synced:
+            bound_here = self._pods.pods()
+        return decide_allocate(
+            view,
+            pod,
+            ids,
+            self._cp.progress,
+            ctx,
+            policy=self._policy,
+            bound_here=bound_here,
+            served_pods=self._served(),
+        )
+
+    def _served(self) -> set[str]:
+        """UIDs of pods this plugin served: kubelet may not have written their statuses yet."""
+        uids = set(self._served_uids)
+        uids.update(p.uid for p in self._cp.pending)
+        if self._cp.progress is not None:
+            uids.add(self._cp.progress.uid)
+        return uids
 
     async def _interrupted(
         self, ids: Sequence[DeviceID], ctx: Context, refusal: Refusal
@@ -260,6 +285,9 @@ class Admission:
         except OSError as exc:
             await self._reject((alloc.holder, alloc.token))
             return self._checkpoint_refusal(exc)
+        self._served_uids[alloc.holder.uid] = None
+        while len(self._served_uids) > SERVED_PODS_KEPT:
+            del self._served_uids[next(iter(self._served_uids))]
         failpoints.hit("allocate.after-checkpoint")  # e2e: a plugin crash mid-handoff
         if alloc.kubelet_differs:
             log.warning(

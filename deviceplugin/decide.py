@@ -18,9 +18,11 @@ Guarantees (each one unit-tested with plain data):
   leave the lock alone.
 - Nothing here does I/O, reads a clock or keeps state.
 
-Not guaranteed: that the pod kubelet is admitting *is* the holder.  kubelet does not say; a GPU
-pod that bypassed the extender and asks for the same count at the same moment is
-indistinguishable (docs/deviceplugin.md, "Limits").
+- While another GPU pod is bound to this node, Pending and not admitted (and not served by this
+  plugin), nothing is served (``bystanders``): kubelet may be admitting that pod.
+
+Not guaranteed: that the pod kubelet is admitting *is* the holder when the caller's view of the
+node's pods lags (a pod bound around the extender a moment ago) — docs/deviceplugin.md, "Limits".
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class RefusalKind(StrEnum):
     UNHEALTHY = "unhealthy"
     DEVICES_MISMATCH = "devices-mismatch"
     LEFT_HANDOFF = "left-handoff"  # the Lease names a holder kubelet rejected or admitted
+    AMBIGUOUS = "ambiguous"  # another GPU pod bound here may be the one kubelet admits
     UNAVAILABLE = "unavailable"  # the API server could not be read (not decided here)
     INTERNAL = "internal"  # the plugin could not record its progress (not decided here)
 
@@ -449,11 +452,16 @@ def decide_allocate(
     ctx: Context,
     *,
     policy: MismatchPolicy = MismatchPolicy.REFUSE,
+    bound_here: Sequence[PodJSON] = (),
+    served_pods: Collection[str] = (),
 ) -> Allocation | Refusal:
     """Answer kubelet's Allocate for one container that asked for ``requested``.
 
     ``view`` is the node's lock, ``pod`` the lock holder's pod as read from the API server (None
     when it was not found), ``progress`` the checkpointed progress of the current handoff.
+    ``bound_here`` are the pods bound to this node (from a watch) and ``served_pods`` the UIDs
+    of pods this plugin already served: while another GPU pod is bound here, Pending and not
+    admitted, the call is refused without a release (``bystanders``).
     """
     plan = _verify(view, pod, progress, ctx)
     if isinstance(plan, Refusal):
@@ -490,6 +498,15 @@ def decide_allocate(
             f"assignment is {list(assigned)} and the pod's devices not held by its other "
             f"containers are {list(pool)}",
         )
+    others = bystanders(bound_here, plan.holder.uid, served_pods, ctx)
+    if others:
+        return Refusal(
+            RefusalKind.AMBIGUOUS,
+            f"{where}: kubelet may be admitting another GPU pod bound to this node without the "
+            f"node lock ({', '.join(others)}); refusing rather than guessing which pod gets "
+            f"{plan.pod}'s devices. GPU pods on this node must be bound by the nodelock "
+            "scheduler extender",
+        )
     served = (*plan.progress.served, container)
     given = (*_given(plan), devices)
     return Allocation(
@@ -501,6 +518,31 @@ def decide_allocate(
         last=plan.next_index + 1 == len(plan.order),
         kubelet_differs=differs,
     )
+
+
+def bystanders(
+    bound_here: Sequence[PodJSON], holder_uid: str, served_pods: Collection[str], ctx: Context
+) -> list[str]:
+    """The pods (``namespace/name (uid …)``) that make an Allocate call ambiguous: bound to this
+    node, not the lock holder, asking for ``ctx.resource``, not served by this plugin, and still
+    in handoff by ``handoff.holder`` (Pending here, not admitted; being deleted included, as
+    kubelet admits such a pod before stopping it).  kubelet does not say which pod it admits;
+    extender-bound pods never wait bound here beside the holder (the lock serializes binds), so
+    such a pod was bound around the extender."""
+    out: list[str] = []
+    for other in bound_here:
+        meta = other.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid or uid == holder_uid or uid in served_pods:
+            continue
+        try:
+            if not gpu_containers(other, ctx.resource):
+                continue
+        except ValueError:
+            pass  # a count kubelet cannot parse: it asks for something; stay on the safe side
+        if handoff_status(other, uid=uid, node=ctx.node).in_handoff:
+            out.append(_pod_name(other))
+    return sorted(out)
 
 
 def _given(plan: _Plan) -> tuple[tuple[DeviceID, ...], ...]:

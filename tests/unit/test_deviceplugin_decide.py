@@ -597,3 +597,67 @@ def test_an_assignment_sharing_a_device_between_app_containers_is_rejected() -> 
     p = pod(a, containers=[container("c0", 1), container("c1", 1)])
     r = refused(decide_allocate(lease(a), p, ids(0), None, CTX), RefusalKind.SPEC_MISMATCH)
     assert r.release is not None
+
+
+# -- a GPU pod bound around the extender beside the holder (hole 1b) -----------------------------
+
+
+def bypass(
+    name: str = "sneaky", *, gpus: int | None = 1, uid: str = "uid-x", **status: Any
+) -> dict[str, Any]:
+    """A pod bound to this node by hand: no lock, no assignment."""
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": uid},
+        "spec": {"nodeName": NODE, "containers": [container("c", gpus)]},
+        "status": {"phase": "Pending", **status},
+    }
+
+
+def test_another_pending_gpu_pod_bound_here_makes_allocate_ambiguous() -> None:
+    """kubelet may be admitting the other pod with the holder's count: refuse, keep the lock."""
+    r = refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=[ONE_POD, bypass()]),
+        RefusalKind.AMBIGUOUS,
+    )
+    assert r.release is None
+    assert "ns/sneaky (uid uid-x)" in r.message
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        bypass(gpus=None),  # asks for no GPU
+        bypass(gpus=0),
+        bypass(phase="Running"),  # admitted
+        bypass(containerStatuses=[{"name": "c", "state": {"waiting": {}}}]),  # admitted
+        bypass(phase="Failed"),  # rejected
+        {**bypass(), "spec": {"nodeName": "n2", "containers": [container("c", 1)]}},
+    ],
+    ids=["no-gpu", "zero-gpus", "running", "waiting", "failed", "elsewhere"],
+)
+def test_pods_that_cannot_be_admitted_for_gpus_now_are_no_bystanders(other: dict[str, Any]) -> None:
+    served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=[ONE_POD, other]))
+
+
+def test_a_pod_this_plugin_served_is_no_bystander() -> None:
+    """The previous holder, served a moment ago, is Pending until kubelet writes its statuses."""
+    done = bypass("previous", uid="uid-prev")
+    bound = [ONE_POD, done]
+    refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=bound),
+        RefusalKind.AMBIGUOUS,
+    )
+    served(
+        decide_allocate(
+            lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=bound, served_pods={"uid-prev"}
+        )
+    )
+
+
+def test_a_pod_being_deleted_before_admission_is_a_bystander() -> None:
+    meta = {**bypass()["metadata"], "deletionTimestamp": "2024-01-01T00:00:00Z"}
+    other = {**bypass(), "metadata": meta}
+    refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=[other]),
+        RefusalKind.AMBIGUOUS,
+    )
