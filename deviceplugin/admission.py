@@ -59,7 +59,6 @@ from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView,
 API_RETRY_S = 30.0  # how long a read may keep failing (API server restart) before refusing
 RELEASE_INLINE_S = 5.0  # how long Allocate waits for its release before leaving it to the retrier
 RELEASE_BACKOFF_S = (0.2, 10.0)
-SERVED_PODS_KEPT = 256  # pods served here that are not counted as bystanders (docs: "Limits")
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -110,7 +109,6 @@ class Admission:
         self._cp = Checkpoint(node)
         self._pod_cache: tuple[tuple[HolderKey, str, FencingToken], PodJSON] | None = None
         self._pods = pods
-        self._served_uids: dict[str, None] = {}  # pods served here, newest last (bounded)
         self._pending_changed = asyncio.Event()
 
     # -- state ----------------------------------------------------------------------------------
@@ -250,7 +248,7 @@ class Admission:
 
     def _served(self) -> set[str]:
         """UIDs of pods this plugin served: kubelet may not have written their statuses yet."""
-        uids = set(self._served_uids)
+        uids = set(self._cp.served_pods)
         uids.update(p.uid for p in self._cp.pending)
         if self._cp.progress is not None:
             uids.add(self._cp.progress.uid)
@@ -276,6 +274,7 @@ class Admission:
 
     async def _serve(self, alloc: Allocation) -> tuple[Allocation, ContainerAnswer] | Refusal:
         cp = self._cp.with_progress(None if alloc.last else alloc.progress)
+        cp = cp.with_served(alloc.holder.uid)
         pending = None
         if alloc.last:
             pending = PendingRelease.of(alloc.holder, alloc.token, Outcome.ALLOCATED)
@@ -285,9 +284,6 @@ class Admission:
         except OSError as exc:
             await self._reject((alloc.holder, alloc.token))
             return self._checkpoint_refusal(exc)
-        self._served_uids[alloc.holder.uid] = None
-        while len(self._served_uids) > SERVED_PODS_KEPT:
-            del self._served_uids[next(iter(self._served_uids))]
         failpoints.hit("allocate.after-checkpoint")  # e2e: a plugin crash mid-handoff
         if alloc.kubelet_differs:
             log.warning(
