@@ -10,7 +10,11 @@ Guarantees (each one unit-tested with plain data):
   nor admitted by kubelet), whose pod annotation equals the Lease's copy of the assignment, whose
   spec requests exactly the assigned counts, and only for its next unserved GPU container (init
   containers first, then containers, in spec order) with kubelet's request of the same size.
-  What it serves is always the Lease's copy (written only by the extender), in assignment order.
+  What it serves is always devices of the Lease's copy (written only by the extender): kubelet's
+  own pick when it lies in the pod's pool (its devices not held by an earlier app container or
+  sidecar — kubelet reuses init containers' devices in its own order), else, by policy, the
+  container's expected devices from that pool.  Containers that run at the same time never get
+  one device.
 - ``Refusal.release`` is set only when the holder pod itself can never be served: it is gone, or
   its (or its Lease's) handoff data is malformed, forged or disagrees with its spec.  Refusals
   that may concern a different pod than the holder (kubelet asks for another count or other
