@@ -55,7 +55,7 @@ async def test_each_container_gets_exactly_its_assignment(e2e: GPUCluster, shape
     assert ann["nodelock.io/last-token"] == pod["metadata"]["annotations"]["nodelock.io/token"]
 
 
-REUSE_SHAPES = {"init2-1+1": (2, [1, 1]), "init4-2+2": (4, [2, 2]), "init4-1x4": (4, [1, 1, 1, 1])}
+REUSE_SHAPES = {"i2-1-1": (2, [1, 1]), "i4-2-2": (4, [2, 2]), "i4-1-1-1-1": (4, [1, 1, 1, 1])}
 REUSE_ROUNDS = 3  # kubelet picks from the init container's devices in Go map order: repeat
 
 
