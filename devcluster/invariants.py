@@ -3,10 +3,13 @@
 Every admitted pod carries ``sim.nodelock.io/allocated``: per container, the device IDs kubelet's
 own device manager allocated and the environment our plugin answered with.  From the pods alone:
 
-- **S1** no GPU is held by two live pods on the same node (a pod's init containers may reuse
-  devices that its own app containers get, as kubelet does);
-- **S2** every container got exactly its assignment: kubelet's device IDs and the plugin's
-  ``NVIDIA_VISIBLE_DEVICES`` both equal the extender's assignment on the pod;
+- **S1** no GPU is held by two live pods on the same node, nor by two containers of one pod that
+  run at the same time (app containers and sidecars); a pod's init containers may reuse devices
+  that its own app containers get, as kubelet does;
+- **S2** every container got devices of its pod's assignment only, as many as its assignment
+  names, and the plugin served exactly kubelet's devices (``NVIDIA_VISIBLE_DEVICES`` equals
+  kubelet's device IDs).  Which of the pod's devices a container gets is kubelet's choice when
+  it reuses an init container's devices, so it may differ from the container's own entry;
 - **L1** every GPU pod was bound and admitted (Running or Succeeded).
 
 S3 (no lock left held) is checked from the Leases: ``check_locks_free``.
@@ -52,6 +55,16 @@ def _requests_gpu(pod: Mapping[str, Any], resource: str) -> bool:
     return False
 
 
+def _reusing_init_containers(pod: Mapping[str, Any]) -> set[str]:
+    """Init containers whose devices kubelet hands on to later containers (not sidecars)."""
+    spec = pod.get("spec", {})
+    return {
+        str(c.get("name"))
+        for c in spec.get("initContainers", [])
+        if c.get("restartPolicy") != "Always"
+    }
+
+
 def allocated(pod: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The simulated kubelet's record of a pod, or {} when it was not admitted with devices."""
     raw = pod.get("metadata", {}).get("annotations", {}).get(ALLOCATED)
@@ -95,16 +108,31 @@ def check_pods(
             found.s2.append(f"{key} was admitted with devices but has no valid assignment")
             assignment = {}
         devices_of_pod: set[str] = set()
+        assigned_to_pod = {d for ids in assignment.values() if isinstance(ids, list) for d in ids}
+        reusing = _reusing_init_containers(pod)
+        kept: dict[str, str] = {}  # device -> container of this pod that keeps it
         for container, seen in record.items():
             ids = sorted(seen.get("deviceIDs", []))
             want = sorted(assignment.get(container, []))
-            if ids != want:
-                found.s2.append(f"{key}/{container}: kubelet allocated {ids}, assignment {want}")
+            if not set(ids) <= assigned_to_pod or len(ids) != len(want):
+                found.s2.append(
+                    f"{key}/{container}: kubelet allocated {ids}, assignment {want} (pod: "
+                    f"{sorted(assigned_to_pod)})"
+                )
             env = seen.get("envs", {}).get("NVIDIA_VISIBLE_DEVICES", "")
             env_ids = sorted(x for x in env.split(",") if x)
-            if env_ids != want:
-                found.s2.append(f"{key}/{container}: NVIDIA_VISIBLE_DEVICES={env!r}, want {want}")
+            if env_ids != ids:
+                found.s2.append(
+                    f"{key}/{container}: NVIDIA_VISIBLE_DEVICES={env!r}, kubelet allocated {ids}"
+                )
             devices_of_pod.update(ids)
+            if container not in reusing:
+                for dev in ids:
+                    other = kept.setdefault(dev, container)
+                    if other != container:
+                        found.s1.append(
+                            f"{dev} on {node} is held by both {key}/{other} and {key}/{container}"
+                        )
         if phase == "Succeeded":
             continue  # its devices are free again
         for dev in devices_of_pod:

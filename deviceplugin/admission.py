@@ -48,6 +48,7 @@ from deviceplugin.decide import (
 )
 from deviceplugin.devices import DeviceState
 from deviceplugin.metrics import PluginMetrics, ReleaseResult
+from deviceplugin.podwatch import NodePods
 from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
 from lockd import failpoints
 from lockd.errors import ApiError, ApiUnavailable, LockLost, NotFound, StaleToken
@@ -90,6 +91,7 @@ class Admission:
         policy: MismatchPolicy = MismatchPolicy.REFUSE,
         mode: DeviceMode = DeviceMode.DEVICE_NODES,
         api_retry_s: float = API_RETRY_S,
+        pods: NodePods | None = None,
     ) -> None:
         self.node = node
         self._kube = kube
@@ -106,6 +108,7 @@ class Admission:
         self._lock = asyncio.Lock()
         self._cp = Checkpoint(node)
         self._pod_cache: tuple[tuple[HolderKey, str, FencingToken], PodJSON] | None = None
+        self._pods = pods
         self._pending_changed = asyncio.Event()
 
     # -- state ----------------------------------------------------------------------------------
@@ -229,7 +232,27 @@ class Admission:
         # the pod is read anew for every Allocate (not taken from GetPreferredAllocation's read),
         # so an edit of its assignment after binding is seen and refused
         pod = await self._holder_pod(view, fresh=True)
-        return decide_allocate(view, pod, ids, self._cp.progress, ctx, policy=self._policy)
+        bound_here: list[PodJSON] = []
+        if self._pods is not None and self._pods.synced:
+            bound_here = self._pods.pods()
+        return decide_allocate(
+            view,
+            pod,
+            ids,
+            self._cp.progress,
+            ctx,
+            policy=self._policy,
+            bound_here=bound_here,
+            served_pods=self._served(),
+        )
+
+    def _served(self) -> set[str]:
+        """UIDs of pods this plugin served: kubelet may not have written their statuses yet."""
+        uids = set(self._cp.served_pods)
+        uids.update(p.uid for p in self._cp.pending)
+        if self._cp.progress is not None:
+            uids.add(self._cp.progress.uid)
+        return uids
 
     async def _interrupted(
         self, ids: Sequence[DeviceID], ctx: Context, refusal: Refusal
@@ -251,6 +274,7 @@ class Admission:
 
     async def _serve(self, alloc: Allocation) -> tuple[Allocation, ContainerAnswer] | Refusal:
         cp = self._cp.with_progress(None if alloc.last else alloc.progress)
+        cp = cp.with_served(alloc.holder.uid)
         pending = None
         if alloc.last:
             pending = PendingRelease.of(alloc.holder, alloc.token, Outcome.ALLOCATED)

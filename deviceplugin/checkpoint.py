@@ -16,15 +16,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from deviceplugin.decide import HandoffProgress
-from handoff.wire import ContainerName
+from handoff.wire import ContainerName, DeviceID, valid_device_id
 from lockd.model import FencingToken, Holder, HolderKey, NodeName, Outcome
 
 VERSION = 1
+SERVED_PODS_KEPT = 64  # UIDs of the pods served most recently (their statuses may still lag)
 
 
 class CheckpointError(Exception):
@@ -54,18 +55,22 @@ class Checkpoint:
     node: NodeName
     progress: HandoffProgress | None = None
     pending: tuple[PendingRelease, ...] = ()
+    served_pods: tuple[str, ...] = ()  # UIDs, oldest first, at most SERVED_PODS_KEPT
 
     def with_pending(self, release: PendingRelease) -> Checkpoint:
         kept = tuple(p for p in self.pending if p.token != release.token)
-        return Checkpoint(self.node, self.progress, (*kept, release))
+        return replace(self, pending=(*kept, release))
 
     def without_pending(self, token: FencingToken) -> Checkpoint:
-        return Checkpoint(
-            self.node, self.progress, tuple(p for p in self.pending if p.token != token)
-        )
+        return replace(self, pending=tuple(p for p in self.pending if p.token != token))
 
     def with_progress(self, progress: HandoffProgress | None) -> Checkpoint:
-        return Checkpoint(self.node, progress, self.pending)
+        return replace(self, progress=progress)
+
+    def with_served(self, uid: str) -> Checkpoint:
+        """Remember that a container of pod ``uid`` was served (bounded, newest last)."""
+        kept = tuple(u for u in self.served_pods if u != uid)
+        return replace(self, served_pods=(*kept, uid)[-SERVED_PODS_KEPT:])
 
 
 def checkpoint_path(state_dir: Path, node: NodeName) -> Path:
@@ -81,6 +86,7 @@ def to_json(cp: Checkpoint) -> dict[str, Any]:
             "uid": cp.progress.uid,
             "token": cp.progress.token,
             "served": list(cp.progress.served),
+            "given": [list(ids) for ids in cp.progress.given],
         }
     return {
         "version": VERSION,
@@ -90,6 +96,7 @@ def to_json(cp: Checkpoint) -> dict[str, Any]:
             {"holder": p.holder, "uid": p.uid, "token": p.token, "outcome": p.outcome.value}
             for p in cp.pending
         ],
+        "served_pods": list(cp.served_pods),
     }
 
 
@@ -105,11 +112,21 @@ def from_json(raw: Any, node: NodeName) -> Checkpoint:
         served = p["served"]
         if not isinstance(served, list) or not all(isinstance(c, str) for c in served):
             raise ValueError("progress.served must be a list of container names")
+        given = p.get("given") or []  # absent in checkpoints written before it was kept
+        if (
+            not isinstance(given, list)
+            or len(given) > len(served)
+            or not all(isinstance(g, list) and all(valid_device_id(d) for d in g) for g in given)
+        ):
+            raise ValueError(
+                "progress.given must be a list (one per served container) of device ID lists"
+            )
         progress = HandoffProgress(
             holder=HolderKey(str(p["holder"])),
             uid=str(p["uid"]),
             token=FencingToken(_int(p["token"])),
             served=tuple(ContainerName(c) for c in served),
+            given=tuple(tuple(DeviceID(d) for d in g) for g in given),
         )
     pending = tuple(
         PendingRelease(
@@ -120,7 +137,10 @@ def from_json(raw: Any, node: NodeName) -> Checkpoint:
         )
         for r in raw.get("pending") or []
     )
-    return Checkpoint(node, progress, pending)
+    served_pods = raw.get("served_pods") or []  # absent in files written before it was kept
+    if not isinstance(served_pods, list) or not all(isinstance(u, str) for u in served_pods):
+        raise ValueError("served_pods must be a list of pod UIDs")
+    return Checkpoint(node, progress, pending, tuple(served_pods[-SERVED_PODS_KEPT:]))
 
 
 def _int(value: Any) -> int:

@@ -6,10 +6,15 @@ its assignment for its next GPU container, or refuse with a reason a person can 
 
 Guarantees (each one unit-tested with plain data):
 - An ``Allocation`` is returned only for the lock's holder, bound to this node, whose UID and
-  token equal the Lease's, whose pod annotation equals the Lease's copy of the assignment, whose
+  token equal the Lease's, that is still in the handoff (``handoff.holder``: neither finished
+  nor admitted by kubelet), whose pod annotation equals the Lease's copy of the assignment, whose
   spec requests exactly the assigned counts, and only for its next unserved GPU container (init
   containers first, then containers, in spec order) with kubelet's request of the same size.
-  What it serves is always the Lease's copy (written only by the extender), in assignment order.
+  What it serves is always devices of the Lease's copy (written only by the extender): kubelet's
+  own pick when it lies in the pod's pool (its devices not held by an earlier app container or
+  sidecar — kubelet reuses init containers' devices in its own order), else, by policy, the
+  container's expected devices from that pool.  Containers that run at the same time never get
+  one device.
 - ``Refusal.release`` is set only when the holder pod itself can never be served: it is gone, or
   its (or its Lease's) handoff data is malformed, forged or disagrees with its spec.  Refusals
   that may concern a different pod than the holder (kubelet asks for another count or other
@@ -17,9 +22,11 @@ Guarantees (each one unit-tested with plain data):
   leave the lock alone.
 - Nothing here does I/O, reads a clock or keeps state.
 
-Not guaranteed: that the pod kubelet is admitting *is* the holder.  kubelet does not say; a GPU
-pod that bypassed the extender and asks for the same count at the same moment is
-indistinguishable (docs/deviceplugin.md, "Limits").
+- While another GPU pod is bound to this node, Pending and not admitted (and not served by this
+  plugin), nothing is served (``bystanders``): kubelet may be admitting that pod.
+
+Not guaranteed: that the pod kubelet is admitting *is* the holder when the caller's view of the
+node's pods lags (a pod bound around the extender a moment ago) — docs/deviceplugin.md, "Limits".
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from handoff.holder import HolderState
+from handoff.holder import holder_status as handoff_status
 from handoff.wire import (
     DEFAULT_RESOURCE,
     MAX_DEVICES_PER_CONTAINER,
@@ -74,6 +83,8 @@ class RefusalKind(StrEnum):
     COUNT_MISMATCH = "count-mismatch"
     UNHEALTHY = "unhealthy"
     DEVICES_MISMATCH = "devices-mismatch"
+    LEFT_HANDOFF = "left-handoff"  # the Lease names a holder kubelet rejected or admitted
+    AMBIGUOUS = "ambiguous"  # another GPU pod bound here may be the one kubelet admits
     UNAVAILABLE = "unavailable"  # the API server could not be read (not decided here)
     INTERNAL = "internal"  # the plugin could not record its progress (not decided here)
 
@@ -86,9 +97,16 @@ class HandoffProgress:
     uid: str
     token: FencingToken
     served: tuple[ContainerName, ...] = ()
+    # the devices each served container was given, parallel to ``served``; a container without
+    # an entry (a checkpoint written before this was kept) was given its own assignment
+    given: tuple[tuple[DeviceID, ...], ...] = ()
 
     def same_handoff(self, holder: Holder, token: FencingToken) -> bool:
         return self.uid == holder.uid and self.token == token and self.holder == holder.key
+
+    def devices_of(self, index: int) -> tuple[DeviceID, ...] | None:
+        """What served container ``index`` was given, when recorded."""
+        return self.given[index] if index < len(self.given) else None
 
 
 @dataclass(frozen=True)
@@ -132,10 +150,43 @@ class _Plan:
     order: tuple[tuple[ContainerName, tuple[DeviceID, ...]], ...]
     progress: HandoffProgress
     next_index: int  # index into order of the next container to serve
+    reusing: frozenset[ContainerName] = frozenset()  # init containers whose devices are reused
 
     @property
     def next(self) -> tuple[ContainerName, tuple[DeviceID, ...]] | None:
         return self.order[self.next_index] if self.next_index < len(self.order) else None
+
+    def pool(self) -> tuple[DeviceID, ...]:
+        """The pod's devices not held by a served app container or sidecar, assignment order.
+
+        kubelet gives a container devices from the pod's reuse pool (what its non-restartable
+        init containers had) first, in its own order and without GetPreferredAllocation, and
+        the rest from the free devices; app containers and sidecars keep theirs.  So any
+        container may be given any devices of this pool, and no two containers that run at the
+        same time share one.
+        """
+        assigned = dict(self.order)
+        held: set[DeviceID] = set()
+        for i, container in enumerate(self.progress.served):
+            if container in self.reusing:
+                continue
+            given = self.progress.devices_of(i)
+            held.update(given if given is not None else assigned.get(container, ()))
+        out: list[DeviceID] = []
+        for _, ids in self.order:
+            out.extend(d for d in ids if d not in held and d not in out)
+        return tuple(out)
+
+    def expected(self) -> tuple[DeviceID, ...]:
+        """What the next container should get: its own assigned devices that are still in the
+        pool first, then other pool devices (assignment order); shorter than its count only
+        when the pool ran out."""
+        nxt = self.next
+        if nxt is None:
+            return ()
+        pool = self.pool()
+        own = [d for d in nxt[1] if d in pool]
+        return tuple([*own, *(d for d in pool if d not in own)][: len(nxt[1])])
 
 
 @dataclass(frozen=True)
@@ -182,6 +233,17 @@ def gpu_containers(pod: PodJSON, resource: str) -> list[tuple[ContainerName, int
             if int(text) > 0:
                 out.append((ContainerName(str(container.get("name", ""))), int(text)))
     return out
+
+
+def reusing_init_containers(pod: PodJSON) -> frozenset[ContainerName]:
+    """The pod's non-restartable init containers: kubelet puts their devices in the pod's reuse
+    pool for later containers (a restartable init container, a sidecar, keeps its own)."""
+    spec = pod.get("spec") or {}
+    return frozenset(
+        ContainerName(str(c.get("name", "")))
+        for c in spec.get("initContainers") or []
+        if c.get("restartPolicy") != "Always"
+    )
 
 
 def check_request(
@@ -261,6 +323,16 @@ def _verify(
         )
     name = _pod_name(pod)
     bound = str((pod.get("spec") or {}).get("nodeName") or "")
+    where = handoff_status(pod, uid=holder.uid, node=node)
+    if where.state is HolderState.FINISHED or where.state is HolderState.ADMITTED:
+        # kubelet is done with the holder: the pod asking now is another one.  The view may be
+        # stale (a takeover while the watch reconnected); the caller re-reads it.  The lock is
+        # not released here: whoever holds it now is not known from this view.
+        return Refusal(
+            RefusalKind.LEFT_HANDOFF,
+            f"node {node}: lock holder {name} left the handoff ({where.why}); kubelet is "
+            "admitting another pod",
+        )
     if not bound:
         return Refusal(RefusalKind.NOT_BOUND, f"pod {name}: not bound yet (node {node})")
     if bound != node:
@@ -298,8 +370,9 @@ def _verify(
     if isinstance(plan, Refusal):
         return Refusal(plan.kind, plan.message, release)
     served: tuple[ContainerName, ...] = ()
+    given: tuple[tuple[DeviceID, ...], ...] = ()
     if progress is not None and progress.same_handoff(holder, token):
-        served = progress.served
+        served, given = progress.served, progress.given
     done = set(served)
     next_index = next((i for i, (c, _) in enumerate(plan) if c not in done), len(plan))
     return _Plan(
@@ -307,8 +380,9 @@ def _verify(
         token=token,
         pod=name,
         order=tuple(plan),
-        progress=HandoffProgress(holder.key, holder.uid, token, served),
+        progress=HandoffProgress(holder.key, holder.uid, token, served, given),
         next_index=next_index,
+        reusing=reusing_init_containers(pod),
     )
 
 
@@ -341,6 +415,13 @@ def _order(
         out.append((container, tuple(ids)))
     if not out:
         return Refusal(RefusalKind.SPEC_MISMATCH, f"{where}: no container requests {ctx.resource}")
+    shared = _shared_while_running(out, reusing_init_containers(pod))
+    if shared:
+        return Refusal(
+            RefusalKind.SPEC_MISMATCH,
+            f"{where}: the assignment gives containers that run at the same time the same "
+            f"devices: {shared}",
+        )
     unknown = sorted({d for _, ids in out for d in ids if d not in ctx.devices})
     if unknown:
         return Refusal(
@@ -348,6 +429,23 @@ def _order(
             f"{where}: assigned devices this node does not have: {unknown}",
         )
     return out
+
+
+def _shared_while_running(
+    order: Sequence[tuple[ContainerName, tuple[DeviceID, ...]]], reusing: Collection[ContainerName]
+) -> list[str]:
+    """Devices an assignment gives two containers that kubelet runs side by side: app containers
+    and sidecars keep theirs for the pod's life; an init container runs alongside the sidecars
+    started before it."""
+    kept: dict[DeviceID, ContainerName] = {}
+    problems: list[str] = []
+    for container, ids in order:
+        for dev in ids:
+            if dev in kept:
+                problems.append(f"{dev} ({kept[dev]} and {container})")
+        if container not in reusing:
+            kept.update(dict.fromkeys(ids, container))
+    return problems
 
 
 def decide_allocate(
@@ -358,11 +456,16 @@ def decide_allocate(
     ctx: Context,
     *,
     policy: MismatchPolicy = MismatchPolicy.REFUSE,
+    bound_here: Sequence[PodJSON] = (),
+    served_pods: Collection[str] = (),
 ) -> Allocation | Refusal:
     """Answer kubelet's Allocate for one container that asked for ``requested``.
 
     ``view`` is the node's lock, ``pod`` the lock holder's pod as read from the API server (None
     when it was not found), ``progress`` the checkpointed progress of the current handoff.
+    ``bound_here`` are the pods bound to this node (from a watch) and ``served_pods`` the UIDs
+    of pods this plugin already served: while another GPU pod is bound here, Pending and not
+    admitted, the call is refused without a release (``bystanders``).
     """
     plan = _verify(view, pod, progress, ctx)
     if isinstance(plan, Refusal):
@@ -375,35 +478,83 @@ def decide_allocate(
             f"{where}: every GPU container ({[c for c, _ in plan.order]}) was already served; "
             "kubelet asked for one more",
         )
-    container, devices = nxt
-    if len(requested) != len(devices):
+    container, assigned = nxt
+    if len(requested) != len(assigned):
         return Refusal(
             RefusalKind.COUNT_MISMATCH,
             f"{where}: kubelet asks for {len(requested)} devices but the next GPU container "
-            f"{container!r} is assigned {len(devices)}",
+            f"{container!r} is assigned {len(assigned)}",
         )
+    pool = plan.pool()
+    differs = not set(requested) <= set(pool)
+    # kubelet's pick from the pod's own devices (init container reuse) is served as it is
+    devices = plan.expected() if differs else tuple(d for d in pool if d in set(requested))
     sick = [d for d in devices if not ctx.devices.get(d, False)]
     if sick:
         return Refusal(
             RefusalKind.UNHEALTHY,
             f"{where}: container {container!r} is assigned unhealthy devices {sick}",
         )
-    differs = set(requested) != set(devices)
-    if differs and policy is MismatchPolicy.REFUSE:
+    if differs and (policy is MismatchPolicy.REFUSE or len(devices) != len(assigned)):
         return Refusal(
             RefusalKind.DEVICES_MISMATCH,
             f"{where}: kubelet chose {sorted(requested)} for container {container!r} but the "
-            f"assignment is {list(devices)}",
+            f"assignment is {list(assigned)} and the pod's devices not held by its other "
+            f"containers are {list(pool)}",
+        )
+    others = bystanders(bound_here, plan.holder.uid, served_pods, ctx)
+    if others:
+        return Refusal(
+            RefusalKind.AMBIGUOUS,
+            f"{where}: kubelet may be admitting another GPU pod bound to this node without the "
+            f"node lock ({', '.join(others)}); refusing rather than guessing which pod gets "
+            f"{plan.pod}'s devices. GPU pods on this node must be bound by the nodelock "
+            "scheduler extender",
         )
     served = (*plan.progress.served, container)
+    given = (*_given(plan), devices)
     return Allocation(
         holder=plan.holder,
         token=plan.token,
         container=container,
         devices=devices,
-        progress=HandoffProgress(plan.holder.key, plan.holder.uid, plan.token, served),
+        progress=HandoffProgress(plan.holder.key, plan.holder.uid, plan.token, served, given),
         last=plan.next_index + 1 == len(plan.order),
         kubelet_differs=differs,
+    )
+
+
+def bystanders(
+    bound_here: Sequence[PodJSON], holder_uid: str, served_pods: Collection[str], ctx: Context
+) -> list[str]:
+    """The pods (``namespace/name (uid …)``) that make an Allocate call ambiguous: bound to this
+    node, not the lock holder, asking for ``ctx.resource``, not served by this plugin, and still
+    in handoff by ``handoff.holder`` (Pending here, not admitted; being deleted included, as
+    kubelet admits such a pod before stopping it).  kubelet does not say which pod it admits;
+    extender-bound pods never wait bound here beside the holder (the lock serializes binds), so
+    such a pod was bound around the extender."""
+    out: list[str] = []
+    for other in bound_here:
+        meta = other.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid or uid == holder_uid or uid in served_pods:
+            continue
+        try:
+            if not gpu_containers(other, ctx.resource):
+                continue
+        except ValueError:
+            pass  # a count kubelet cannot parse: it asks for something; stay on the safe side
+        if handoff_status(other, uid=uid, node=ctx.node).in_handoff:
+            out.append(_pod_name(other))
+    return sorted(out)
+
+
+def _given(plan: _Plan) -> tuple[tuple[DeviceID, ...], ...]:
+    """The devices of every served container, filled in from the assignment where unrecorded."""
+    assigned = dict(plan.order)
+    return tuple(
+        g if (g := plan.progress.devices_of(i)) is not None else tuple(assigned.get(c, ()))
+        for i, c in enumerate(plan.progress.served)
     )
 
 
@@ -429,14 +580,27 @@ def decide_preferred(
     elif plan.next is None:
         reason = f"every GPU container of {plan.pod} was already served"
     else:
-        container, devices = plan.next
+        container, assigned = plan.next
+        pool = plan.pool()
         offered = set(available) | set(must_include)
-        if len(devices) != size:
-            reason = f"asked for {size} devices, container {container!r} is assigned {len(devices)}"
-        elif not set(devices) <= offered:
-            reason = f"assigned devices {sorted(set(devices) - offered)} are not available"
+        outside = sorted(set(must_include) - set(pool))
+        # kubelet already took ``must_include`` from the pod's reuse pool; fill up from the pool
+        choice = [d for d in pool if d in set(must_include)]
+        choice += [d for d in plan.expected() if d in offered and d not in choice]
+        choice += [d for d in pool if d in offered and d not in choice]
+        if len(assigned) != size:
+            reason = (
+                f"asked for {size} devices, container {container!r} is assigned {len(assigned)}"
+            )
+        elif outside:
+            reason = f"kubelet must include {outside}, which are not the pod's devices to reuse"
+        elif len(choice) < size:
+            reason = (
+                f"the pod's devices {list(pool)} not held by its other containers are not "
+                f"available (available: {sorted(offered)})"
+            )
         else:
-            return Preference(devices=devices, hit=True)
+            return Preference(devices=tuple(choice[:size]), hit=True)
     return Preference(devices=hint(available, must_include, size), hit=False, reason=reason)
 
 
@@ -454,23 +618,12 @@ def hint(available: Sequence[str], must_include: Sequence[str], size: int) -> tu
 def handoff_abandoned(pod: PodJSON | None, progress: HandoffProgress, node: NodeName) -> bool:
     """Whether the pod of an interrupted handoff can no longer ask for its next container.
 
-    True when it is gone (or replaced under its name), bound elsewhere, being deleted, finished,
-    running, or has container statuses (kubelet got past admission).  A pod still Pending on this
-    node without container statuses may yet ask (kubelet restarted mid-admission), so that is
-    False.
+    ``handoff.holder`` decides: True when the pod has left the handoff (gone or replaced under
+    its name, bound elsewhere or never bound, admitted by kubelet, finished).  A pod still
+    Pending on this node and not admitted may yet ask (kubelet restarted mid-admission, or it
+    admits a pod being deleted before stopping it), and so may one of phase Unknown: False.
     """
-    if pod is None:
-        return True
-    meta = pod.get("metadata") or {}
-    if str(meta.get("uid", "")) != progress.uid or meta.get("deletionTimestamp"):
-        return True
-    if str((pod.get("spec") or {}).get("nodeName") or "") != node:
-        return True
-    status = pod.get("status") or {}
-    if status.get("phase") not in (None, "", "Pending"):
-        return True
-    # kubelet reports container statuses only for pods it admitted.
-    return bool(status.get("initContainerStatuses") or status.get("containerStatuses"))
+    return not handoff_status(pod, uid=progress.uid, node=node).in_handoff
 
 
 def known_devices(devices: Collection[DeviceID]) -> dict[DeviceID, bool]:

@@ -64,6 +64,12 @@ class PluginMetrics:
             "Lock releases decided but not yet written (kept in the checkpoint, retried).",
             registry=r,
         )
+        self.pod_watch_synced = Gauge(
+            f"{PREFIX}pod_watch_synced",
+            "1 once the watch of the pods bound to this node has listed them; while 0, Allocate "
+            "cannot see a GPU pod bound around the extender (result=ambiguous).",
+            registry=r,
+        )
         self.registrations = Counter(
             f"{PREFIX}registrations",
             "Register calls to kubelet by result (ok, error).",

@@ -25,6 +25,7 @@ from deviceplugin.devices import DeviceBackend, DeviceState
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.inventory import InventoryPublisher
 from deviceplugin.metrics import PluginMetrics
+from deviceplugin.podwatch import NodePods
 from deviceplugin.servicer import DevicePluginServicer
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from lockd.kube import KubeClient
@@ -84,6 +85,8 @@ class DevicePlugin:
             metrics=LockMetrics(registry=self.metrics.registry),
         )
         self.state = DeviceState()
+        self.pods = NodePods(kube, config.node)
+        self.pods.on_synced = lambda: self.metrics.pod_watch_synced.set(1)
         self.admission = Admission(
             node=config.node,
             kube=kube,
@@ -96,6 +99,7 @@ class DevicePlugin:
             keys=config.keys,
             policy=config.policy,
             mode=config.mode,
+            pods=self.pods,
         )
         self.endpoint = Endpoint(
             plugin_dir=config.plugin_dir,
@@ -125,6 +129,7 @@ class DevicePlugin:
             self.backend.name,
         )
         self._spawn("lease-watch", self.locks.watch(node=self.config.node))
+        self._spawn("pod-watch", self.pods.run())
         self._spawn("devices", self.backend.watch(self.state))
         self._spawn("health-gauges", self._follow_health())
         self._spawn("releases", self.admission.run_releases())

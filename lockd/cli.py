@@ -25,8 +25,8 @@ from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry
 
+from handoff.holder import HolderState, HolderStatus, holder_status
 from lockd.errors import ApiError, NotFound
-from lockd.holder import HolderState, HolderStatus, holder_status
 from lockd.kube import KubeClient, pod_path
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics

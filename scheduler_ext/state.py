@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from handoff.holder import PodFacts, pod_facts
 from handoff.wire import (
     GPU,
     Assignment,
@@ -52,7 +53,7 @@ class PodState:
     key: HolderKey  # namespace/name
     node: NodeName | None  # spec.nodeName; None until bound
     phase: PodPhase
-    admitted: bool  # kubelet created (or ran) a container of it
+    facts: PodFacts  # what ``handoff.holder`` classifies a lock holder by
     need: PodNeed | None  # None when the spec is malformed (``need_error`` says why)
     need_error: str | None
     assignment: Assignment | None
@@ -91,20 +92,6 @@ class NodeState:
     resource_version: str
 
 
-def _started(statuses: object) -> bool:
-    if not isinstance(statuses, list):
-        return False
-    for st in statuses:
-        if not isinstance(st, Mapping):
-            continue
-        if st.get("containerID"):
-            return True
-        state = st.get("state")
-        if isinstance(state, Mapping) and ("running" in state or "terminated" in state):
-            return True
-    return False
-
-
 def pod_state(obj: Mapping[str, Any], *, keys: Keys, resource: str) -> PodState:
     """Parse a Pod object; raises ``BadObject`` only when it lacks name, namespace or uid."""
     meta = obj.get("metadata")
@@ -127,11 +114,6 @@ def pod_state(obj: Mapping[str, Any], *, keys: Keys, resource: str) -> PodState:
         phase = PodPhase(status.get("phase") or "Pending")
     except ValueError:
         phase = PodPhase.UNKNOWN
-    admitted = (
-        phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED)
-        or _started(status.get("containerStatuses"))
-        or _started(status.get("initContainerStatuses"))
-    )
     need: PodNeed | None = None
     need_error: str | None = None
     try:
@@ -158,7 +140,7 @@ def pod_state(obj: Mapping[str, Any], *, keys: Keys, resource: str) -> PodState:
         key=HolderKey(f"{namespace}/{name}"),
         node=NodeName(node_name) if isinstance(node_name, str) and node_name else None,
         phase=phase,
-        admitted=admitted,
+        facts=pod_facts(obj),
         need=need,
         need_error=need_error,
         assignment=assignment,

@@ -96,6 +96,16 @@ class GPUCluster:
             await asyncio.sleep(0.2)
         raise AssertionError(f"{name} was not bound in {timeout_s}s")
 
+    async def wait_gone(self, name: str, *, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                await self.pod(name)
+            except NotFound:
+                return
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"{name} still exists after {timeout_s}s")
+
     async def lease(self, node: str) -> JSON:
         return await self.kube.get(lease_path(LOCK_NAMESPACE, node))
 

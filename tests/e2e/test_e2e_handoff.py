@@ -14,7 +14,14 @@ import pytest
 
 from lockd.errors import NotFound
 from lockd.kube import pod_path
-from tests.e2e.kit import LEASE_S, GPUCluster, assignment, kubelet_devices, slow_admission
+from tests.e2e.kit import (
+    LEASE_S,
+    GPUCluster,
+    assert_no_violations,
+    assignment,
+    kubelet_devices,
+    slow_admission,
+)
 
 SHAPES = {
     "one-gpu": ([1], []),
@@ -46,6 +53,43 @@ async def test_each_container_gets_exactly_its_assignment(e2e: GPUCluster, shape
     assert ann["nodelock.io/last-holder"] == e2e.key("p")
     assert ann["nodelock.io/last-outcome"] == "allocated"
     assert ann["nodelock.io/last-token"] == pod["metadata"]["annotations"]["nodelock.io/token"]
+
+
+REUSE_SHAPES = {"i2-1-1": (2, [1, 1]), "i4-2-2": (4, [2, 2]), "i4-1-1-1-1": (4, [1, 1, 1, 1])}
+REUSE_ROUNDS = 3  # kubelet picks from the init container's devices in Go map order: repeat
+
+
+async def test_app_containers_reuse_init_container_devices_in_kubelets_order(
+    e2e: GPUCluster,
+) -> None:
+    """kubelet gives app containers devices of the init container's in its own (map) order and
+    without GetPreferredAllocation; every pod must still run, each container within its pod's
+    assignment, app containers disjoint (the fixture checks S1/S2 over all pods afterwards)."""
+    for round_ in range(REUSE_ROUNDS):
+        names = {f"reuse-{shape}-{round_}": shape for shape in REUSE_SHAPES}
+        for name, shape in names.items():
+            init, apps = REUSE_SHAPES[shape]
+            await e2e.create_pod(name, apps, init=[init])
+        for name, shape in names.items():
+            init, apps = REUSE_SHAPES[shape]
+            pod = await e2e.wait_phase(name, ["Running"])
+            pods_devices = {d for ids in assignment(pod).values() for d in ids}
+            seen = kubelet_devices(pod)
+            assert sorted(seen) == sorted(["init0", *(f"c{i}" for i in range(len(apps)))])
+            assert len(seen["init0"]) == init
+            kept: set[str] = set()
+            for i, count in enumerate(apps):
+                ids = seen[f"c{i}"]
+                assert len(ids) == count
+                assert set(ids) <= pods_devices, (name, seen, assignment(pod))
+                assert not kept & set(ids), (name, seen)
+                kept |= set(ids)
+            assert set(seen["init0"]) <= pods_devices
+        await assert_no_violations(e2e.kube)  # S1 across the round's pods, S2 from the records
+        for name in names:
+            await e2e.kube.delete(pod_path(e2e.namespace, name), grace_period_seconds=0)
+        for name in names:
+            await e2e.wait_gone(name)
 
 
 async def test_non_gpu_pod_runs_without_a_lock(e2e: GPUCluster) -> None:

@@ -441,6 +441,45 @@ async def test_lock_taken_over_mid_handoff_refuses_once_then_serves_the_new_hold
         await eventually(lambda: released(env, q_held.token), "q's lock release")
 
 
+async def test_a_gpu_pod_bound_around_the_extender_makes_allocate_refuse(env: Env) -> None:
+    """Hole 1(b): kubelet cannot say which pod it admits; while a GPU pod bound by hand is
+    Pending here beside the holder, nothing is served, the lock stays, the message names it."""
+    g = [env.gpu(i) for i in range(GPU_COUNT)]
+    _, held = await bind(env, "p", {"main": [g[2]]}, containers=[("main", 1)])
+    await env.kube.create(
+        pod_path(env.namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "sneaky"},
+            "spec": {"nodeName": env.node, "containers": [container("c", 1)]},
+        },
+    )
+    async with running(env) as plugin, dial(plugin) as stub:
+
+        async def synced() -> bool | None:
+            return True if plugin.pods.synced else None
+
+        await eventually(synced, "the pod watch to list")
+        assert sample(plugin, "nodelock_deviceplugin_pod_watch_synced") == 1
+        msg = await refused(stub.Allocate(_one(g[2])), grpc.StatusCode.FAILED_PRECONDITION)
+        assert f"{env.namespace}/sneaky" in msg
+        assert sample(plugin, "nodelock_deviceplugin_allocations_total", result="ambiguous") == 1
+        view = await lease(env)
+        assert view.record.holder is not None
+        assert view.record.token == held.token  # left alone
+        # once the other pod is gone, the holder is served as usual
+        await env.kube.delete(pod_path(env.namespace, "sneaky"), grace_period_seconds=0)
+
+        async def sneaky_gone() -> bool | None:
+            return True if plugin.pods.get(HolderKey(f"{env.namespace}/sneaky")) is None else None
+
+        await eventually(sneaky_gone, "the watch to see the pod deleted")
+        resp = await allocate(stub, g[2])
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == g[2]
+        await eventually(lambda: released(env, held.token), "the lock release")
+
+
 # -- restarts ------------------------------------------------------------------------------------
 
 

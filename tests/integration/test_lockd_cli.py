@@ -83,7 +83,7 @@ async def test_list_says_why_a_lock_is_stuck(
     code, out, _ = await run(args(cluster, namespace, "show", node=NODE))
     assert code == 0
     assert f"holder:          {holder.key} (uid {holder.uid})" in out
-    assert "pending-here" in out
+    assert "in-handoff" in out
 
 
 async def test_break_warns_asks_and_says_whose_lock(

@@ -59,10 +59,31 @@ def test_s1_two_live_pods_with_one_gpu() -> None:
 
 def test_s2_kubelet_devices_or_env_differ_from_assignment() -> None:
     found = check_pods([pod("a", "n1", {"c": ["G0"]}, {"c": ["G1"]})])
-    assert len(found.s2) == 2  # kubelet's IDs and the env both differ
+    assert len(found.s2) == 1  # kubelet gave a device outside the pod (the env followed it)
     found = check_pods([pod("a", "n1", {"c": ["G0"]}, {"c": ["G0"]}, env={"c": "G3"})])
     assert found.s2
     assert "NVIDIA_VISIBLE_DEVICES" in found.s2[0]
+
+
+def test_s2_allows_kubelets_pick_from_the_pods_own_devices() -> None:
+    """kubelet reuses an init container's devices in its own order: any of the pod's devices."""
+    p = pod("a", "n1", {"i": ["G0", "G1"], "c0": ["G0"], "c1": ["G1"]}, None)
+    p["spec"]["initContainers"] = [p["spec"]["containers"].pop(0)]
+    seen = {"i": ["G0", "G1"], "c0": ["G1"], "c1": ["G0"]}
+    with_record = pod("a", "n1", {"i": ["G0", "G1"], "c0": ["G0"], "c1": ["G1"]}, seen)
+    p["metadata"] = with_record["metadata"]
+    assert check_pods([p]).ok
+    # ... but not a device outside the pod, and not one device for two app containers
+    p["metadata"] = pod("a", "n1", {}, {**seen, "c1": ["G2"]})["metadata"]
+    p["metadata"]["annotations"]["nodelock.io/assignment"] = json.dumps(
+        {"i": ["G0", "G1"], "c0": ["G0"], "c1": ["G1"]}
+    )
+    assert check_pods([p]).s2
+    p["metadata"] = pod("a", "n1", {}, {**seen, "c1": ["G1"]})["metadata"]
+    p["metadata"]["annotations"]["nodelock.io/assignment"] = json.dumps(
+        {"i": ["G0", "G1"], "c0": ["G0"], "c1": ["G1"]}
+    )
+    assert check_pods([p]).s1 == ["G1 on n1 is held by both ns/a/c0 and ns/a/c1"]
 
 
 def test_l1_unadmitted_pod() -> None:

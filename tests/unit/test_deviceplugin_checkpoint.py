@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from deviceplugin import checkpoint
-from deviceplugin.checkpoint import Checkpoint, CheckpointError, PendingRelease
+from deviceplugin.checkpoint import (
+    SERVED_PODS_KEPT,
+    Checkpoint,
+    CheckpointError,
+    PendingRelease,
+)
 from deviceplugin.decide import (
     Allocation,
     Context,
@@ -137,3 +142,16 @@ def test_checkpoint_files_are_per_node(tmp_path: Path) -> None:
     b = checkpoint.checkpoint_path(tmp_path, NodeName("n2"))
     assert a != b
     assert a.parent == b.parent == tmp_path
+
+
+def test_served_pods_are_kept_bounded_and_survive_a_restart(tmp_path: Path) -> None:
+    cp = Checkpoint(NodeName("n1"))
+    for i in range(SERVED_PODS_KEPT + 5):
+        cp = cp.with_served(f"uid-{i}")
+    cp = cp.with_served(f"uid-{SERVED_PODS_KEPT}")  # again: moves to the end, no duplicate
+    assert len(cp.served_pods) == SERVED_PODS_KEPT
+    assert cp.served_pods[-1] == f"uid-{SERVED_PODS_KEPT}"
+    assert "uid-0" not in cp.served_pods
+    path = tmp_path / "cp.json"
+    checkpoint.save(path, cp)
+    assert checkpoint.load(path, NodeName("n1")) == cp

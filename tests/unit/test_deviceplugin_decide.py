@@ -135,7 +135,7 @@ def test_one_gpu_is_served_and_is_the_last() -> None:
     assert a.last
     assert a.token == TOKEN
     assert a.holder.uid == UID
-    assert a.progress == HandoffProgress(HolderKey("ns/p"), UID, TOKEN, (C("main"),))
+    assert a.progress == HandoffProgress(HolderKey("ns/p"), UID, TOKEN, (C("main"),), ((GPUS[3],),))
 
 
 def test_four_gpus_served_in_assignment_order_whatever_kubelet_order() -> None:
@@ -464,7 +464,200 @@ def test_interrupted_handoff_is_abandoned_unless_still_pending_here() -> None:
         {"status": {"phase": "Running"}},
         {"status": {"phase": "Pending", "containerStatuses": [{"name": "main"}]}},
         {"metadata": {"uid": "other", "namespace": "ns", "name": "p"}},
-        {"metadata": {"uid": UID, "deletionTimestamp": "2024-01-01T00:00:00Z"}},
         {"spec": {"nodeName": "n2"}},
     ):
         assert handoff_abandoned({**ONE_POD, **change}, progress, NODE), change
+    # kubelet admits a pod it has not seen before it stops it: one being deleted may still ask
+    deleting = {**ONE_POD["metadata"], "deletionTimestamp": "2024-01-01T00:00:00Z"}
+    assert not handoff_abandoned({**ONE_POD, "metadata": deleting}, progress, NODE)
+    assert not handoff_abandoned({**ONE_POD, "status": {"phase": "Unknown"}}, progress, NODE)
+
+
+# -- a holder that left the handoff (a stale Lease view after a takeover) ------------------------
+
+STARTED = {"name": "main", "state": {"running": {}}, "containerID": "containerd://abc"}
+LEFT_HANDOFF = [
+    ("rejected by kubelet", {"phase": "Failed", "reason": "UnexpectedAdmissionError"}),
+    ("evicted", {"phase": "Failed", "reason": "Evicted"}),
+    ("completed", {"phase": "Succeeded"}),
+    ("running", {"phase": "Running"}),
+    ("a started container", {"phase": "Pending", "containerStatuses": [STARTED]}),
+    ("a waiting container", {"phase": "Pending", "containerStatuses": [{"name": "main"}]}),
+]
+
+
+@pytest.mark.parametrize("status", [s for _, s in LEFT_HANDOFF], ids=[n for n, _ in LEFT_HANDOFF])
+def test_a_holder_that_left_the_handoff_is_not_served_nor_released(status: dict[str, Any]) -> None:
+    """S2: a view of the Lease that still names a holder kubelet rejected (or admitted) must not
+    serve that holder's devices to whatever pod kubelet admits now (the lock may have been taken
+    over while the watch was reconnecting); the lock is not the plugin's to release."""
+    finished = {**ONE_POD, "status": status}
+    r = refused(decide_allocate(lease(ONE), finished, ids(3), None, CTX), RefusalKind.LEFT_HANDOFF)
+    assert r.release is None
+    assert "ns/p" in r.message
+    pref = decide_preferred(lease(ONE), finished, ids(3, 4), [], 1, None, CTX)
+    assert not pref.hit
+    assert "left the handoff" in pref.reason
+
+
+def test_a_holder_being_deleted_but_not_admitted_is_still_served() -> None:
+    """kubelet admits a pod it has not seen before it stops it; its devices are still its own."""
+    meta = {**ONE_POD["metadata"], "deletionTimestamp": "2024-01-01T00:00:00Z"}
+    served(decide_allocate(lease(ONE), {**ONE_POD, "metadata": meta}, ids(3), None, CTX))
+
+
+# -- init container reuse: kubelet's own pick from the pod's reuse pool --------------------------
+
+
+def walk(
+    assignment: dict[ContainerName, list[DeviceID]],
+    p: dict[str, Any],
+    asks: list[list[DeviceID]],
+) -> list[Allocation]:
+    """Answer kubelet's asks one after another, carrying the progress along."""
+    progress: HandoffProgress | None = None
+    out = []
+    for ask in asks:
+        a = served(decide_allocate(lease(assignment), p, ask, progress, CTX))
+        progress = a.progress
+        out.append(a)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("init", "apps", "picks"),
+    [
+        (2, [1, 1], [[1], [0]]),  # kubelet's map order: the second device first
+        (4, [2, 2], [[3, 0], [2, 1]]),
+        (4, [1, 1, 1, 1], [[2], [0], [3], [1]]),
+        (8, [4, 4], [[7, 1, 4, 2], [0, 3, 5, 6]]),
+    ],
+)
+def test_app_containers_get_kubelets_pick_from_the_init_containers_devices(
+    init: int, apps: list[int], picks: list[list[int]]
+) -> None:
+    """kubelet gives app containers devices of the init container's in its own order, without
+    GetPreferredAllocation: any subset of the pod's unserved pool is served as kubelet chose."""
+    start = 0
+    a = {C("init"): ids(*range(init))}
+    for i, n in enumerate(apps):
+        a[C(f"c{i}")] = ids(*range(start, start + n))  # the extender: lowest slots, in order
+        start += n
+    p = pod(
+        a,
+        init=[container("init", init)],
+        containers=[container(f"c{i}", n) for i, n in enumerate(apps)],
+    )
+    got = walk(a, p, [ids(*range(init)), *[ids(*pick) for pick in picks]])
+    for alloc, pick in zip(got[1:], picks, strict=True):
+        assert set(alloc.devices) == set(ids(*pick))
+        assert not alloc.kubelet_differs
+    assert got[-1].last
+    assert got[-1].progress.given[1:] == tuple(alloc.devices for alloc in got[1:])
+
+
+def test_an_app_container_never_gets_a_device_an_earlier_one_holds() -> None:
+    a = assignment_of(init=ids(0, 1), c0=ids(0), c1=ids(1))
+    p = pod(a, init=[container("init", 2)], containers=[container("c0", 1), container("c1", 1)])
+    first, c0 = walk(a, p, [ids(0, 1), ids(1)])
+    r = refused(
+        decide_allocate(lease(a), p, ids(1), c0.progress, CTX), RefusalKind.DEVICES_MISMATCH
+    )
+    assert "GPU-00" in r.message  # what is left to the pod
+    refused(decide_allocate(lease(a), p, ids(5), c0.progress, CTX), RefusalKind.DEVICES_MISMATCH)
+    assert first.container == "init"
+
+
+def test_a_sidecar_keeps_its_devices() -> None:
+    """A restartable init container runs beside the app containers: its devices are not reused."""
+    a = assignment_of(side=ids(0), main=ids(1))
+    side = {**container("side", 1), "restartPolicy": "Always"}
+    p = pod(a, init=[side], containers=[container("main", 1)])
+    (s,) = walk(a, p, [ids(0)])
+    refused(decide_allocate(lease(a), p, ids(0), s.progress, CTX), RefusalKind.DEVICES_MISMATCH)
+    served(decide_allocate(lease(a), p, ids(1), s.progress, CTX))
+
+
+def test_preference_fills_up_from_the_pool_after_kubelets_reuse() -> None:
+    """init 4 -> app 1 then app 4: kubelet took GPU-02 for the first app container, so the
+    second one's preference is the three left of the pool plus the pod's fresh device."""
+    a = assignment_of(init=ids(0, 1, 2, 3), c0=ids(0), c1=ids(1, 2, 3, 4))
+    p = pod(a, init=[container("init", 4)], containers=[container("c0", 1), container("c1", 4)])
+    _, c0 = walk(a, p, [ids(0, 1, 2, 3), ids(2)])
+    free = [g for g in GPUS if g not in ids(0, 1, 2, 3)]
+    pref = decide_preferred(lease(a), p, free, ids(0, 1, 3), 4, c0.progress, CTX)
+    assert pref.hit, pref.reason
+    assert set(pref.devices) == set(ids(0, 1, 3, 4))
+    c1 = served(decide_allocate(lease(a), p, list(pref.devices), c0.progress, CTX))
+    assert c1.last
+
+
+def test_an_assignment_sharing_a_device_between_app_containers_is_rejected() -> None:
+    a = assignment_of(c0=ids(0), c1=ids(0))
+    p = pod(a, containers=[container("c0", 1), container("c1", 1)])
+    r = refused(decide_allocate(lease(a), p, ids(0), None, CTX), RefusalKind.SPEC_MISMATCH)
+    assert r.release is not None
+
+
+# -- a GPU pod bound around the extender beside the holder (hole 1b) -----------------------------
+
+
+def bypass(
+    name: str = "sneaky", *, gpus: int | None = 1, uid: str = "uid-x", **status: Any
+) -> dict[str, Any]:
+    """A pod bound to this node by hand: no lock, no assignment."""
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": uid},
+        "spec": {"nodeName": NODE, "containers": [container("c", gpus)]},
+        "status": {"phase": "Pending", **status},
+    }
+
+
+def test_another_pending_gpu_pod_bound_here_makes_allocate_ambiguous() -> None:
+    """kubelet may be admitting the other pod with the holder's count: refuse, keep the lock."""
+    r = refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=[ONE_POD, bypass()]),
+        RefusalKind.AMBIGUOUS,
+    )
+    assert r.release is None
+    assert "ns/sneaky (uid uid-x)" in r.message
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        bypass(gpus=None),  # asks for no GPU
+        bypass(gpus=0),
+        bypass(phase="Running"),  # admitted
+        bypass(containerStatuses=[{"name": "c", "state": {"waiting": {}}}]),  # admitted
+        bypass(phase="Failed"),  # rejected
+        {**bypass(), "spec": {"nodeName": "n2", "containers": [container("c", 1)]}},
+    ],
+    ids=["no-gpu", "zero-gpus", "running", "waiting", "failed", "elsewhere"],
+)
+def test_pods_that_cannot_be_admitted_for_gpus_now_are_no_bystanders(other: dict[str, Any]) -> None:
+    served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=[ONE_POD, other]))
+
+
+def test_a_pod_this_plugin_served_is_no_bystander() -> None:
+    """The previous holder, served a moment ago, is Pending until kubelet writes its statuses."""
+    done = bypass("previous", uid="uid-prev")
+    bound = [ONE_POD, done]
+    refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=bound),
+        RefusalKind.AMBIGUOUS,
+    )
+    served(
+        decide_allocate(
+            lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=bound, served_pods={"uid-prev"}
+        )
+    )
+
+
+def test_a_pod_being_deleted_before_admission_is_a_bystander() -> None:
+    meta = {**bypass()["metadata"], "deletionTimestamp": "2024-01-01T00:00:00Z"}
+    other = {**bypass(), "metadata": meta}
+    refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=[other]),
+        RefusalKind.AMBIGUOUS,
+    )

@@ -6,6 +6,7 @@ in whatever order, and whatever the pod owner writes on their own pod.
 
 from __future__ import annotations
 
+from random import Random
 from typing import Any
 
 from hypothesis import given, settings
@@ -17,6 +18,7 @@ from deviceplugin.decide import (
     HandoffProgress,
     MismatchPolicy,
     decide_allocate,
+    decide_preferred,
     known_devices,
 )
 from handoff.wire import ContainerName, DeviceID, format_assignment
@@ -36,9 +38,14 @@ def handoffs(draw: st.DrawFn) -> tuple[dict[str, Any], NodeLockView, Plan]:
     n_main = draw(st.integers(1, 3))
     names = [f"c{i}" for i in range(n_init + n_main)]
     plan: Plan = []
-    for name in names:
+    kept = list(draw(st.permutations(GPUS)))  # app containers get disjoint devices
+    for i, name in enumerate(names):
         count = draw(st.integers(1, 3))
-        plan.append((name, list(draw(st.permutations(GPUS))[:count])))
+        if i < n_init:  # an init container runs alone: any devices (kubelet reuses them later)
+            plan.append((name, list(draw(st.permutations(GPUS))[:count])))
+        else:
+            plan.append((name, kept[:count]))
+            kept = kept[count:]
     gpu_names = set(draw(st.sets(st.sampled_from(names), min_size=1)))
     plan = [(n, ids) for n, ids in plan if n in gpu_names]
     order = draw(st.permutations([n for n, _ in plan]))  # JSON key order need not be spec order
@@ -75,29 +82,63 @@ requests = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(handoffs(), requests, st.sampled_from(list(MismatchPolicy)))
-def test_served_devices_are_always_the_leased_assignment_in_spec_order(
+@given(handoffs(), requests, st.sampled_from(list(MismatchPolicy)), st.randoms())
+def test_served_devices_are_always_the_pods_own_and_never_shared(
     h: tuple[dict[str, Any], NodeLockView, Plan],
     asks: list[list[DeviceID]],
     policy: MismatchPolicy,
+    rnd: Random,
 ) -> None:
+    """Whatever kubelet asks, a container gets only devices of its pod's assignment, kubelet's
+    own pick when it is one (``refuse``), in spec order; app containers never share a device;
+    and kubelet's own walk (reuse pool first, in any order, then the preference) is served."""
     pod, view, plan = h
+    pods_devices = {d for _, ids in plan for d in ids}
+    init_names = {c["name"] for c in pod["spec"]["initContainers"]}
     progress: HandoffProgress | None = None
     served: list[str] = []
-    for ask in [*asks, *[ids for _, ids in plan]]:  # random asks, then what kubelet would ask
-        result = decide_allocate(view, pod, ask, progress, CTX, policy=policy)
-        if not isinstance(result, Allocation):
-            continue
+    kept: dict[DeviceID, str] = {}  # device -> app container that keeps it
+
+    def check(result: Allocation, ask: list[DeviceID]) -> None:
+        nonlocal progress
         expected_name, expected_ids = plan[len(served)]
         assert result.container == expected_name
-        assert list(result.devices) == expected_ids
-        assert len(ask) == len(expected_ids)
+        assert len(result.devices) == len(ask) == len(expected_ids)
+        assert set(result.devices) <= pods_devices
         if policy is MismatchPolicy.REFUSE:
-            assert set(ask) == set(expected_ids)
+            assert set(result.devices) == set(ask)
+        if expected_name not in init_names:
+            for dev in result.devices:
+                assert dev not in kept, (dev, kept)
+                kept[dev] = expected_name
         served.append(result.container)
         progress = result.progress
         assert result.last == (len(served) == len(plan))
-    assert served == [n for n, _ in plan]  # kubelet's own asks were all served, in order
+
+    for ask in asks:  # random asks first
+        result = decide_allocate(view, pod, ask, progress, CTX, policy=policy)
+        if isinstance(result, Allocation):
+            check(result, ask)
+    # then kubelet's device manager: the reuse pool first (Go map order), then the preference
+    reuse: set[DeviceID] = set()
+    allocated: set[DeviceID] = set(kept)
+    for name, ids in plan[len(served) :]:
+        taken = rnd.sample(sorted(reuse), min(len(ids), len(reuse)))
+        if len(taken) < len(ids):
+            available = [d for d in GPUS if d not in allocated or d in taken]
+            pref = decide_preferred(view, pod, available, taken, len(ids), progress, CTX)
+            assert pref.hit, pref.reason
+            assert set(taken) <= set(pref.devices)
+            taken = list(pref.devices)
+        result = decide_allocate(view, pod, taken, progress, CTX, policy=policy)
+        assert isinstance(result, Allocation), result
+        check(result, taken)
+        allocated |= set(taken)
+        if name in init_names:
+            reuse |= set(taken)
+        else:
+            reuse -= set(taken)
+    assert served == [n for n, _ in plan]
 
 
 @settings(max_examples=300, deadline=None)

@@ -22,6 +22,7 @@ def pod(
     uid: str = UID,
     statuses: list[dict[str, Any]] | None = None,
     init_statuses: list[dict[str, Any]] | None = None,
+    deleting: bool = False,
 ) -> PodState:
     obj: dict[str, Any] = {
         "metadata": {"name": "p", "namespace": "ns", "uid": uid},
@@ -30,6 +31,8 @@ def pod(
     }
     if node is not None:
         obj["spec"]["nodeName"] = node
+    if deleting:
+        obj["metadata"]["deletionTimestamp"] = "2024-05-01T12:00:00Z"
     if statuses is not None:
         obj["status"]["containerStatuses"] = statuses
     if init_statuses is not None:
@@ -54,9 +57,10 @@ INIT_DONE = {"name": "i", "state": {"terminated": {"exitCode": 0}}}
         (pod(phase="Running"), HolderState.ADMITTED),
         (pod(statuses=[RUNNING]), HolderState.ADMITTED),
         (pod(init_statuses=[INIT_DONE]), HolderState.ADMITTED),
+        (pod(statuses=[WAITING]), HolderState.ADMITTED),  # kubelet writes statuses once admitted
         (pod(), HolderState.IN_HANDOFF),
-        (pod(statuses=[WAITING]), HolderState.IN_HANDOFF),
-        (pod(phase="Unknown"), HolderState.UNKNOWN_PHASE),
+        (pod(deleting=True), HolderState.IN_HANDOFF),  # kubelet may still admit it first
+        (pod(phase="Unknown"), HolderState.UNKNOWN),
     ],
 )
 def test_holder_state(state: PodState | None, expected: HolderState) -> None:
@@ -80,7 +84,7 @@ def test_fresh_read_allows_takeover_once_the_holder_left_handoff(state: PodState
     assert verdict.why
 
 
-@pytest.mark.parametrize("state", [pod(), pod(statuses=[WAITING]), pod(phase="Unknown")])
+@pytest.mark.parametrize("state", [pod(), pod(deleting=True), pod(phase="Unknown")])
 def test_pending_unadmitted_holder_keeps_the_lock_however_old(state: PodState) -> None:
     # the HAMi #3096 failure: handing this lock on would let two pods swap devices silently
     for fresh in (True, False):
@@ -89,7 +93,13 @@ def test_pending_unadmitted_holder_keeps_the_lock_however_old(state: PodState) -
 
 
 def test_cache_answers_yes_only_for_states_that_never_revert() -> None:
-    for state in (pod(phase="Failed"), pod(node="gpu-2"), pod(phase="Running"), pod(uid="x")):
+    for state in (
+        pod(phase="Failed"),
+        pod(node="gpu-2"),
+        pod(phase="Running"),
+        pod(statuses=[WAITING]),
+        pod(uid="x"),
+    ):
         assert judge(state, holder_uid=UID, node=NODE, fresh=False).allowed is True
     # "not bound" may turn into "bound here" any moment: the cache must not decide it
     assert judge(pod(node=None), holder_uid=UID, node=NODE, fresh=False).allowed is None

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from handoff.holder import HolderState, HolderStatus, holder_status
 from lockd.cli import Row, describe, duration_text, render_table, state_text
-from lockd.holder import HolderState, HolderStatus, holder_status
 from lockd.lease import LeaseFormat
 from lockd.model import FencingToken, Holder, HolderKey, NodeLockView, NodeName, Outcome
 
@@ -41,14 +41,14 @@ def pod(**status: Any) -> dict[str, Any]:
             HolderState.ADMITTED,
         ),
         (pod(phase="Unknown"), HolderState.UNKNOWN),
-        (pod(phase="Pending"), HolderState.PENDING_HERE),
-        (pod(), HolderState.PENDING_HERE),
+        (pod(phase="Pending"), HolderState.IN_HANDOFF),
+        (pod(), HolderState.IN_HANDOFF),
     ],
 )
 def test_holder_status(obj: dict[str, Any] | None, state: HolderState) -> None:
     status = holder_status(obj, uid="uid-0", node="gpu-1")
     assert status.state is state
-    assert status.in_handoff == (state in (HolderState.PENDING_HERE, HolderState.UNKNOWN))
+    assert status.in_handoff == (state in (HolderState.IN_HANDOFF, HolderState.UNKNOWN))
 
 
 def held_row(holder: HolderStatus, *, expired: str) -> Row:

@@ -1,0 +1,154 @@
+"""Where a node lock holder's pod stands in its handoff: the one classifier (pure).
+
+The extender's takeover check, the device plugin (Allocate, and its check of an interrupted
+handoff) and ``nodelock locks`` all judge the holder's pod with this module, so they cannot
+disagree.  DESIGN §3.4: an expired lock may be taken over only when its holder has left the
+handoff — the pod is gone, bound to another node, admitted by kubelet or finished (rejected or
+completed).  A holder Pending on the lock's node and not admitted keeps the lock however old it
+is: kubelet may still admit it, and the device plugin could not tell it from another pod.
+
+The phases, decided in this order from the pod object alone:
+
+- ``GONE``: no such pod, or a pod of the same name with another UID (the holder was deleted).
+- ``FINISHED``: phase Failed (kubelet rejected it, or it failed) or Succeeded.
+- ``NOT_BOUND``: ``spec.nodeName`` is empty.  Whether that allows a takeover is the caller's
+  policy: a bind may be in flight (the extender confirms with a fresh read).
+- ``BOUND_ELSEWHERE``: bound to another node than the lock's.
+- ``ADMITTED``: phase Running, or kubelet wrote a status for any container or init container, in
+  any state (Waiting included).  kubelet writes container statuses only for a pod it admitted,
+  and it calls the device plugin for every container during admission, so an admitted pod asks
+  for no more devices.
+- ``UNKNOWN``: phase Unknown (kubelet lost contact): cannot tell, so it stays in handoff.
+- ``IN_HANDOFF``: bound here, Pending, no container status.  This holds also for a pod that is
+  being deleted (``deletionTimestamp`` set): kubelet admits a pod it has not seen before it stops
+  it, so the plugin may still be asked for its devices; it leaves the handoff when kubelet
+  removes it (``GONE``) or writes its statuses.
+
+Every phase but ``NOT_BOUND`` and ``IN_HANDOFF``/``UNKNOWN`` is final for a given UID: a cached
+(lagging) copy of the pod may be trusted for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class HolderState(StrEnum):
+    """The holder pod's place in the handoff."""
+
+    GONE = "gone"
+    FINISHED = "finished"
+    NOT_BOUND = "not-bound"
+    BOUND_ELSEWHERE = "bound-elsewhere"
+    ADMITTED = "admitted"
+    UNKNOWN = "unknown"  # phase Unknown: kubelet lost contact; in handoff
+    IN_HANDOFF = "in-handoff"  # Pending on this node, not admitted: never taken over
+
+
+IN_HANDOFF_STATES = frozenset({HolderState.IN_HANDOFF, HolderState.UNKNOWN})
+FINAL_STATES = frozenset(
+    {
+        HolderState.GONE,
+        HolderState.FINISHED,
+        HolderState.BOUND_ELSEWHERE,
+        HolderState.ADMITTED,
+    }
+)
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """What the classifier reads of a pod, parsed once (a cache may keep this instead)."""
+
+    uid: str
+    node: str  # spec.nodeName; "" while unbound
+    phase: str  # status.phase; "Pending" when absent
+    reason: str  # status.reason; "" when absent
+    deleting: bool  # metadata.deletionTimestamp is set
+    has_statuses: bool  # kubelet wrote a container or init container status
+
+
+def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
+    """Read the classifier's facts from a Pod object; tolerant of missing or mistyped fields."""
+    meta = _mapping(pod.get("metadata"))
+    spec = _mapping(pod.get("spec"))
+    status = _mapping(pod.get("status"))
+    statuses = [status.get("containerStatuses"), status.get("initContainerStatuses")]
+    return PodFacts(
+        uid=str(meta.get("uid") or ""),
+        node=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        reason=str(status.get("reason") or ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+        has_statuses=any(isinstance(s, list) and len(s) > 0 for s in statuses),
+    )
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class HolderStatus:
+    """A phase and why, in words a person can act on."""
+
+    state: HolderState
+    why: str
+
+    @property
+    def in_handoff(self) -> bool:
+        """True when an expired lock of this holder must still not be taken over."""
+        return self.state in IN_HANDOFF_STATES
+
+    @property
+    def final(self) -> bool:
+        """True when the phase can never change back for this UID (a lagging copy may say it)."""
+        return self.state in FINAL_STATES
+
+
+def classify(facts: PodFacts | None, *, uid: str, node: str) -> HolderStatus:
+    """Classify the holder's pod (``None``: it does not exist) for a lock on ``node``.
+
+    ``uid`` is the holder's UID from the lock; empty means "any pod of that name".
+    """
+    if facts is None:
+        return HolderStatus(HolderState.GONE, "holder pod no longer exists")
+    if uid and facts.uid != uid:
+        return HolderStatus(
+            HolderState.GONE, "holder pod was deleted (a new pod has the same name, another UID)"
+        )
+    if facts.phase in ("Failed", "Succeeded"):
+        reason = f" ({facts.reason})" if facts.reason else ""
+        return HolderStatus(HolderState.FINISHED, f"holder pod {facts.phase}{reason}")
+    if not facts.node:
+        return HolderStatus(HolderState.NOT_BOUND, "holder pod is not bound to a node yet")
+    if facts.node != node:
+        return HolderStatus(
+            HolderState.BOUND_ELSEWHERE, f"holder pod is bound to node {facts.node}"
+        )
+    if facts.phase == "Running" or facts.has_statuses:
+        return HolderStatus(
+            HolderState.ADMITTED, f"holder pod was admitted by kubelet ({facts.phase})"
+        )
+    if facts.phase == "Unknown":
+        return HolderStatus(
+            HolderState.UNKNOWN, "holder pod's phase is Unknown (kubelet lost contact)"
+        )
+    if facts.deleting:
+        return HolderStatus(
+            HolderState.IN_HANDOFF,
+            "holder pod is being deleted but is Pending on this node and not admitted by kubelet "
+            "yet (kubelet may still admit it before stopping it)",
+        )
+    return HolderStatus(
+        HolderState.IN_HANDOFF,
+        "holder pod is Pending on this node and not admitted by kubelet yet",
+    )
+
+
+def holder_status(pod: Mapping[str, Any] | None, *, uid: str, node: str) -> HolderStatus:
+    """Classify the holder's pod object (``None``: it does not exist) for a lock on ``node``."""
+    return classify(None if pod is None else pod_facts(pod), uid=uid, node=node)
