@@ -135,9 +135,9 @@ class Admission:
             node=self.node, devices=self._state.health(), resource=self._resource, keys=self._keys
         )
 
-    async def _save(self, cp: Checkpoint) -> None:
+    async def _save(self, cp: Checkpoint, *, durable: bool = True) -> None:
         """Write ``cp`` and adopt it; on failure keep the old one and raise ``OSError``."""
-        await asyncio.to_thread(checkpoint.save, self._file, cp)
+        await asyncio.to_thread(checkpoint.save, self._file, cp, durable=durable)
         self._cp = cp
         self._metrics.pending_releases.set(len(cp.pending))
 
@@ -170,9 +170,16 @@ class Admission:
             return None
 
     async def _holder_pod(self, view: NodeLockView | None, *, fresh: bool) -> PodJSON | None:
+        """The lock holder's pod: unless ``fresh``, from the node's pod watch when it has the
+        holder (no request: the watch copy lags the API server, so a decision that refuses
+        from it is made again from a fresh read); else one GET."""
         if view is None or view.record.holder is None:
             return None
         holder = view.record.holder
+        if not fresh and self._pods is not None and self._pods.synced:
+            watched = self._pods.get(holder.key)
+            if watched is not None and (watched.get("metadata") or {}).get("uid") == holder.uid:
+                return watched
         key = (holder.key, holder.uid, view.record.token)
         if not fresh and self._pod_cache is not None and self._pod_cache[0] == key:
             return self._pod_cache[1]
@@ -188,6 +195,7 @@ class Admission:
     ) -> tuple[Allocation, ContainerAnswer] | Refusal:
         """Decide one Allocate call and do what follows from it (checkpoint, release)."""
         started = time.monotonic()
+        self._step("allocate")
         async with self._lock:
             await failpoints.pause("allocate.start")  # e2e: a slow admission
             result = await self._allocate(requests)
@@ -229,9 +237,11 @@ class Admission:
         self, ids: Sequence[DeviceID], ctx: Context, *, fresh: bool
     ) -> Allocation | Refusal:
         view = await self._view(fresh=fresh)
-        # the pod is read anew for every Allocate (not taken from GetPreferredAllocation's read),
-        # so an edit of its assignment after binding is seen and refused
-        pod = await self._holder_pod(view, fresh=True)
+        # The pod comes from the node's pod watch, not from GetPreferredAllocation's read, so an
+        # owner's edit of its assignment that the watch has delivered is refused; one it has not
+        # delivered yet changes nothing served (the devices are the Lease's copy).  A refusal
+        # is decided again from fresh reads.
+        pod = await self._holder_pod(view, fresh=fresh)
         bound_here: list[PodJSON] = []
         if self._pods is not None and self._pods.synced:
             bound_here = self._pods.pods()
@@ -326,10 +336,17 @@ class Admission:
             self._cp = cp
         await self._release_soon(pending)
 
+    def _step(self, step: str) -> None:
+        """Observe how long the node's lock has been held when the handoff reaches ``step``."""
+        view = self._locks.view(self.node)
+        if view is not None and view.record.holder is not None:
+            self._metrics.handoff_steps.labels(step).observe(view.held_for_s)
+
     # -- GetPreferredAllocation -----------------------------------------------------------------
 
     async def preferred(self, asks: Sequence[PreferenceAsk]) -> list[Preference]:
         """A preference per container request; only a single request can be a hit."""
+        self._step("preferred")
         async with self._lock:
             out = [await self._preferred(ask, single=len(asks) == 1) for ask in asks]
         for pref in out:
@@ -389,9 +406,15 @@ class Admission:
 
     async def _release(self, pending: PendingRelease) -> ReleaseResult:
         lock = HeldLock(self.node, Holder(pending.holder, pending.uid), pending.token, "")
+        before = self._locks.view(self.node)
+        started = time.monotonic()
         try:
             await self._locks.release(lock, outcome=pending.outcome)
             result = ReleaseResult.RELEASED
+            if before is not None and before.record.token == pending.token:
+                self._metrics.handoff_steps.labels("released").observe(
+                    before.held_for_s + time.monotonic() - started
+                )
             log.info(
                 "released node lock of %s (token %d): %s",
                 pending.holder,
@@ -410,7 +433,9 @@ class Admission:
         self._metrics.releases.labels(outcome=pending.outcome.value, result=result.value).inc()
         cp = self._cp.without_pending(pending.token)
         try:
-            await self._save(cp)
+            # not durable: a crash that loses this write only repeats a release, which then
+            # finds the token stale (or the lock free) and changes nothing
+            await self._save(cp, durable=False)
         except OSError as exc:
             log.error("cannot record a finished release in %s: %s", self._file, exc)
             self._cp = cp

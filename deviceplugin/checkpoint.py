@@ -166,8 +166,10 @@ def load(path: Path, node: NodeName) -> Checkpoint:
         ) from exc
 
 
-def save(path: Path, cp: Checkpoint) -> None:
-    """Replace the checkpoint at ``path`` atomically and durably."""
+def save(path: Path, cp: Checkpoint, *, durable: bool = True) -> None:
+    """Replace the checkpoint at ``path`` atomically, and durably (fsync of the file and its
+    directory) unless ``durable`` is False: then a crash may leave the previous checkpoint,
+    which must be safe to resume from."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.dumps(to_json(cp), indent=1, sort_keys=True).encode("utf-8")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -175,11 +177,14 @@ def save(path: Path, cp: Checkpoint) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

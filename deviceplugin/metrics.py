@@ -41,6 +41,17 @@ class PluginMetrics:
             registry=r,
             buckets=LATENCY_BUCKETS,
         )
+        self.handoff_steps = Histogram(
+            f"{PREFIX}handoff_step_seconds",
+            "From the node lock's acquisition, as this plugin's Lease watch first saw it, to each "
+            "step of the handoff: preferred (GetPreferredAllocation called), allocate (Allocate "
+            "called), released (the lock released after the last container).",
+            ["step"],
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        for step in ("preferred", "allocate", "released"):
+            self.handoff_steps.labels(step)
         self.allocations = Counter(
             f"{PREFIX}allocations",
             "Allocate calls by result: allocated, or the refusal reason.",
