@@ -43,7 +43,7 @@ from typing import Any
 from devcluster import processes
 from devcluster.binaries import ensure_control_plane, ensure_simkubelet
 from devcluster.cluster import Cluster
-from devcluster.gpunodes import up_gpu_cluster
+from devcluster.gpunodes import node_names, up_gpu_cluster
 from devcluster.namespaces import create_namespace
 from lockd.kube import JSON, KubeClient, namespace_path, pod_path
 from nodelock.demo import (
@@ -82,15 +82,37 @@ def pod(name: str, gpus: int) -> JSON:
     }
 
 
-def contended(cluster: Cluster) -> float:
-    """Binds refused for a held lock, summed over the extender replicas."""
-    total = 0.0
+EXTENDER_SERIES = {
+    "contended": ("nodelock_extender_requests_total", {"verb": "bind", "result": "contended"}),
+    "filter_s": ("nodelock_extender_request_duration_seconds_sum", {"verb": "filter"}),
+    "filter_n": ("nodelock_extender_request_duration_seconds_count", {"verb": "filter"}),
+    "prioritize_s": ("nodelock_extender_request_duration_seconds_sum", {"verb": "prioritize"}),
+    "prioritize_n": ("nodelock_extender_request_duration_seconds_count", {"verb": "prioritize"}),
+    "bind_s": ("nodelock_extender_request_duration_seconds_sum", {"verb": "bind"}),
+    "bind_n": ("nodelock_extender_request_duration_seconds_count", {"verb": "bind"}),
+    "queue_s": ("nodelock_extender_bind_queue_wait_seconds_sum", {}),
+    "queue_n": ("nodelock_extender_bind_queue_wait_seconds_count", {}),
+}
+
+
+def extender_counts(cluster: Cluster) -> dict[str, float]:
+    """The extender series the benchmark reads, summed over the replicas."""
+    out = dict.fromkeys(EXTENDER_SERIES, 0.0)
     for url in cluster.settings()["extender"]["replicas"]:
         samples = metric_samples(_scrape(f"{url}/metrics"))
-        total += metric_sum(
-            samples, "nodelock_extender_requests_total", verb="bind", result="contended"
-        )
-    return total
+        for key, (name, labels) in EXTENDER_SERIES.items():
+            out[key] += metric_sum(samples, name, **labels)
+    return out
+
+
+def extender_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean server-side time per call of each verb, and mean queue wait per bind, in seconds."""
+    d = {k: after[k] - before[k] for k in before}
+    return {
+        what: d[f"{what}_s"] / d[f"{what}_n"]
+        for what in ("filter", "prioritize", "bind", "queue")
+        if d[f"{what}_n"] > 0
+    }
 
 
 def cpu_seconds(cluster: Cluster) -> dict[str, float]:
@@ -158,7 +180,7 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
         started = time.monotonic()
         gpus = max(sizes)
         n = len(sizes)
-        before_cont = contended(cluster) if gpus else 0.0
+        ext_before = extender_counts(cluster) if gpus else {}
         cpu_before = cpu_seconds(cluster)
         t0 = tl.now()
         await asyncio.gather(
@@ -173,7 +195,7 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
         after_req = await _api_requests(kube)
         cpu_after = cpu_seconds(cluster)
         elapsed = time.monotonic() - started
-        after_cont = contended(cluster) if gpus else 0.0
+        ext_after = extender_counts(cluster) if gpus else {}
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -194,7 +216,8 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
         "pods_per_s": n / (t_end - t0),
         "to_running_p50_s": _quantile(to_running, 0.5),
         "to_running_p99_s": _quantile(to_running, 0.99),
-        "contended_binds": after_cont - before_cont,
+        "contended_binds": ext_after.get("contended", 0.0) - ext_before.get("contended", 0.0),
+        "extender_mean_s": extender_means(ext_before, ext_after) if gpus else {},
         "handoff_p50_s": _quantile(holds, 0.5) if holds else math.nan,
         "handoff_p99_s": _quantile(holds, 0.99) if holds else math.nan,
         "cpu_ms_per_pod": {
@@ -248,6 +271,13 @@ def table(rows: list[dict[str, Any]]) -> str:
             )
             lines.append(f"  {r['phase']:<22}{cells}")
     lines.append("")
+    lines.append("extender, server side, mean ms per call: filter, prioritize, bind (queue wait)")
+    for r in rows:
+        m = r.get("extender_mean_s") or {}
+        if m:
+            cells = "  ".join(f"{k} {v * 1000:.1f}" for k, v in m.items())
+            lines.append(f"  {r['phase']:<22}{cells}")
+    lines.append("")
     lines.append(
         "CPU per pod, ms, by component (from the first create to a second after the last Running; "
         f"the machine has {os.cpu_count()} cores)"
@@ -258,6 +288,31 @@ def table(rows: list[dict[str, Any]]) -> str:
         cells = "  ".join(f"{k} {v:.0f}" for k, v in cpu if v >= 0.5)
         lines.append(f"  {r['phase']:<22}total {total:.0f}: {cells}")
     return "\n".join(lines)
+
+
+async def warm_up(cluster: Cluster, nodes: int) -> None:
+    """One GPU pod per node through the extender, then deleted: every node then has its Lease
+    and a previous handoff, as in any cluster that ran a GPU pod before.  (A node's first
+    handoff on a new Lease lists that node's pods once; the phases measure the steady state.)"""
+    ns = "bench-warm-up"
+    async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
+        await create_namespace(kube, ns)
+        for i, node in enumerate(node_names(nodes)):
+            body = pod(f"w{i}", 1)
+            body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+            await kube.create(pod_path(ns), body)
+        for _ in range(600):
+            items = (await kube.list(pod_path(ns)))["items"]
+            if sum(1 for p in items if p.get("status", {}).get("phase") == "Running") == nodes:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise RuntimeError("warm-up pods not Running after 120 s")
+        await kube.delete(namespace_path(ns))
+        for _ in range(600):
+            if not (await kube.list(pod_path(ns)))["items"]:
+                break
+            await asyncio.sleep(0.2)
 
 
 def restart_extenders(cluster: Cluster, phase_args: list[str]) -> None:
@@ -301,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         up_gpu_cluster(cluster, nodes=args.nodes, gpus_per_node=args.gpus)
+        asyncio.run(warm_up(cluster, args.nodes))
         for phase in phases:
             if phase == "default-binder":
                 cluster.restart_scheduler({})  # no extender: the default binder
