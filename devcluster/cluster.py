@@ -33,6 +33,7 @@ from devcluster.pki import ADMIN, CONTROLLER_MANAGER, PKI, SCHEDULER
 from devcluster.processes import Proc, StateFile
 
 LOCK_NAMESPACE = "nodelock-system"
+APISERVER_REQUEST_TIMEOUT_S = 15  # kube-apiserver's --request-timeout here (default 60 s)
 CONTROL_PLANE_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 
@@ -266,6 +267,7 @@ class Cluster:
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true",
             "--profiling=false",
+            f"--request-timeout={APISERVER_REQUEST_TIMEOUT_S}s",
             "--v=1",
         ]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from devcluster import processes
 from devcluster.binaries import ensure_simkubelet
-from devcluster.cluster import Cluster
+from devcluster.cluster import APISERVER_REQUEST_TIMEOUT_S, Cluster
 from devcluster.errors import DevclusterError
 from devcluster.pki import ADMIN
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
@@ -84,6 +84,7 @@ def start_extender(
             "--lock-aware" if lock_aware else "--no-lock-aware",
             f"--bind-wait-budget={bind_wait_budget_s:g}",
             f"--scheduler-http-timeout={http_timeout_s:g}",
+            f"--apiserver-request-timeout={APISERVER_REQUEST_TIMEOUT_S}",
             *(extra_args or []),
         ]
         cluster.start_component(name, argv)

@@ -53,7 +53,7 @@ from scheduler_ext.metrics import ExtenderMetrics, Result
 from scheduler_ext.need import PodNeed
 from scheduler_ext.protocol import BindingArgs
 from scheduler_ext.state import BadObject, PodState, pod_state
-from scheduler_ext.takeover import judge
+from scheduler_ext.takeover import DEFAULT_REQUEST_TIMEOUT_S, binding_may_still_land, judge
 from scheduler_ext.verbs import ASSIGNMENT_DATA, with_lock_holder
 from scheduler_ext.waiting import BindQueues, WaitRefused
 
@@ -73,6 +73,19 @@ class BindOutcome:
     error: str = ""
     assignment: Assignment | None = None
     token: int | None = None
+
+
+def keep_lock_after(exc: BaseException, *, binding_sent: bool) -> bool:
+    """Whether a bind that failed with ``exc`` after taking the lock must keep it.
+
+    Before the binding was sent, the pod cannot be bound: release.  After it was sent, only an
+    answer from the API server proves it was not applied (a refusal: ``ApiError``, or
+    ``BindFailed`` after checking); a cancellation or any other interruption leaves the outcome
+    unknown, and a released lock could go to a second pod while kubelet admits this one.
+    """
+    if not binding_sent:
+        return False
+    return not isinstance(exc, BindFailed | ApiError | LockError)
 
 
 class BindFailed(Exception):
@@ -95,6 +108,7 @@ class Binder:
         *,
         duration_s: int,
         wait_budget_s: float = DEFAULT_WAIT_BUDGET_S,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         confirm_wait_s: float = CONFIRM_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -106,6 +120,7 @@ class Binder:
         # the confirm wait must leave most of the binding's budget (duration / 3) to the write
         self._confirm_wait_s = min(confirm_wait_s, duration_s / 6)
         self._clock = clock
+        self._request_timeout_s = request_timeout_s
         self.queues = BindQueues(budget_s=wait_budget_s, clock=clock, on_refused=metrics.refused)
         metrics.follow_queues(self.queues.depths)
 
@@ -136,6 +151,23 @@ class Binder:
                 log.warning("node %s: cannot read lock holder %s: %s", record.node, holder.key, exc)
                 return False
             verdict = judge(fresh, holder_uid=holder.uid, node=record.node, fresh=True)
+        view = self._locks.view(record.node)
+        held_for = view.held_for_s if view is not None and view.record == record else 0.0
+        if verdict.allowed and binding_may_still_land(
+            verdict.state,
+            held_for_s=held_for,
+            duration_s=self._duration_s,
+            request_timeout_s=self._request_timeout_s,
+        ):
+            log.info(
+                "node %s: expired lock of %s (token %d) not taken over: not bound yet, but a "
+                "binding its bind sent may still be applied (held %.1fs)",
+                record.node,
+                holder.key,
+                record.token,
+                held_for,
+            )
+            return False
         log.info(
             "node %s: expired lock of %s (token %d): takeover %s: %s",
             record.node,
@@ -250,7 +282,7 @@ class Binder:
             log.warning("%s; keeping the lock of %s (token %d)", exc, node, held.token)
             raise BindFailed(Result.ERROR, str(exc)) from exc
         except BaseException as exc:
-            if sent and not isinstance(exc, BindFailed | ApiError | LockError):
+            if keep_lock_after(exc, binding_sent=sent):
                 # cancelled (or broken) with the binding on its way: it may land, so the lock
                 # stays; it is taken over only once its holder is seen not bound here
                 log.warning(

@@ -13,6 +13,7 @@ from scheduler_ext.choose import Policy
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
 from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES
 from scheduler_ext.service import Extender, Settings, check_settings, parse_listen
+from scheduler_ext.takeover import DEFAULT_REQUEST_TIMEOUT_S
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -79,6 +80,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         f"(default {DEFAULT_HTTP_TIMEOUT_S:g})",
     )
     p.add_argument(
+        "--apiserver-request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help="kube-apiserver's --request-timeout: an expired lock whose holder was never bound "
+        "is taken over only once a binding its bind sent can no longer be applied "
+        f"(default {DEFAULT_REQUEST_TIMEOUT_S:g})",
+    )
+    p.add_argument(
         "--lock-aware",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -116,6 +126,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         lease_duration_s=args.lease_duration,
         wait_budget_s=args.bind_wait_budget,
         scheduler_http_timeout_s=args.scheduler_http_timeout,
+        apiserver_request_timeout_s=args.apiserver_request_timeout,
         lock_aware=args.lock_aware,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,

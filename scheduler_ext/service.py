@@ -29,6 +29,7 @@ from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, check_bind_timing
 from scheduler_ext.metrics import ExtenderMetrics
 from scheduler_ext.reflector import Reflector
 from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES, Endpoints, ServerOptions, make_app
+from scheduler_ext.takeover import DEFAULT_REQUEST_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class Settings:
     lease_duration_s: int = 15
     wait_budget_s: float = DEFAULT_WAIT_BUDGET_S
     scheduler_http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S
+    apiserver_request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     lock_aware: bool = True
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -112,6 +114,8 @@ def check_settings(settings: Settings) -> None:
         )
     except ValueError as exc:
         raise ConfigError(f"--bind-wait-budget: {exc}") from exc
+    if settings.apiserver_request_timeout_s <= 0:
+        raise ConfigError("--apiserver-request-timeout must be positive")
     if settings.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
     if not settings.annotation_prefix.endswith("/"):
@@ -154,6 +158,7 @@ class Extender:
             self.metrics,
             duration_s=settings.lease_duration_s,
             wait_budget_s=settings.wait_budget_s,
+            request_timeout_s=settings.apiserver_request_timeout_s,
             confirm_wait_s=confirm_wait_s,
             clock=clock,
         )

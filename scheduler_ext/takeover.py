@@ -20,7 +20,10 @@ from handoff.holder import HolderState, HolderStatus, classify
 from lockd.model import NodeName
 from scheduler_ext.state import PodState
 
-__all__ = ["HolderState", "Judgement", "holder_state", "judge"]
+__all__ = ["HolderState", "Judgement", "binding_may_still_land", "holder_state", "judge"]
+
+DEFAULT_REQUEST_TIMEOUT_S = 60.0  # kube-apiserver's --request-timeout default
+LATE_BINDING_MARGIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,24 @@ def judge(
     if not fresh and allowed and not status.final:
         return Judgement(None, status.state, f"cache says {status.state.value}; confirming")
     return Judgement(allowed, status.state, status.why)
+
+
+def binding_may_still_land(
+    state: HolderState | None,
+    *,
+    held_for_s: float,
+    duration_s: int,
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+) -> bool:
+    """Whether a holder seen not bound may still become bound by its own bind's binding.
+
+    The binding is sent at most ``duration_s / 3`` after the lock was taken; the API server may
+    apply a binding it accepted (an etcd stall) up to its request timeout later.  Until both
+    have passed, plus a margin, "not bound" is not final: taking the lock over could hand its
+    devices to a second pod while kubelet admits the first.  ``held_for_s`` is how long this
+    process has seen the lock held by that holder (the observed-time rule: never a remote
+    timestamp).
+    """
+    if state is not HolderState.NOT_BOUND:
+        return False
+    return held_for_s < duration_s / 3 + request_timeout_s + LATE_BINDING_MARGIN_S

@@ -338,7 +338,9 @@ async def test_expired_lock_moves_on_only_once_its_holder_left_handoff(
     clock = FakeClock()
     ext = Extender(
         kube,
-        Settings(port=0, lock_namespace=namespace, lease_duration_s=15),
+        Settings(
+            port=0, lock_namespace=namespace, lease_duration_s=15, apiserver_request_timeout_s=10
+        ),
         registry=CollectorRegistry(),
         lock_metrics=LockMetrics(registry=CollectorRegistry()),
         clock=clock,
@@ -366,10 +368,15 @@ async def test_expired_lock_moves_on_only_once_its_holder_left_handoff(
         # y's GPU is the one the failed pod had: it is free again
         assert devices_in(await get_pod(kube, namespace, "y")) == {device_ids(node, 4)[0]}
         # a holder that was never bound (its extender died before binding) is taken over too
+        # ... but only once a binding its bind sent can no longer be applied: a third of the
+        # lease duration plus the API server's request timeout plus a margin (5 + 10 + 5 s)
         await _take_lock_for(kube, namespace, node, z)
         await wait_for(lambda: _holder_is(ext, node, f"{namespace}/z"))
-        clock.now += 60
         late = await create_pod(kube, namespace, pod_body("late", test=namespace, gpus=1))
+        clock.now += 16  # expired, not bound, but within the window
+        error = await post_bind(ext, binding_args(late, node))
+        assert f"lock held by {namespace}/z" in error
+        clock.now += 5
         assert await post_bind(ext, binding_args(late, node)) == ""
     finally:
         await ext.stop()
@@ -444,3 +451,25 @@ async def test_a_lease_deleted_mid_handoff_is_confirmed_by_listing_the_node(
     b_devices = devices_in(await get_pod(kube, namespace, "b"))
     assert not a_devices & b_devices, (a_devices, b_devices)
     assert binder._metrics.confirm_fallbacks._value.get() == 1.0
+
+
+async def test_a_second_bind_of_a_pod_that_holds_the_lock_fails_and_keeps_its_token(
+    kube: KubeClient, namespace: str, nodes: list[str]
+) -> None:
+    """Hole 8: a bind of the pod is under way on one replica (it holds the lock, not yet bound)
+    when kube-scheduler asks another replica to bind it again.  Re-acquiring would give the
+    lock a new token that the first bind's binding does not carry; the second bind fails."""
+    node = await gpu_node(kube, nodes, namespace, 2)
+    pod = await create_pod(kube, namespace, pod_body("twice", test=namespace, gpus=1))
+    first = new_locks(kube, namespace)
+    holder = Holder(HolderKey(f"{namespace}/twice"), pod["metadata"]["uid"], {})
+    held = await first.acquire(NodeName(node), holder)
+    other = _lagging_binder(kube, namespace, await _frozen_cache(kube))
+    await other._locks.inspect(NodeName(node))  # its Lease watch has seen the first bind's lock
+    outcome = await other.bind(
+        BindingArgs("twice", namespace, pod["metadata"]["uid"], NodeName(node))
+    )
+    assert "already holds the lock" in outcome.error
+    after = await lease(kube, namespace, node)
+    assert after["spec"]["leaseTransitions"] == held.token
+    assert not (await get_pod(kube, namespace, "twice"))["spec"].get("nodeName")

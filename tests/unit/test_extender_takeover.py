@@ -9,7 +9,13 @@ import pytest
 from handoff.wire import Keys
 from lockd.model import NodeName
 from scheduler_ext.state import PodState, pod_state
-from scheduler_ext.takeover import HolderState, holder_state, judge
+from scheduler_ext.takeover import (
+    LATE_BINDING_MARGIN_S,
+    HolderState,
+    binding_may_still_land,
+    holder_state,
+    judge,
+)
 
 NODE = NodeName("gpu-1")
 UID = "uid-1"
@@ -110,3 +116,20 @@ def test_pod_unknown_to_the_cache_needs_a_read_unless_seen_deleted() -> None:
     seen_gone = judge(None, holder_uid=UID, node=NODE, fresh=False, known_gone=True)
     assert seen_gone.allowed is True
     assert seen_gone.state is HolderState.GONE
+
+
+def test_a_never_bound_holder_is_not_taken_over_while_its_binding_may_still_land() -> None:
+    """Hole 5: an accepted binding can be applied up to the API server's request timeout after
+    it was sent, and it was sent within a third of the lease duration."""
+    window = 15 / 3 + 60 + LATE_BINDING_MARGIN_S
+    for held in (15.0, window - 0.1):
+        assert binding_may_still_land(HolderState.NOT_BOUND, held_for_s=held, duration_s=15)
+    assert not binding_may_still_land(HolderState.NOT_BOUND, held_for_s=window, duration_s=15)
+    assert binding_may_still_land(
+        HolderState.NOT_BOUND, held_for_s=20.0, duration_s=15, request_timeout_s=15
+    )
+    assert not binding_may_still_land(
+        HolderState.NOT_BOUND, held_for_s=26.0, duration_s=15, request_timeout_s=15
+    )
+    for final in (HolderState.GONE, HolderState.FINISHED, HolderState.ADMITTED):
+        assert not binding_may_still_land(final, held_for_s=15.0, duration_s=15)
