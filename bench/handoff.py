@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from devcluster import processes
 from devcluster.binaries import ensure_control_plane, ensure_simkubelet
 from devcluster.cluster import Cluster
@@ -338,6 +340,13 @@ def main(argv: list[str] | None = None) -> int:
         "--mix", default="1", help="GPUs per pod: one size, or a comma list for a mixed burst"
     )
     parser.add_argument(
+        "--pod-max-backoff",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="kube-scheduler's podMaxBackoffSeconds (its default: 10) for the extender phases",
+    )
+    parser.add_argument(
         "--phases",
         default="nodelock,peers,default-binder",
         help="comma list of nodelock, peers, default-binder (default: all three)",
@@ -356,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         up_gpu_cluster(cluster, nodes=args.nodes, gpus_per_node=args.gpus)
+        if args.pod_max_backoff is not None:
+            config = yaml.safe_load(cluster.scheduler_config.read_text())
+            cluster.restart_scheduler(
+                {"extenders": config["extenders"], "podMaxBackoffSeconds": args.pod_max_backoff}
+            )
         asyncio.run(warm_up(cluster, args.nodes))
         for phase in phases:
             if phase == "default-binder":
@@ -374,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "nodes": args.nodes,
         "gpus_per_node": args.gpus,
         "mix": mix,
+        "pod_max_backoff_s": args.pod_max_backoff,
         "pods": len(sizes),
         "rows": rows,
     }
