@@ -397,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         if mix == [1] and args.nodes == 8
         else (f"handoff-{args.nodes}x{args.gpus}-mix{'-'.join(map(str, mix))}.json")
     )
+    if args.pod_max_backoff is not None:
+        name = name.replace(".json", f"-backoff{args.pod_max_backoff}.json")
     (RESULTS / name).write_text(json.dumps(out, indent=1))
     print(f"\nwrote {RESULTS / name}")
     return 0
