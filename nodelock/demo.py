@@ -251,11 +251,10 @@ def _last_event(tl: Timeline) -> float:
 
 
 def html_report(tl: Timeline, summary: list[tuple[str, str]]) -> str:
-    """The report as a page: lock holds per node over time, lock waits, bind->admission."""
-    first_contention: dict[str, float] = {}
-    for _, pod, t in tl.contention:
-        first_contention.setdefault(pod, t)
-    waits = [tl.bound[p] - t for p, t in first_contention.items() if p in tl.bound]
+    """The report as a page: lock holds per node over time, creation -> lock acquired (the
+    scheduling cycle and the bind's wait in its node's queue), bind -> admission."""
+    acquired = {holder: t0 for _, holder, t0, _ in tl.holds}
+    waits = [t - tl.first_seen[p] for p, t in acquired.items() if p in tl.first_seen]
     admit = [tl.running[p] - tl.bound[p] for p in tl.running if p in tl.bound]
     holds = [htmlreport.Hold(n, h, t0, t1) for n, h, t0, t1 in tl.holds]
     nodes = sorted({*tl.leases, *(n for n, *_ in tl.holds)})

@@ -10,7 +10,8 @@ What it shows:
 
 - a timeline per node: one bar per lock hold (who held the node's lock, from when to when),
   coloured by workload, and a mark for each time a pod found the node locked (contention);
-- the distribution of lock waits (first contention to acquisition, per pod);
+- the distribution of the time from a pod's creation to its node lock's acquisition (the
+  scheduling cycle plus the bind's wait in its node's queue);
 - the distribution of bind to admission (kubelet's Allocate answered) latency;
 - the summary table the caller passes (invariants, counts, request rates).
 """
@@ -101,15 +102,16 @@ def render(data: ReportData) -> str:
         '<section id="timeline"><h2>Node locks over time</h2>',
         '<p class="note">One row per node; a bar is one lock hold (Bind took the lock, the '
         "device plugin released it after Allocate), coloured by workload; a red tick is a bind "
-        "that found the node locked and was retried. Hover for details.</p>",
+        "that could not get its turn in time and was retried. Hover for details.</p>",
         _timeline(data, duration, colours),
         _legend(colours),
         "</section>",
         '<div class="pair">',
-        '<section id="lock-waits"><h2>Lock wait per pod</h2>',
-        '<p class="note">From a pod&#8217;s first contended bind to its lock acquisition'
+        '<section id="lock-waits"><h2>Creation &#8594; lock acquired</h2>',
+        '<p class="note">From the pod&#8217;s creation to its node lock&#8217;s acquisition: '
+        "kube-scheduler&#8217;s cycle plus the bind&#8217;s wait for its turn at the node"
         f"{_stats(data.lock_waits_s)}.</p>",
-        _histogram(data.lock_waits_s, "lock wait", "#4e79a7"),
+        _histogram(data.lock_waits_s, "creation to lock acquired", "#4e79a7"),
         "</section>",
         '<section id="bind-to-admit"><h2>Bind &#8594; admission</h2>',
         '<p class="note">From the pod&#8217;s binding to its admission by kubelet (Allocate '

@@ -201,7 +201,7 @@ def test_empty_run_renders_without_marks() -> None:
     tree = Tree(page)
     assert len(tree.find("g", "node-row")) == 1
     assert not tree.find("rect", "hold")
-    assert "No lock wait was measured." in page
+    assert "No creation to lock acquired was measured." in page
     assert "No bind to admission was measured." in page
 
 
