@@ -3,8 +3,11 @@
 ``nodelock locks`` prints one line per node lock: node, holder, fencing token, age, whether it is
 expired, and what its holder is doing — for a stuck lock, *why* (the holder is still Pending on the
 node and not admitted).  ``nodelock locks show NODE`` prints everything the Lease says.
-``nodelock locks break NODE`` releases a lock by force after confirmation (``--yes`` to skip it),
-says whose lock it broke, and warns when the holder may still be admitted by kubelet.
+``nodelock locks break NODE`` releases a lock by force after confirmation (``--yes`` to skip it)
+and says whose lock it broke.  It refuses, exit status 3, unless ``--force`` is given, when
+breaking could hand the holder's GPUs to a second pod: the holder is bound to the node and not
+admitted by kubelet yet (kubelet may still admit it), or the holder is not bound yet and its lock
+is younger than its duration (the extender's binding may still land).
 
 Age and expiry shown without ``--observe`` are read from the Lease's own timestamps against this
 machine's clock, which is informational only (clocks differ); lockd itself judges expiry by how
@@ -42,6 +45,13 @@ HANDOFF_WARNING = (
     "pods could get the same GPUs. The lock ends by itself when the pod is admitted, rejected or "
     "deleted."
 )
+BIND_WARNING = (
+    "WARNING: {holder} is not bound yet and its lock on node {node} changed {age} ago, within its "
+    "duration of {duration}s: the extender's binding of {holder} to node {node} may still land. "
+    "Breaking its lock lets another pod take node {node}'s lock while kubelet may then admit "
+    "{holder}: two pods could get the same GPUs. Wait {duration}s and look again."
+)
+NEEDS_FORCE = 3  # exit status of a break refused for want of --force
 
 
 class CliError(Exception):
@@ -81,6 +91,11 @@ def register(sub: Any) -> None:
     _common(brk, suppress=True)
     brk.add_argument("node", help="node name (= Lease name)")
     brk.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    brk.add_argument(
+        "--force",
+        action="store_true",
+        help="break even when the holder may still get its GPUs (refused otherwise, exit 3)",
+    )
 
 
 def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -131,7 +146,16 @@ async def run_locks(args: argparse.Namespace, *, out: TextIO, err: TextIO, confi
         if action == "show":
             return await _show(locks, kube, NodeName(args.node), out)
         if action == "break":
-            return await _break(locks, kube, NodeName(args.node), args.yes, out, err, confirm)
+            return await _break(
+                locks,
+                kube,
+                NodeName(args.node),
+                yes=args.yes,
+                force=getattr(args, "force", False),
+                out=out,
+                err=err,
+                confirm=confirm,
+            )
         return await _list(locks, kube, args.observe, out)
     finally:
         await kube.close()
@@ -334,11 +358,46 @@ def describe(row: Row, *, namespace: str) -> str:
 # -- breaking -------------------------------------------------------------------------------
 
 
+def break_risk(row: Row) -> str | None:
+    """Why breaking this lock could give the holder's GPUs to a second pod; None when it cannot.
+
+    Risky: the holder is in handoff (bound to the node, not admitted; or its phase is Unknown), or
+    it is not bound yet and the Lease changed less than its duration ago by this machine's clock
+    (the extender's binding may still be on its way; an unreadable time counts as recent).
+    """
+    record = row.view.record
+    if record.holder is None or row.holder is None:
+        return None
+    if row.holder.in_handoff:
+        return HANDOFF_WARNING.format(holder=record.holder.key, node=record.node)
+    if row.holder.state is HolderState.NOT_BOUND:
+        changed = _changed_ago(record, time.time())
+        if changed is None or changed < record.duration_s:
+            return BIND_WARNING.format(
+                holder=record.holder.key,
+                node=record.node,
+                age=duration_text(changed) if changed is not None else "an unknown time",
+                duration=record.duration_s,
+            )
+    return None
+
+
+def _changed_ago(record: LockRecord, now: float) -> float | None:
+    """Seconds since the Lease's last change by its own timestamps (None: unreadable)."""
+    times = []
+    for value in (record.acquire_time, record.renew_time):
+        with contextlib.suppress(ValueError, TypeError):
+            times.append(parse_microtime(str(value)).timestamp())
+    return now - max(times) if times else None
+
+
 async def _break(
     locks: NodeLocks,
     kube: KubeClient,
     node: NodeName,
+    *,
     yes: bool,
+    force: bool,
     out: TextIO,
     err: TextIO,
     confirm: Confirm,
@@ -353,8 +412,16 @@ async def _break(
     (row,) = await _rows(locks, kube, [view], observed=False)
     who = f"{record.holder.key} (uid {record.holder.uid or '?'}, token {record.token})"
     print(f"node {node}: lock held by {who}; {state_text(row)}", file=out)
-    if row.holder is not None and row.holder.in_handoff:
-        print(HANDOFF_WARNING.format(holder=record.holder.key, node=node), file=err)
+    risk = break_risk(row)
+    if risk is not None:
+        print(risk, file=err)
+        if not force:
+            print(
+                f"not breaking node {node}'s lock without --force: {record.holder.key} may "
+                "still get its GPUs (see the warning above)",
+                file=err,
+            )
+            return NEEDS_FORCE
     if not yes and not confirm(f"Break node {node}'s lock held by {record.holder.key}?"):
         print("not broken", file=out)
         return 1
