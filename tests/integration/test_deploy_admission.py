@@ -9,7 +9,9 @@ workload namespace only, so other tests' pods never meet it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import io
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from devcluster.cluster import Cluster
 from devcluster.helm import ensure_helm
 from devcluster.pki import SCHEDULER
 from handoff.wire import Keys
+from lockd.cli import run_locks
 from lockd.errors import Forbidden, NotFound
 from lockd.kube import KubeClient, PatchType, lease_path, namespace_path, node_path, pod_path
 from lockd.model import Holder, HolderKey, NodeName, Outcome
@@ -80,6 +83,46 @@ def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             "kind": "ServiceAccount",
             "metadata": {"name": "owner", "namespace": work},
         },
+        # a person who may break locks: Leases in the lock namespace, pods to read (docs/install.md)
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "breaker", "namespace": work},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "lock-breaker", "namespace": rel.namespace},
+            "rules": [
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "verbs": ["get", "list", "watch", "update", "patch", "delete", "create"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "lock-breaker", "namespace": rel.namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "lock-breaker",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "breaker", "namespace": work}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "breaker-view", "namespace": work},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "view",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "breaker", "namespace": work}],
+        },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
@@ -102,6 +145,7 @@ def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "plugin-unbound": token(cluster, rel.namespace, rel.device_plugin_sa),
         "second-scheduler": token(cluster, rel.namespace, rel.scheduler_sa),
         "owner": token(cluster, work, "owner"),
+        "breaker": token(cluster, work, "breaker"),
     }
     kubeconfigs = {
         k: token_kubeconfig(cluster, tmp / f"{k}.kubeconfig", v) for k, v in tokens.items()
@@ -221,6 +265,14 @@ async def wait_policies(setup: Setup, admin: KubeClient) -> None:
             "the GPU pod scheduler policy steers": lambda: steered(
                 owner.request("POST", pod_path(work), query=dry, body=gpu_pod("probe"))
             ),
+            "the lock guard policy is enforced": lambda: by_policy(
+                admin.request(
+                    "POST",
+                    lease_path(rel.namespace),
+                    query=dry,
+                    body=held_lease("probe", holder=f"{work}/probe"),
+                )
+            ),
         }
         for what, check in checks.items():
             await eventually(check, what=what)
@@ -269,6 +321,19 @@ def gpu_pod(
         "kind": "Pod",
         "metadata": {"name": name, "labels": labels or {}},
         "spec": spec,
+    }
+
+
+def held_lease(node: str, *, holder: str) -> JSON:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": node,
+            "labels": {"app.kubernetes.io/managed-by": "nodelock"},
+            "annotations": {"nodelock.io/holder-uid": "u"},
+        },
+        "spec": {"holderIdentity": holder, "leaseTransitions": 1, "leaseDurationSeconds": 15},
     }
 
 
@@ -540,3 +605,91 @@ async def test_gpu_pod_may_not_set_nvidia_visible_devices(setup: Setup, admin: K
         assert "container debug may not set NVIDIA_VISIBLE_DEVICES" in message
         del debug["spec"]["ephemeralContainers"][0]["env"]
         await admin.replace(pod_path(work, "debugged", subresource="ephemeralcontainers"), debug)
+
+
+# ---- held locks: only the parts change them; a person breaks one on the record ------------------
+
+
+async def test_held_lock_is_changed_only_by_the_parts_or_a_recorded_break(
+    setup: Setup, admin: KubeClient, tmp_path: Path
+) -> None:
+    """Hole 3(c): a person with RBAC on Leases (even cluster-admin) cannot hand a lock on, drop
+    it or rewrite its assignment; `nodelock locks break` can, and the Lease names who and why."""
+    rel = setup.release
+    ns = rel.namespace
+    node = NodeName(f"nl-{rel.tag}-c")
+    holder = Holder(HolderKey(f"{rel.workload_namespace}/gone"), uid="u-1", data={"x": "1"})
+    guard = f"ValidatingAdmissionPolicy '{rel.name}-lock-guard'"
+    async with client(setup, "extender") as ext_kube, client(setup, "breaker") as breaker:
+        extender = new_locks(ext_kube, ns)
+        await extender.acquire(node, holder)
+        path = lease_path(ns, node)
+        breaker_user = f"system:serviceaccount:{rel.workload_namespace}:breaker"
+        for who, kube in (("nodelock-admin", admin), (breaker_user, breaker)):
+            for patch in (
+                {"spec": {"holderIdentity": f"{rel.workload_namespace}/thief"}},
+                {"spec": {"holderIdentity": None}},
+                {"spec": {"leaseTransitions": 9}},
+                {"metadata": {"annotations": {"nodelock.io/x": "2"}}},
+                # a break that names someone else
+                {
+                    "spec": {"holderIdentity": None},
+                    "metadata": {
+                        "annotations": {
+                            "nodelock.io/broken-by": "someone-else",
+                            "nodelock.io/broken-reason": "r",
+                            "nodelock.io/last-outcome": "broken",
+                            "nodelock.io/last-holder": holder.key,
+                        }
+                    },
+                },
+            ):
+                message = await forbidden(kube.patch(path, patch))
+                assert guard in message
+                assert f"{who} may not change the holder" in message
+            message = await forbidden(kube.delete(path))
+            assert f"may not delete node {node}'s lock while {holder.key} holds it" in message
+        # other labels and annotations stay the administrator's
+        await admin.patch(path, {"metadata": {"annotations": {"team": "ml"}}})
+
+        # `nodelock locks break` as the breaker: recorded, admitted
+        kubeconfig = setup.kubeconfigs["breaker"]
+        code, out, err = await run_break(kubeconfig, ns, node, reason="node drained for repair")
+        assert code == 0, err
+        assert f"as {breaker_user}" in out
+        lease = await admin.get(path)
+        assert "holderIdentity" not in lease["spec"]
+        ann = annotations_of(lease)
+        assert ann["nodelock.io/broken-by"] == breaker_user
+        assert ann["nodelock.io/broken-reason"] == "node drained for repair"
+        assert ann["nodelock.io/last-outcome"] == "broken"
+        assert ann["nodelock.io/last-holder"] == holder.key
+        # a free lock is nobody's: may be deleted; and the extender takes it again
+        again = await extender.acquire(node, holder)
+        assert "nodelock.io/broken-by" not in annotations_of(await admin.get(path))
+        await extender.release(again, outcome=Outcome.BIND_FAILED)
+        await breaker.delete(path)
+        # nobody but the parts creates a held lock
+        message = await forbidden(
+            admin.create(lease_path(ns), held_lease(node, holder=f"{rel.workload_namespace}/x"))
+        )
+        assert f"may not create node {node}'s lock held" in message
+
+
+async def run_break(
+    kubeconfig: Path, namespace: str, node: str, *, reason: str
+) -> tuple[int, str, str]:
+    args = argparse.Namespace(
+        kubeconfig=str(kubeconfig),
+        lock_namespace=namespace,
+        annotation_prefix="nodelock.io/",
+        observe=None,
+        locks_action="break",
+        node=node,
+        yes=True,
+        force=True,
+        reason=reason,
+    )
+    out, err = io.StringIO(), io.StringIO()
+    code = await run_locks(args, out=out, err=err, confirm=lambda _: False)
+    return code, out.getvalue(), err.getvalue()
