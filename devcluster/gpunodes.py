@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from devcluster import processes
+from devcluster.admission import install_gpu_pod_policies
 from devcluster.binaries import ensure_simkubelet
 from devcluster.cluster import APISERVER_REQUEST_TIMEOUT_S, Cluster
 from devcluster.errors import DevclusterError
@@ -240,7 +241,9 @@ def up_gpu_cluster(
     extender_args: list[str] | None = None,
     plugin_args: list[str] | None = None,
 ) -> list[NodeSpec]:
-    """Start the extender and ``nodes`` simulated GPU nodes, and wait until all report GPUs."""
+    """Install the GPU pod admission policies (as the chart does on a real cluster), start the
+    extender and ``nodes`` simulated GPU nodes, and wait until all report GPUs."""
+    install_gpu_pod_policies(cluster)
     start_extender(
         cluster,
         replicas=extender_replicas,

@@ -4,7 +4,8 @@
 dependency graph in ``devcluster/gomod-helm``, a module separate from the control plane's) into
 ``<cache>/helm/<version>/helm`` and returns that path.  ``render`` runs ``helm template`` on the
 chart in ``deploy/helm/nodelock``; ``python -m devcluster.helm manifests`` regenerates the plain
-manifests in ``deploy/manifests`` from it (and copies ``dashboards/alerts.yaml`` into the chart).
+manifests in ``deploy/manifests`` from it, and the devcluster's copy of the GPU pod admission
+policies (``devcluster/admission.yaml``), and copies ``dashboards/alerts.yaml`` into the chart.
 
 Guarantees, the same as ``devcluster.binaries``: a second call with a complete cache builds
 nothing; the cached binary is used only when it matches the SHA-256 recorded when it was built (a
@@ -80,6 +81,8 @@ MANIFEST_FILES: dict[str, str] = {
     "rbac-scheduler.yaml": "10-rbac.yaml",
     "admission-assignment.yaml": "20-admission.yaml",
     "admission-device-plugin.yaml": "20-admission.yaml",
+    "admission-gpu-pods.yaml": "20-admission.yaml",
+    "admission-locks.yaml": "20-admission.yaml",
     "tls.yaml": "30-extender.yaml",
     "extender.yaml": "30-extender.yaml",
     "device-plugin.yaml": "40-device-plugin.yaml",
@@ -139,6 +142,30 @@ def manifest_files(rendered: str) -> dict[str, str]:
     return {name: header + "---\n" + "---\n".join(docs) for name, docs in sorted(files.items())}
 
 
+# The devcluster's own copy of the GPU pod policies (devcluster.admission applies it): the chart's
+# admission-gpu-pods.yaml for the devcluster's wiring, the extender in the default scheduler.
+DEVCLUSTER_POLICIES = REPO_ROOT / "devcluster" / "admission.yaml"
+DEVCLUSTER_TEMPLATES = ("admission-gpu-pods.yaml",)
+DEVCLUSTER_SETTINGS: dict[str, str] = {"scheduler.enabled": "false"}
+_DEVCLUSTER_HEADER = (
+    "# Generated from deploy/helm/nodelock by `python -m devcluster.helm manifests`: the chart's "
+    "{templates}\n# with {settings} (the devcluster's extender is in the default scheduler).\n"
+    "# Do not edit: change the chart and regenerate (tests/integration/test_deploy_chart.py).\n"
+)
+
+
+def devcluster_policies(rendered: str) -> str:
+    """The devcluster's policy file from a ``helm template`` with ``DEVCLUSTER_SETTINGS``."""
+    docs = [doc for template, doc in split_documents(rendered) if template in DEVCLUSTER_TEMPLATES]
+    if not docs:
+        raise DevclusterError(f"the chart rendered none of {', '.join(DEVCLUSTER_TEMPLATES)}")
+    header = _DEVCLUSTER_HEADER.format(
+        templates=", ".join(DEVCLUSTER_TEMPLATES),
+        settings=", ".join(f"{k}={v}" for k, v in DEVCLUSTER_SETTINGS.items()),
+    )
+    return header + "---\n" + "---\n".join(docs)
+
+
 def alerts_in_step() -> bool:
     """Whether the chart's alert rules are the observability part's file (or its placeholder)."""
     if not ALERTS_SOURCE.exists():
@@ -158,8 +185,9 @@ def write_manifests(helm: Path) -> list[Path]:
     for stale in MANIFESTS_DIR.glob("*.yaml"):
         if stale.name not in files:
             stale.unlink()
-    for name, text in files.items():
-        path = MANIFESTS_DIR / name
+    wanted = {MANIFESTS_DIR / name: text for name, text in files.items()}
+    wanted[DEVCLUSTER_POLICIES] = devcluster_policies(render(helm, settings=DEVCLUSTER_SETTINGS))
+    for path, text in wanted.items():
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
             written.append(path)

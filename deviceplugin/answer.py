@@ -1,8 +1,15 @@
 """What a container gets for its devices: environment, device nodes or CDI names (pure).
 
 ``NVIDIA_VISIBLE_DEVICES`` lists the assigned GPU UUIDs in assignment order (the order CUDA will
-number them in the container).  Device nodes are added only when the backend has them (real
-GPUs); with ``--cdi`` the devices are named for the container runtime's CDI support instead.
+number them in the container).  In CDI mode (the default) the devices are named for the container
+runtime's CDI support; in device-nodes mode the device nodes are passed, when the backend has them
+(real GPUs).
+
+Why CDI by default: kubelet puts a container's own environment after the device plugin's, so a pod
+that sets ``NVIDIA_VISIBLE_DEVICES=all`` overrides this answer wherever the NVIDIA runtime reads
+the variable (its environment mode).  CDI names are resolved by the runtime from the node's CDI
+spec and a container cannot change them.  The variable is still set in CDI mode: it overrides the
+``NVIDIA_VISIBLE_DEVICES=all`` that CUDA images carry in their own environment.
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ CDI_KIND = "nvidia.com/gpu"
 class DeviceMode(StrEnum):
     """How devices reach the container."""
 
-    DEVICE_NODES = "device-nodes"  # env + device specs (none for the simulated backend)
     CDI = "cdi"  # env + CDI device names nvidia.com/gpu=<UUID>
+    DEVICE_NODES = "device-nodes"  # env + device specs (none for the simulated backend)
+
+
+DEFAULT_DEVICE_MODE = DeviceMode.CDI  # what the CLI and the chart choose (see above)
 
 
 @dataclass(frozen=True)

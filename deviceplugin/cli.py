@@ -7,7 +7,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from deviceplugin.answer import DeviceMode
+from deviceplugin.answer import DEFAULT_DEVICE_MODE, DeviceMode
 from deviceplugin.decide import MismatchPolicy
 from deviceplugin.devices import DeviceBackend
 from deviceplugin.endpoint import KUBELET_SOCKET
@@ -114,9 +114,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics server")
     p.add_argument(
+        "--device-mode",
+        choices=[m.value for m in DeviceMode],
+        default=DEFAULT_DEVICE_MODE.value,
+        help="how devices reach the container: cdi (default: CDI names nvidia.com/gpu=<UUID>, "
+        "which a container's own NVIDIA_VISIBLE_DEVICES cannot widen; the node needs a CDI spec "
+        "naming GPUs by UUID) or device-nodes (device nodes; the NVIDIA runtime's environment "
+        "mode). Both also set NVIDIA_VISIBLE_DEVICES",
+    )
+    p.add_argument(
         "--cdi",
-        action="store_true",
-        help="name devices for CDI (nvidia.com/gpu=<UUID>) instead of passing device nodes",
+        dest="device_mode",
+        action="store_const",
+        const=DeviceMode.CDI.value,
+        help="the same as --device-mode=cdi (kept for existing command lines)",
     )
     p.add_argument(
         "--mismatch-policy",
@@ -155,7 +166,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         prefix=args.annotation_prefix,
         state_dir=args.state_dir,
         lease_duration_s=args.lease_duration,
-        mode=DeviceMode.CDI if args.cdi else DeviceMode.DEVICE_NODES,
+        mode=DeviceMode(args.device_mode),
         policy=MismatchPolicy(args.mismatch_policy),
     )
 

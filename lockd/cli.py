@@ -3,8 +3,14 @@
 ``nodelock locks`` prints one line per node lock: node, holder, fencing token, age, whether it is
 expired, and what its holder is doing — for a stuck lock, *why* (the holder is still Pending on the
 node and not admitted).  ``nodelock locks show NODE`` prints everything the Lease says.
-``nodelock locks break NODE`` releases a lock by force after confirmation (``--yes`` to skip it),
-says whose lock it broke, and warns when the holder may still be admitted by kubelet.
+``nodelock locks break NODE`` releases a lock by force after confirmation (``--yes`` to skip it)
+and says whose lock it broke.  It refuses, exit status 3, unless ``--force`` is given, when
+breaking could hand the holder's GPUs to a second pod: the holder is bound to the node and not
+admitted by kubelet yet (kubelet may still admit it), or the holder is not bound yet and its lock
+is younger than its duration (the extender's binding may still land).  The break names who broke
+the lock (the username the API server knows the caller by, from a SelfSubjectReview) and why
+(``--reason``) in the Lease's ``broken-by``/``broken-reason`` annotations: the chart's admission
+policy admits a person's change of a lock's holder only in such a write.
 
 Age and expiry shown without ``--observe`` are read from the Lease's own timestamps against this
 machine's clock, which is informational only (clocks differ); lockd itself judges expiry by how
@@ -26,12 +32,12 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from handoff.holder import HolderState, HolderStatus, holder_status
-from lockd.errors import ApiError, NotFound
-from lockd.kube import KubeClient, pod_path
+from lockd.errors import ApiError, Conflict, Forbidden, NotFound
+from lockd.kube import KubeClient, lease_path, pod_path
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
-from lockd.microtime import parse_microtime
-from lockd.model import LockRecord, NodeLockView, NodeName
+from lockd.microtime import now_microtime, parse_microtime
+from lockd.model import FencingToken, LockRecord, NodeLockView, NodeName
 
 DEFAULT_NAMESPACE = "nodelock-system"
 DEFAULT_PREFIX = "nodelock.io/"
@@ -42,6 +48,15 @@ HANDOFF_WARNING = (
     "pods could get the same GPUs. The lock ends by itself when the pod is admitted, rejected or "
     "deleted."
 )
+BIND_WARNING = (
+    "WARNING: {holder} is not bound yet and its lock on node {node} changed {age} ago, within its "
+    "duration of {duration}s: the extender's binding of {holder} to node {node} may still land. "
+    "Breaking its lock lets another pod take node {node}'s lock while kubelet may then admit "
+    "{holder}: two pods could get the same GPUs. Wait {duration}s and look again."
+)
+NEEDS_FORCE = 3  # exit status of a break refused for want of --force
+MAX_BREAK_WRITES = 3
+SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 
 
 class CliError(Exception):
@@ -81,6 +96,16 @@ def register(sub: Any) -> None:
     _common(brk, suppress=True)
     brk.add_argument("node", help="node name (= Lease name)")
     brk.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    brk.add_argument(
+        "--reason",
+        default=None,
+        help="why the lock is broken, recorded on the Lease (default: the holder's state)",
+    )
+    brk.add_argument(
+        "--force",
+        action="store_true",
+        help="break even when the holder may still get its GPUs (refused otherwise, exit 3)",
+    )
 
 
 def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -131,7 +156,17 @@ async def run_locks(args: argparse.Namespace, *, out: TextIO, err: TextIO, confi
         if action == "show":
             return await _show(locks, kube, NodeName(args.node), out)
         if action == "break":
-            return await _break(locks, kube, NodeName(args.node), args.yes, out, err, confirm)
+            return await _break(
+                locks,
+                kube,
+                NodeName(args.node),
+                yes=args.yes,
+                force=getattr(args, "force", False),
+                reason=getattr(args, "reason", None),
+                out=out,
+                err=err,
+                confirm=confirm,
+            )
         return await _list(locks, kube, args.observe, out)
     finally:
         await kube.close()
@@ -334,11 +369,47 @@ def describe(row: Row, *, namespace: str) -> str:
 # -- breaking -------------------------------------------------------------------------------
 
 
+def break_risk(row: Row) -> str | None:
+    """Why breaking this lock could give the holder's GPUs to a second pod; None when it cannot.
+
+    Risky: the holder is in handoff (bound to the node, not admitted; or its phase is Unknown), or
+    it is not bound yet and the Lease changed less than its duration ago by this machine's clock
+    (the extender's binding may still be on its way; an unreadable time counts as recent).
+    """
+    record = row.view.record
+    if record.holder is None or row.holder is None:
+        return None
+    if row.holder.in_handoff:
+        return HANDOFF_WARNING.format(holder=record.holder.key, node=record.node)
+    if row.holder.state is HolderState.NOT_BOUND:
+        changed = _changed_ago(record, time.time())
+        if changed is None or changed < record.duration_s:
+            return BIND_WARNING.format(
+                holder=record.holder.key,
+                node=record.node,
+                age=duration_text(changed) if changed is not None else "an unknown time",
+                duration=record.duration_s,
+            )
+    return None
+
+
+def _changed_ago(record: LockRecord, now: float) -> float | None:
+    """Seconds since the Lease's last change by its own timestamps (None: unreadable)."""
+    times = []
+    for value in (record.acquire_time, record.renew_time):
+        with contextlib.suppress(ValueError, TypeError):
+            times.append(parse_microtime(str(value)).timestamp())
+    return now - max(times) if times else None
+
+
 async def _break(
     locks: NodeLocks,
     kube: KubeClient,
     node: NodeName,
+    *,
     yes: bool,
+    force: bool,
+    reason: str | None = None,
     out: TextIO,
     err: TextIO,
     confirm: Confirm,
@@ -353,18 +424,78 @@ async def _break(
     (row,) = await _rows(locks, kube, [view], observed=False)
     who = f"{record.holder.key} (uid {record.holder.uid or '?'}, token {record.token})"
     print(f"node {node}: lock held by {who}; {state_text(row)}", file=out)
-    if row.holder is not None and row.holder.in_handoff:
-        print(HANDOFF_WARNING.format(holder=record.holder.key, node=node), file=err)
+    risk = break_risk(row)
+    if risk is not None:
+        print(risk, file=err)
+        if not force:
+            print(
+                f"not breaking node {node}'s lock without --force: {record.holder.key} may "
+                "still get its GPUs (see the warning above)",
+                file=err,
+            )
+            return NEEDS_FORCE
     if not yes and not confirm(f"Break node {node}'s lock held by {record.holder.key}?"):
         print("not broken", file=out)
         return 1
-    broken = await locks.break_lock(node, token=record.token)
+    by = await whoami(kube)
+    why = reason or f"nodelock locks break: {state_text(row)}"
+    broken = await _break_recorded(locks, kube, node, record.token, by=by, reason=why)
     if broken is None or broken.holder is None:
         print(f"node {node}: the lock was released meanwhile; nothing broken", file=out)
         return 0
     print(
         f"broke node {node}'s lock held by {broken.holder.key} "
-        f"(uid {broken.holder.uid or '?'}, token {broken.token})",
+        f"(uid {broken.holder.uid or '?'}, token {broken.token}) as {by}",
         file=out,
     )
     return 0
+
+
+async def whoami(kube: KubeClient) -> str:
+    """The username the API server authenticates this client as (a SelfSubjectReview)."""
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    try:
+        answer = await kube.create(SELF_SUBJECT_REVIEWS, review)
+    except ApiError as exc:
+        raise CliError(f"cannot tell who you are to record it on the Lease: {exc}") from exc
+    username = str(((answer.get("status") or {}).get("userInfo") or {}).get("username") or "")
+    if not username:
+        raise CliError("the API server's SelfSubjectReview named no username")
+    return username
+
+
+async def _break_recorded(
+    locks: NodeLocks,
+    kube: KubeClient,
+    node: NodeName,
+    token: FencingToken,
+    *,
+    by: str,
+    reason: str,
+) -> LockRecord | None:
+    """Release the lock with ``token`` (outcome ``broken``), naming ``by`` and ``reason`` on the
+    Lease, in one conditional write; None when it was released meanwhile.  Nothing is written when
+    the lock has changed hands since it was shown (CliError)."""
+    path = lease_path(locks.namespace, node)
+    for _ in range(MAX_BREAK_WRITES):
+        try:
+            lease = await kube.get(path)
+        except NotFound:
+            return None
+        record = locks.format.parse(lease)
+        if record.holder is None:
+            return None
+        if record.token != token:
+            raise CliError(
+                f"node {node}'s lock changed hands (now token {record.token}, held by "
+                f"{record.holder.key}); nothing was broken"
+            )
+        body = locks.format.broken(lease, by=by, reason=reason, now=now_microtime())
+        try:
+            await kube.replace(path, body)
+        except Conflict:
+            continue
+        except Forbidden as exc:
+            raise CliError(f"the API server refused to break node {node}'s lock: {exc}") from exc
+        return record
+    raise CliError(f"node {node}'s Lease kept changing; nothing was broken")

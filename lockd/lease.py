@@ -7,6 +7,9 @@ Layout: ``spec.holderIdentity`` is the holder's ``namespace/name`` (absent when 
 ``spec.leaseTransitions`` the fencing token (the number of acquisitions so far; the first is 1),
 ``<prefix>holder-uid`` the holder's UID, ``<prefix><key>`` the holder's data, and
 ``<prefix>last-holder``/``last-holder-uid``/``last-token``/``last-outcome`` the previous handoff.
+A lock broken by hand also carries ``<prefix>broken-by`` (the username that broke it) and
+``<prefix>broken-reason`` until its next acquisition; the chart's admission policy lets a person
+clear a lock's holder only in a write that names them so (docs/install.md).
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ LAST_HOLDER = "last-holder"
 LAST_HOLDER_UID = "last-holder-uid"
 LAST_TOKEN = "last-token"
 LAST_OUTCOME = "last-outcome"
-RESERVED = frozenset({HOLDER_UID, LAST_HOLDER, LAST_HOLDER_UID, LAST_TOKEN, LAST_OUTCOME})
+BROKEN_BY = "broken-by"
+BROKEN_REASON = "broken-reason"
+RESERVED = frozenset(
+    {HOLDER_UID, LAST_HOLDER, LAST_HOLDER_UID, LAST_TOKEN, LAST_OUTCOME, BROKEN_BY, BROKEN_REASON}
+)
 _LAST = (LAST_HOLDER, LAST_HOLDER_UID, LAST_TOKEN, LAST_OUTCOME)
 
 _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -189,6 +196,16 @@ class LeaseFormat:
         spec.pop("holderIdentity", None)
         spec.pop("acquireTime", None)
         spec["renewTime"] = now
+        return out
+
+    def broken(self, lease: Mapping[str, Any], *, by: str, reason: str, now: str) -> JSON:
+        """``lease`` released with outcome ``broken``, naming who broke it and why."""
+        if not by or not reason:
+            raise ValueError("breaking a lock needs who breaks it and why")
+        out = self.released(lease, outcome=Outcome.BROKEN, now=now)
+        out["metadata"]["annotations"].update(
+            {self.key(BROKEN_BY): by, self.key(BROKEN_REASON): reason}
+        )
         return out
 
     def check_data(self, holder: Holder) -> None:

@@ -20,6 +20,7 @@ from lockd.kube import JSON, KubeClient, lease_path, namespace_path, pod_path
 
 LEASE_S = 5
 RESOURCE = "nvidia.com/gpu"
+BYPASS = {"nodelock.io/bypass": "true"}  # the GPU pod policy's escape, on pod and namespace
 
 
 @dataclass
@@ -55,6 +56,7 @@ class GPUCluster:
         node: str | None = None,
         bind_directly: bool = False,
         annotations: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> JSON:
         """A pod whose containers ask for the given GPU counts (0: no GPU)."""
         return await self.kube.create(
@@ -66,7 +68,15 @@ class GPUCluster:
                 node=node,
                 bind_directly=bind_directly,
                 annotations=annotations,
+                labels=labels,
             ),
+        )
+
+    async def allow_bypass(self) -> None:
+        """Label the test's namespace so that pods labelled ``BYPASS`` in it are exempt from the
+        GPU pod admission policy (what an administrator does for a pod placed by hand)."""
+        await self.kube.patch(
+            namespace_path(self.namespace), {"metadata": {"labels": dict(BYPASS)}}
         )
 
     async def pod(self, name: str) -> JSON:
@@ -135,6 +145,7 @@ def gpu_pod(
     node: str | None = None,
     bind_directly: bool = False,
     annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> JSON:
     def container(prefix: str, i: int, gpus: int) -> JSON:
         c: JSON = {"name": f"{prefix}{i}", "image": "registry.invalid/sim:never-pulled"}
@@ -155,7 +166,11 @@ def gpu_pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "annotations": dict(annotations or {})},
+        "metadata": {
+            "name": name,
+            "annotations": dict(annotations or {}),
+            "labels": dict(labels or {}),
+        },
         "spec": spec,
     }
 

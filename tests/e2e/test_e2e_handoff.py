@@ -12,13 +12,15 @@ import json
 
 import pytest
 
-from lockd.errors import NotFound
+from lockd.errors import Forbidden, NotFound
 from lockd.kube import pod_path
 from tests.e2e.kit import (
+    BYPASS,
     LEASE_S,
     GPUCluster,
     assert_no_violations,
     assignment,
+    gpu_pod,
     kubelet_devices,
     slow_admission,
 )
@@ -111,9 +113,38 @@ async def lock_tokens(e2e: GPUCluster) -> dict[str, object]:
     return tokens
 
 
-async def test_forged_pod_bound_directly_is_refused_and_takes_no_lock(e2e: GPUCluster) -> None:
-    """HAMi #3076: a pod owner sets nodeName and forges the assignment annotations."""
+async def test_gpu_pod_bypassing_the_extender_is_denied_at_admission(e2e: GPUCluster) -> None:
+    """A GPU pod placed by hand (spec.nodeName at create) or for a scheduler that does not call
+    the extender would get no lock of its own, and the devices of whichever pod holds the node's
+    lock: the devcluster's admission policy, the chart's, denies it before any kubelet sees it."""
     node = e2e.nodes[0]
+    with pytest.raises(Forbidden) as err:
+        await e2e.create_pod("by-hand", [1], node=node, bind_directly=True)
+    message = str(err.value)
+    assert "ValidatingAdmissionPolicy 'nodelock-gpu-pods'" in message
+    assert "created with spec.nodeName" in message
+    assert "nodelock.io/bypass=true" in message
+    other = gpu_pod("other-scheduler", [1])
+    other["spec"]["schedulerName"] = "some-other-scheduler"
+    with pytest.raises(Forbidden, match=r"may not ask for nvidia\.com/gpu"):
+        await e2e.kube.create(pod_path(e2e.namespace), other)
+    # the pod label alone is no escape: the namespace must carry it too (an administrator's)
+    with pytest.raises(Forbidden, match="nodelock-gpu-pods"):
+        await e2e.create_pod("by-hand", [1], node=node, bind_directly=True, labels=BYPASS)
+    # a pod without GPUs placed by hand is not judged, and GPU pods the extender binds run
+    await e2e.create_pod("plain-by-hand", [0], node=node, bind_directly=True)
+    await e2e.create_pod("honest", [1], node=node)
+    await e2e.wait_phase("honest", ["Running"])
+    await e2e.wait_phase("plain-by-hand", ["Running"])
+
+
+async def test_forged_pod_bound_directly_is_refused_and_takes_no_lock(e2e: GPUCluster) -> None:
+    """HAMi #3076: a pod owner sets nodeName and forges the assignment annotations.
+
+    The admission policy denies such a pod; this one is exempted by an administrator (escape
+    label on pod and namespace) to show that the device plugin refuses it all the same."""
+    node = e2e.nodes[0]
+    await e2e.allow_bypass()
     gpus = json.loads(
         (await e2e.kube.get(f"/api/v1/nodes/{node}"))["metadata"]["annotations"]["nodelock.io/gpus"]
     )
@@ -122,7 +153,9 @@ async def test_forged_pod_bound_directly_is_refused_and_takes_no_lock(e2e: GPUCl
         "nodelock.io/token": "1",
     }
     before = await e2e.lease(node)
-    await e2e.create_pod("forged", [1], node=node, bind_directly=True, annotations=forged)
+    await e2e.create_pod(
+        "forged", [1], node=node, bind_directly=True, annotations=forged, labels=BYPASS
+    )
     pod = await e2e.wait_phase("forged", ["Failed"])
     status = pod["status"]
     assert status["reason"] == "UnexpectedAdmissionError"

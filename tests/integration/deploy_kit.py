@@ -40,6 +40,8 @@ INSTALLED_KINDS = (
     "RoleBinding",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
     "Secret",
     "ConfigMap",
 )
@@ -49,6 +51,8 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
 }
 
 

@@ -9,7 +9,9 @@ workload namespace only, so other tests' pods never meet it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import io
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -22,8 +24,9 @@ from devcluster.cluster import Cluster
 from devcluster.helm import ensure_helm
 from devcluster.pki import SCHEDULER
 from handoff.wire import Keys
+from lockd.cli import run_locks
 from lockd.errors import Forbidden, NotFound
-from lockd.kube import KubeClient, PatchType, lease_path, node_path, pod_path
+from lockd.kube import KubeClient, PatchType, lease_path, namespace_path, node_path, pod_path
 from lockd.model import Holder, HolderKey, NodeName, Outcome
 from tests.integration.deploy_kit import (
     JSON,
@@ -39,6 +42,7 @@ from tests.integration.extender_kit import new_locks, release_as_device_plugin
 
 KEYS = Keys()
 NOBODY_SCHEDULES = "nodelock-deploy-test-nobody"  # pods here are bound by the test only
+GPU_SCHEDULER = "nodelock-scheduler"  # the chart's second scheduler: GPU pods must use it
 
 
 @dataclass
@@ -79,6 +83,46 @@ def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             "kind": "ServiceAccount",
             "metadata": {"name": "owner", "namespace": work},
         },
+        # a person who may break locks: Leases in the lock namespace, pods to read (docs/install.md)
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "breaker", "namespace": work},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "lock-breaker", "namespace": rel.namespace},
+            "rules": [
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "verbs": ["get", "list", "watch", "update", "patch", "delete", "create"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "lock-breaker", "namespace": rel.namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "lock-breaker",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "breaker", "namespace": work}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "breaker-view", "namespace": work},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "view",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "breaker", "namespace": work}],
+        },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
@@ -101,6 +145,7 @@ def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "plugin-unbound": token(cluster, rel.namespace, rel.device_plugin_sa),
         "second-scheduler": token(cluster, rel.namespace, rel.scheduler_sa),
         "owner": token(cluster, work, "owner"),
+        "breaker": token(cluster, work, "breaker"),
     }
     kubeconfigs = {
         k: token_kubeconfig(cluster, tmp / f"{k}.kubeconfig", v) for k, v in tokens.items()
@@ -184,6 +229,10 @@ async def wait_policies(setup: Setup, admin: KubeClient) -> None:
             return False
         return True
 
+    async def steered(call: Any) -> bool:
+        made = await call
+        return bool(made["spec"]["schedulerName"] == GPU_SCHEDULER)
+
     dry = [("dryRun", "All")]
     async with (
         client(setup, "owner") as owner,
@@ -208,6 +257,22 @@ async def wait_policies(setup: Setup, admin: KubeClient) -> None:
             "the device plugin node-scope policy is enforced": lambda: by_policy(
                 plugin.patch(node_path(setup.node_b), {"metadata": {"annotations": {"p": "1"}}})
             ),
+            "the GPU pod policy is enforced": lambda: by_policy(
+                owner.request(
+                    "POST", pod_path(work), query=dry, body=gpu_pod("probe", node=setup.node_a)
+                )
+            ),
+            "the GPU pod scheduler policy steers": lambda: steered(
+                owner.request("POST", pod_path(work), query=dry, body=gpu_pod("probe"))
+            ),
+            "the lock guard policy is enforced": lambda: by_policy(
+                admin.request(
+                    "POST",
+                    lease_path(rel.namespace),
+                    query=dry,
+                    body=held_lease("probe", holder=f"{work}/probe"),
+                )
+            ),
         }
         for what, check in checks.items():
             await eventually(check, what=what)
@@ -218,6 +283,58 @@ async def wait_policies(setup: Setup, admin: KubeClient) -> None:
 async def admin(setup: Setup, kube: KubeClient) -> KubeClient:
     await wait_policies(setup, kube)
     return kube
+
+
+def gpu_pod(
+    name: str,
+    *,
+    node: str | None = None,
+    scheduler: str | None = None,
+    labels: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    mounts: dict[str, str] | None = None,
+    init: bool = False,
+    gpus: int = 1,
+) -> JSON:
+    """A pod asking for ``gpus`` GPUs in one container (an init container when ``init``)."""
+    ctr: JSON = {
+        "name": "main",
+        "image": "registry.invalid/none",
+        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+    }
+    if env:
+        ctr["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if mounts:
+        ctr["volumeMounts"] = [{"name": v, "mountPath": m} for m, v in mounts.items()]
+    spec: JSON = {"containers": [ctr], "terminationGracePeriodSeconds": 0}
+    if init:
+        spec["initContainers"] = [dict(ctr, name="setup")]
+        spec["containers"] = [{"name": "main", "image": "registry.invalid/none"}]
+    if mounts:
+        spec["volumes"] = [{"name": v, "emptyDir": {}} for v in mounts.values()]
+    if node:
+        spec["nodeName"] = node
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec,
+    }
+
+
+def held_lease(node: str, *, holder: str) -> JSON:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": node,
+            "labels": {"app.kubernetes.io/managed-by": "nodelock"},
+            "annotations": {"nodelock.io/holder-uid": "u"},
+        },
+        "spec": {"holderIdentity": holder, "leaseTransitions": 1, "leaseDurationSeconds": 15},
+    }
 
 
 def annotations_of(obj: JSON) -> dict[str, str]:
@@ -368,3 +485,211 @@ async def test_device_plugin_writes_only_its_own_nodes_inventory(
         await plugin.patch(node_path(setup.node_a), op, patch_type=PatchType.JSON)
     node_b = await admin.get(node_path(setup.node_b))
     assert KEYS.gpus not in annotations_of(node_b)
+
+
+# ---- GPU pods go through the extender ----------------------------------------------------------
+
+BYPASS = "nodelock.io/bypass"
+
+
+async def test_gpu_pod_placed_by_hand_is_denied_naming_the_policy(
+    setup: Setup, admin: KubeClient
+) -> None:
+    """Hole 1(a): a pod created with spec.nodeName would get the lock holder's GPUs."""
+    work = setup.release.workload_namespace
+    policy = f"ValidatingAdmissionPolicy '{setup.release.name}-gpu-pods'"
+    async with client(setup, "owner") as owner:
+        for pod_ in (
+            gpu_pod("by-hand", node=setup.node_a),
+            gpu_pod("by-hand-init", node=setup.node_a, init=True),
+        ):
+            message = await forbidden(owner.create(pod_path(work), pod_))
+            assert policy in message
+            assert f"a pod created with spec.nodeName {setup.node_a} may not ask for" in message
+            assert f"{BYPASS}=true on the pod and on its namespace" in message
+        # a static pod's mirror is created by kubelet with nodeName set: denied too
+        mirror = gpu_pod("static", node=setup.node_a)
+        mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "abc"}
+        message = await forbidden(admin.create(pod_path(work), mirror))
+        assert f"a static pod (mirror pod of node {setup.node_a})" in message
+        # a request of zero GPUs, or none, is not a GPU pod
+        await owner.create(pod_path(work), gpu_pod("zero-gpus", node=setup.node_a, gpus=0))
+        plain = pod_on_node("plain-by-hand", node=setup.node_a)
+        await owner.create(pod_path(work), plain)
+
+
+async def test_gpu_pod_for_another_scheduler_is_denied_and_default_ones_are_steered(
+    setup: Setup, admin: KubeClient
+) -> None:
+    work = setup.release.workload_namespace
+    async with client(setup, "owner") as owner:
+        message = await forbidden(
+            owner.create(pod_path(work), gpu_pod("elsewhere", scheduler="volcano"))
+        )
+        assert "a pod for scheduler volcano may not ask for nvidia.com/gpu" in message
+        assert "(nodelock-scheduler)" in message
+        # left at the default scheduler, a GPU pod is given the nodelock scheduler ...
+        made = await owner.create(pod_path(work), gpu_pod("steered"))
+        assert made["spec"]["schedulerName"] == "nodelock-scheduler"
+        made = await owner.create(pod_path(work), gpu_pod("named", scheduler="nodelock-scheduler"))
+        assert made["spec"]["schedulerName"] == "nodelock-scheduler"
+        # ... and a pod without GPUs is left alone
+        plain = pod("no-gpu")
+        del plain["spec"]["schedulerName"]
+        made = await owner.create(pod_path(work), plain)
+        assert made["spec"]["schedulerName"] == "default-scheduler"
+
+
+async def test_escape_label_needs_the_pod_and_its_namespace(
+    setup: Setup, admin: KubeClient
+) -> None:
+    work = setup.release.workload_namespace
+    escaped = gpu_pod("escaped", node=setup.node_a, labels={BYPASS: "true"})
+    async with client(setup, "owner") as owner:
+        # a pod owner labels the pod: not enough (the namespace is an administrator's to label)
+        await forbidden(owner.create(pod_path(work), escaped))
+        await admin.patch(namespace_path(work), {"metadata": {"labels": {BYPASS: "true"}}})
+        try:
+
+            async def admitted() -> bool:
+                try:
+                    await owner.create(pod_path(work), escaped)
+                except Forbidden:
+                    return False
+                return True
+
+            await eventually(admitted, what="the escaped pod is admitted", timeout_s=10)
+            # the namespace label alone exempts nothing
+            await forbidden(owner.create(pod_path(work), gpu_pod("x", node=setup.node_a)))
+        finally:
+            await admin.patch(namespace_path(work), {"metadata": {"labels": {BYPASS: None}}})
+    made = await admin.get(pod_path(work, "escaped"))
+    assert made["spec"]["nodeName"] == setup.node_a
+
+
+# ---- a container may not widen its devices (hole 9) --------------------------------------------
+
+
+async def test_gpu_pod_may_not_set_nvidia_visible_devices(setup: Setup, admin: KubeClient) -> None:
+    work = setup.release.workload_namespace
+    async with client(setup, "owner") as owner:
+        for pod_ in (
+            gpu_pod("env-all", env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+            gpu_pod("env-init", env={"NVIDIA_VISIBLE_DEVICES": "0,1"}, init=True),
+        ):
+            message = await forbidden(owner.create(pod_path(work), pod_))
+            assert "may not set NVIDIA_VISIBLE_DEVICES" in message
+        mount = gpu_pod("mount", mounts={"/var/run/nvidia-container-devices/all": "devs"})
+        message = await forbidden(owner.create(pod_path(work), mount))
+        assert "container main may not mount under /var/run/nvidia-container-devices" in message
+        # other NVIDIA variables (driver capabilities) are the pod's to choose
+        caps = gpu_pod("caps", env={"NVIDIA_DRIVER_CAPABILITIES": "compute,utility,video"})
+        await owner.create(pod_path(work), caps)
+        # a pod without GPUs is not judged by default (devicePlugin pods set it on purpose)
+        plain = pod("plain-env")
+        plain["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+        await owner.create(pod_path(work), plain)
+        # nor can an ephemeral container added to a GPU pod (kubectl debug) set it
+        await owner.create(pod_path(work), gpu_pod("debugged"))
+        debug = await owner.get(pod_path(work, "debugged"))
+        debug["spec"]["ephemeralContainers"] = [
+            {
+                "name": "debug",
+                "image": "registry.invalid/none",
+                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+            }
+        ]
+        message = await forbidden(
+            admin.replace(pod_path(work, "debugged", subresource="ephemeralcontainers"), debug)
+        )
+        assert "container debug may not set NVIDIA_VISIBLE_DEVICES" in message
+        del debug["spec"]["ephemeralContainers"][0]["env"]
+        await admin.replace(pod_path(work, "debugged", subresource="ephemeralcontainers"), debug)
+
+
+# ---- held locks: only the parts change them; a person breaks one on the record ------------------
+
+
+async def test_held_lock_is_changed_only_by_the_parts_or_a_recorded_break(
+    setup: Setup, admin: KubeClient, tmp_path: Path
+) -> None:
+    """Hole 3(c): a person with RBAC on Leases (even cluster-admin) cannot hand a lock on, drop
+    it or rewrite its assignment; `nodelock locks break` can, and the Lease names who and why."""
+    rel = setup.release
+    ns = rel.namespace
+    node = NodeName(f"nl-{rel.tag}-c")
+    holder = Holder(HolderKey(f"{rel.workload_namespace}/gone"), uid="u-1", data={"x": "1"})
+    guard = f"ValidatingAdmissionPolicy '{rel.name}-lock-guard'"
+    async with client(setup, "extender") as ext_kube, client(setup, "breaker") as breaker:
+        extender = new_locks(ext_kube, ns)
+        await extender.acquire(node, holder)
+        path = lease_path(ns, node)
+        breaker_user = f"system:serviceaccount:{rel.workload_namespace}:breaker"
+        for who, kube in (("nodelock-admin", admin), (breaker_user, breaker)):
+            for patch in (
+                {"spec": {"holderIdentity": f"{rel.workload_namespace}/thief"}},
+                {"spec": {"holderIdentity": None}},
+                {"spec": {"leaseTransitions": 9}},
+                {"metadata": {"annotations": {"nodelock.io/x": "2"}}},
+                # a break that names someone else
+                {
+                    "spec": {"holderIdentity": None},
+                    "metadata": {
+                        "annotations": {
+                            "nodelock.io/broken-by": "someone-else",
+                            "nodelock.io/broken-reason": "r",
+                            "nodelock.io/last-outcome": "broken",
+                            "nodelock.io/last-holder": holder.key,
+                        }
+                    },
+                },
+            ):
+                message = await forbidden(kube.patch(path, patch))
+                assert guard in message
+                assert f"{who} may not change the holder" in message
+            message = await forbidden(kube.delete(path))
+            assert f"may not delete node {node}'s lock while {holder.key} holds it" in message
+        # other labels and annotations stay the administrator's
+        await admin.patch(path, {"metadata": {"annotations": {"team": "ml"}}})
+
+        # `nodelock locks break` as the breaker: recorded, admitted
+        kubeconfig = setup.kubeconfigs["breaker"]
+        code, out, err = await run_break(kubeconfig, ns, node, reason="node drained for repair")
+        assert code == 0, err
+        assert f"as {breaker_user}" in out
+        lease = await admin.get(path)
+        assert "holderIdentity" not in lease["spec"]
+        ann = annotations_of(lease)
+        assert ann["nodelock.io/broken-by"] == breaker_user
+        assert ann["nodelock.io/broken-reason"] == "node drained for repair"
+        assert ann["nodelock.io/last-outcome"] == "broken"
+        assert ann["nodelock.io/last-holder"] == holder.key
+        # a free lock is nobody's: may be deleted; and the extender takes it again
+        again = await extender.acquire(node, holder)
+        assert "nodelock.io/broken-by" not in annotations_of(await admin.get(path))
+        await extender.release(again, outcome=Outcome.BIND_FAILED)
+        await breaker.delete(path)
+        # nobody but the parts creates a held lock
+        message = await forbidden(
+            admin.create(lease_path(ns), held_lease(node, holder=f"{rel.workload_namespace}/x"))
+        )
+        assert f"may not create node {node}'s lock held" in message
+
+
+async def run_break(
+    kubeconfig: Path, namespace: str, node: str, *, reason: str
+) -> tuple[int, str, str]:
+    args = argparse.Namespace(
+        kubeconfig=str(kubeconfig),
+        lock_namespace=namespace,
+        annotation_prefix="nodelock.io/",
+        observe=None,
+        locks_action="break",
+        node=node,
+        yes=True,
+        force=True,
+        reason=reason,
+    )
+    out, err = io.StringIO(), io.StringIO()
+    code = await run_locks(args, out=out, err=err, confirm=lambda _: False)
+    return code, out.getvalue(), err.getvalue()

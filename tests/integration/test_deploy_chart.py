@@ -24,10 +24,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from devcluster.cluster import Cluster
 from devcluster.helm import (
     CHART_DIR,
+    DEVCLUSTER_POLICIES,
+    DEVCLUSTER_SETTINGS,
     MANIFEST_SETTINGS,
     MANIFESTS_DIR,
     REPO_ROOT,
     alerts_in_step,
+    devcluster_policies,
     ensure_helm,
     manifest_files,
     render,
@@ -74,6 +77,18 @@ def test_manifests_are_the_chart_rendered_with_their_settings(helm: Path) -> Non
         assert on_disk[name] == text, f"deploy/manifests/{name} is stale: regenerate it"
 
 
+def test_devcluster_policies_are_the_charts(helm: Path) -> None:
+    """The devcluster applies the chart's GPU pod policies, rendered for its wiring."""
+    expected = devcluster_policies(render(helm, settings=DEVCLUSTER_SETTINGS))
+    assert DEVCLUSTER_POLICIES.read_text() == expected, "run `python -m devcluster.helm manifests`"
+    kinds = [d["kind"] for d in parse_documents(expected)]
+    # the devcluster's kube-scheduler is the default one, with the extender: nothing to steer
+    assert kinds == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    [policy] = [d for d in parse_documents(expected) if d["kind"] == "ValidatingAdmissionPolicy"]
+    expressions = [v["expression"] for v in policy["spec"]["validations"]]
+    assert any('schedulerName in ["default-scheduler"]' in e for e in expressions), expressions
+
+
 def test_chart_alert_rules_are_the_dashboards_rules() -> None:
     assert alerts_in_step(), "dashboards/alerts.yaml changed: `python -m devcluster.helm manifests`"
 
@@ -105,7 +120,7 @@ def test_manifests_apply_with_server_side_dry_run(cluster: Cluster) -> None:
             {
                 "tls.requireClientCert": "false",
                 "devicePlugin.backend": "simulated",
-                "devicePlugin.cdi": "true",
+                "devicePlugin.deviceMode": "device-nodes",
                 "metrics.service.enabled": "true",
                 "lockNamespace": "kube-node-lease",
             },

@@ -61,7 +61,12 @@ def deployment_container(release: TestRelease) -> JSON:
 
 @pytest.fixture(scope="module")
 def served(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    rel = TestRelease.render(ensure_helm())  # default values: Helm generates the certificates
+    # default values (Helm generates the certificates), but the devcluster's own kube-scheduler
+    # plays the chart's second scheduler: GPU pods for "default-scheduler" are the ones that
+    # reach the extender (the chart's GPU pod policies would steer them to nodelock-scheduler)
+    rel = TestRelease.render(
+        ensure_helm(), settings={"admission.gpuPods.schedulerNames": "{default-scheduler}"}
+    )
     rel.install(cluster)
     tmp = tmp_path_factory.mktemp("deploy-tls")
     tls_dir = secret_files(rel, f"{rel.name}-extender-tls", tmp / "extender-tls")

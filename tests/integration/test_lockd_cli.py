@@ -13,7 +13,7 @@ import pytest
 
 from devcluster.cluster import Cluster
 from lockd import Holder, HolderKey, KubeClient, NodeLocks, NodeName, Outcome
-from lockd.cli import CliError, run_locks
+from lockd.cli import NEEDS_FORCE, CliError, run_locks
 from lockd.kube import lease_path, pod_path
 
 NODE = NodeName("gpu-cli-1")
@@ -26,6 +26,7 @@ def args(cluster: Cluster, namespace: str, action: str = "list", **kw: Any) -> a
         "annotation_prefix": "nodelock.io/",
         "observe": None,
         "locks_action": action,
+        "force": False,
     }
     base.update(kw)
     return argparse.Namespace(**base)
@@ -91,14 +92,24 @@ async def test_break_warns_asks_and_says_whose_lock(
 ) -> None:
     _, holder = await stuck_lock(kube, namespace)
 
-    code, out, err = await run(args(cluster, namespace, "break", node=NODE, yes=False))
+    # the holder is Pending on the node, not admitted: refused without --force, even with --yes
+    code, out, err = await run(args(cluster, namespace, "break", node=NODE, yes=True))
+    assert code == NEEDS_FORCE
+    assert "two pods could get the same GPUs" in err
+    assert f"not breaking node {NODE}'s lock without --force" in err
+    assert "asked:" not in err
+    lease = await kube.get(lease_path(namespace, NODE))
+    assert lease["spec"]["holderIdentity"] == holder.key
+
+    brk = args(cluster, namespace, "break", node=NODE, yes=False, force=True)
+    code, out, err = await run(brk)
     assert code == 1
     assert "two pods could get the same GPUs" in err
     assert f"asked: Break node {NODE}'s lock held by {holder.key}?" in err
     lease = await kube.get(lease_path(namespace, NODE))
     assert lease["spec"]["holderIdentity"] == holder.key  # declined: nothing changed
 
-    code, out, err = await run(args(cluster, namespace, "break", node=NODE, yes=False), answer=True)
+    code, out, err = await run(brk, answer=True)
     assert code == 0
     assert f"broke node {NODE}'s lock held by {holder.key} (uid {holder.uid}, token 1)" in out
     lease = await kube.get(lease_path(namespace, NODE))
@@ -108,6 +119,59 @@ async def test_break_warns_asks_and_says_whose_lock(
     code, out, _ = await run(args(cluster, namespace, "break", node=NODE, yes=True))
     assert code == 0
     assert "the lock is free; nothing to break" in out
+
+
+async def unbound_holder(kube: KubeClient, namespace: str, name: str) -> Holder:
+    """A pod no scheduler binds (the extender's bind of it could still be on its way)."""
+    pod = await kube.create(
+        pod_path(namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": "nodelock-test-nobody",
+                "containers": [{"name": "main", "image": "example.invalid/none"}],
+            },
+        },
+    )
+    return Holder(HolderKey(f"{namespace}/{name}"), pod["metadata"]["uid"], {"assignment": "{}"})
+
+
+async def test_break_of_a_young_lock_whose_holder_is_not_bound_needs_force(
+    cluster: Cluster, kube: KubeClient, namespace: str
+) -> None:
+    """The binding of a holder that is not bound yet may still land while its lock is young."""
+    holder = await unbound_holder(kube, namespace, "binding")
+    await NodeLocks(kube, namespace=namespace).acquire(NODE, holder)  # just now
+
+    code, out, err = await run(args(cluster, namespace, "break", node=NODE, yes=True))
+    assert code == NEEDS_FORCE
+    assert "is not bound yet" in err
+    assert "binding of" in err
+    assert "may still land" in err
+    assert f"not breaking node {NODE}'s lock without --force" in err
+    lease = await kube.get(lease_path(namespace, NODE))
+    assert lease["spec"]["holderIdentity"] == holder.key
+
+    code, out, err = await run(args(cluster, namespace, "break", node=NODE, yes=True, force=True))
+    assert code == 0
+    assert "may still land" in err  # still said, then done
+    assert f"broke node {NODE}'s lock held by {holder.key}" in out
+    assert "holderIdentity" not in (await kube.get(lease_path(namespace, NODE)))["spec"]
+
+
+async def test_break_of_an_old_lock_whose_holder_is_not_bound_needs_no_force(
+    cluster: Cluster, kube: KubeClient, namespace: str
+) -> None:
+    holder = await unbound_holder(kube, namespace, "gave-up")
+    an_hour_ago = NodeLocks(kube, namespace=namespace, wall_clock=lambda: 1_714_564_800.0)
+    await an_hour_ago.acquire(NODE, holder)
+
+    code, out, err = await run(args(cluster, namespace, "break", node=NODE, yes=True))
+    assert code == 0, err
+    assert "WARNING" not in err
+    assert f"broke node {NODE}'s lock held by {holder.key}" in out
 
 
 async def test_observe_judges_expiry_by_observed_time(

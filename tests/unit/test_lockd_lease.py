@@ -75,6 +75,27 @@ def test_acquire_after_release_drops_old_data_and_keeps_last() -> None:
     assert record.last.outcome == "rejected"
 
 
+def test_break_names_who_and_why_until_the_next_acquisition() -> None:
+    lease = FMT.new_lease(NODE, POD, duration_s=15, now=T0)
+    broken = FMT.broken(lease, by="alice", reason="node repair", now=T1)
+    ann = broken["metadata"]["annotations"]
+    assert ann["nl.example/broken-by"] == "alice"
+    assert ann["nl.example/broken-reason"] == "node repair"
+    assert ann["nl.example/last-outcome"] == "broken"
+    assert ann["nl.example/last-holder"] == "team/train-0"
+    record = FMT.parse(broken)
+    assert record.holder is None
+    assert record.token == 1
+    other = Holder(HolderKey("team/eval-0"), "uid-1")
+    again = FMT.acquired(broken, other, token=FencingToken(2), duration_s=15, now=T1)
+    assert FMT.parse(again).holder == other  # the break's record is not the new holder's data
+    assert not {"nl.example/broken-by", "nl.example/broken-reason"} & set(
+        again["metadata"]["annotations"]
+    )
+    with pytest.raises(ValueError, match="who breaks it and why"):
+        FMT.broken(lease, by="alice", reason="", now=T1)
+
+
 def test_takeover_records_the_old_holder_as_taken_over() -> None:
     lease = FMT.new_lease(NODE, POD, duration_s=15, now=T0)
     old = FMT.parse(lease)
@@ -95,7 +116,9 @@ def test_renew_moves_renew_time_and_rewrites_data() -> None:
     assert renewed.token == 1
 
 
-@pytest.mark.parametrize("key", ["holder-uid", "last-token", "has space", "-dash", "a" * 64])
+@pytest.mark.parametrize(
+    "key", ["holder-uid", "last-token", "broken-by", "has space", "-dash", "a" * 64]
+)
 def test_holder_data_keys_must_be_valid_and_unreserved(key: str) -> None:
     with pytest.raises(ValueError, match="holder data key"):
         FMT.new_lease(NODE, Holder(POD.key, POD.uid, {key: "v"}), duration_s=15, now=T0)

@@ -133,3 +133,39 @@ see the same certificates; reused from the live Secrets on upgrade (lookup).
 checksum/tls: {{ include "nodelock.generatedTLS" . | sha256sum }}
 {{- end -}}
 {{- end -}}
+
+{{/* The scheduler names whose pods reach the extender: JSON list, first = the one to steer to. */}}
+{{- define "nodelock.gpuPodSchedulers" -}}
+{{- if .Values.admission.gpuPods.schedulerNames -}}
+{{- toJson .Values.admission.gpuPods.schedulerNames -}}
+{{- else if .Values.scheduler.enabled -}}
+{{- list .Values.scheduler.schedulerName | toJson -}}
+{{- else -}}
+["default-scheduler"]
+{{- end -}}
+{{- end -}}
+
+{{/*
+The variables both GPU pod policies share: whether the pod asks for the GPU resource (requests or
+limits above zero, app or init containers) and whether an administrator exempted it (the escape
+label on the pod and on its namespace). include with (dict "resource" ... "escape" ...).
+*/}}
+{{- define "nodelock.gpuPodVariables" }}
+    - name: resource
+      expression: {{ .resource | quote | squote }}
+    - name: requested
+      expression: >-
+        object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])
+    - name: gpu
+      expression: >-
+        variables.requested.exists(c, has(c.resources) &&
+        [has(c.resources.limits) ? c.resources.limits : {}, has(c.resources.requests) ? c.resources.requests : {}].exists(m,
+        variables.resource in m && quantity(string(m[variables.resource])).isGreaterThan(quantity("0"))))
+    - name: escaped
+      expression: >-
+        has(object.metadata.labels) && {{ .escape | quote }} in object.metadata.labels &&
+        object.metadata.labels[{{ .escape | quote }}] == "true" &&
+        namespaceObject != null && has(namespaceObject.metadata.labels) &&
+        {{ .escape | quote }} in namespaceObject.metadata.labels &&
+        namespaceObject.metadata.labels[{{ .escape | quote }}] == "true"
+{{- end }}
