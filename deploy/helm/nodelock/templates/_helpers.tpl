@@ -71,7 +71,7 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "nodelock.devicePlugin
   bindVerb: bind
   weight: {{ .Values.scheduler.weight }}
   enableHTTPS: {{ $https }}
-  httpTimeout: {{ .Values.scheduler.httpTimeout }}
+  httpTimeout: {{ .Values.scheduler.httpTimeoutSeconds }}s
   nodeCacheCapable: true
   managedResources:
     - name: {{ .Values.resourceName }}
