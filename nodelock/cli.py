@@ -123,8 +123,10 @@ def value_from_environment(action: argparse.Action, name: str, raw: str) -> obje
             return int(raw)
         except ValueError:
             raise bad("not a whole number") from None
-    several = isinstance(action, argparse._AppendAction) or action.nargs in ("*", "+") or (
-        isinstance(action.nargs, int) and action.nargs > 1
+    several = (
+        isinstance(action, argparse._AppendAction)
+        or action.nargs in ("*", "+")
+        or (isinstance(action.nargs, int) and action.nargs > 1)
     )
     words = [w.strip() for w in raw.split(",") if w.strip()] if several else [raw]
     convert: Callable[[str], object] = action.type if callable(action.type) else str
