@@ -1,4 +1,5 @@
-"""Check DESIGN's invariants from what the simulated kubelets recorded (plain data in, out).
+"""Check the invariants of docs/design.md ("Invariants") from what the simulated kubelets
+recorded (plain data in, out).
 
 Every admitted pod carries ``sim.nodelock.io/allocated``: per container, the device IDs kubelet's
 own device manager allocated and the environment our plugin answered with.  From the pods alone:

@@ -1,9 +1,10 @@
 """Prometheus metrics of the device plugin (names and meaning: docs/metrics.md, ``deviceplugin``).
 
 Every metric lives in the plugin's own registry (several plugins can share a test process) and is
-prefixed ``nodelock_deviceplugin_``.  Labels are bounded enums, never a pod name or UID; the node
-is the scrape target's own label.  Every labelled series exists at 0 from the start (all refusal
-reasons included), so queries return data before the first event.
+prefixed ``nodelock_deviceplugin_``, besides ``nodelock_build_info`` (``lockd.build``). Labels are
+bounded enums, never a pod name or UID; the node is the scrape target's own label. Every labelled
+series exists at 0 from the start (all refusal reasons included), so queries return data before the
+first event.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from deviceplugin.decide import RefusalKind
 from handoff.wire import GPU
+from lockd.build import register_build_info
 from lockd.model import Outcome
 
 PREFIX = "nodelock_deviceplugin_"
@@ -35,6 +37,7 @@ class PluginMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        register_build_info(r)
         self.allocate_seconds = Histogram(
             f"{PREFIX}allocate_seconds",
             "Time to answer kubelet's Allocate, including any API reads and the lock release.",

@@ -2,10 +2,11 @@
 
 The extender's takeover check, the device plugin (Allocate, and its check of an interrupted
 handoff) and ``nodelock locks`` all judge the holder's pod with this module, so they cannot
-disagree.  DESIGN §3.4: an expired lock may be taken over only when its holder has left the
-handoff — the pod is gone, bound to another node, admitted by kubelet or finished (rejected or
-completed).  A holder Pending on the lock's node and not admitted keeps the lock however old it
-is: kubelet may still admit it, and the device plugin could not tell it from another pod.
+disagree.  docs/design.md, "Expiry and takeover": an expired lock may be taken over only when
+its holder has left the handoff — the pod is gone, bound to another node, admitted by kubelet or
+finished (rejected or completed).  A holder Pending on the lock's node and not admitted keeps
+the lock however old it is: kubelet may still admit it, and the device plugin could not tell it
+from another pod.
 
 The phases, decided in this order from the pod object alone:
 

@@ -1,6 +1,7 @@
-"""Binds that wait their turn (DESIGN §3.2), through the real kube-scheduler and two extender
-replicas: a burst larger than the node count, an Allocate stalled past the wait budget, and the
-extenders killed with binds queued.  The ``e2e`` fixture checks S1/S2 over all pods after each.
+"""Binds that wait their turn (docs/design.md, "Bind"), through the real kube-scheduler and two
+extender replicas: a burst larger than the node count, an Allocate stalled past the wait budget,
+and the extenders killed with binds queued.  The ``e2e`` fixture checks S1/S2 over all pods
+after each.
 """
 
 from __future__ import annotations

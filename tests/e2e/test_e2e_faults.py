@@ -1,4 +1,5 @@
-"""Each invariant under the fault that threatens it (DESIGN section 4; issue: the main job).
+"""Each invariant under the fault that threatens it (docs/design.md, "Invariants"; issue: the
+main job).
 
 A crash is a failpoint (``NODELOCK_FAILPOINTS``): the component exits at that exact step, with
 no cleanup, like a SIGKILL.  After each fault the test checks, from the simulated kubelets'

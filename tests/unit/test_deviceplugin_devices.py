@@ -119,15 +119,6 @@ def test_nvml_without_the_library_is_a_clear_user_facing_error() -> None:
     assert info.value.user_facing
 
 
-def test_nvml_xid_rules() -> None:
-    assert not nvml.fatal_xid(13)
-    assert not nvml.fatal_xid(43)
-    assert nvml.fatal_xid(79)  # fallen off the bus
-    assert nvml.fatal_xid(48)  # double-bit ECC
-    ignored = nvml.ignored_xids("79, x,,48")
-    assert not nvml.fatal_xid(79, ignored)
-    assert nvml.ignored_xids(None) == nvml.APPLICATION_XIDS
-
 
 def test_nvml_numa_from_sysfs(tmp_path: Path) -> None:
     dev = tmp_path / "0000:17:00.0"

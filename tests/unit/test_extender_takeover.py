@@ -1,4 +1,5 @@
-"""The takeover check (DESIGN §3.4): an expired lock moves on only once its holder left handoff."""
+"""The takeover check (docs/design.md, "Expiry and takeover"): an expired lock moves on only
+once its holder left handoff."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The one classifier of a lock holder's pod (DESIGN §3.4), and that every part uses it."""
+"""The one classifier of a lock holder's pod (docs/design.md, "Expiry and takeover"), and that
+every part uses it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""MicroTime strings: always six fraction digits and ``Z`` (DESIGN §5)."""
+"""MicroTime strings: always six fraction digits and ``Z`` (docs/design.md, "Lease and time
+rules")."""
 
 from __future__ import annotations
 

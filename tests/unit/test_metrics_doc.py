@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from deviceplugin.metrics import PluginMetrics
 from handoff.wire import GPU, DeviceID, format_inventory
+from lockd.build import register_build_info
 from lockd.lease import LeaseFormat
 from lockd.metrics import LockMetrics
 from lockd.model import Holder, HolderKey, NodeLockView, NodeName
@@ -115,17 +116,30 @@ def deviceplugin_registry() -> CollectorRegistry:
     return metrics.registry
 
 
+def build_registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    register_build_info(registry)
+    return registry
+
+
 PARTS = {
+    "build": build_registry,
     "lockd": lockd_registry,
     "extender": extender_registry,
     "deviceplugin": deviceplugin_registry,
 }
+# Documented once in section "build", registered by every long-running part as well.
+EVERY_PART = "build"
+LONG_RUNNING = ("extender", "deviceplugin")
 
 
 @pytest.mark.parametrize("part", list(PARTS))
 def test_documented_names_are_the_registered_names(part: str) -> None:
     code = registered(PARTS[part]())
     doc = documented(part)
+    if part != EVERY_PART:
+        for name in documented(EVERY_PART):
+            code.pop(name, None)
     assert sorted(set(code) - set(doc)) == [], f"registered by {part} but not in docs/metrics.md"
     assert sorted(set(doc) - set(code)) == [], f"in docs/metrics.md but {part} registers none"
 
@@ -153,3 +167,10 @@ def test_names_follow_the_conventions(part: str) -> None:
         assert not (labels & {"pod", "uid", "holder", "device", "namespace"}), (name, labels)
         if kind == "histogram" and name != "nodelock_extender_bind_attempts":
             assert name.endswith("_seconds"), f"{name}: a latency histogram in base units"
+
+
+@pytest.mark.parametrize("part", LONG_RUNNING)
+def test_every_long_running_part_registers_the_build_info(part: str) -> None:
+    code = registered(PARTS[part]())
+    missing = sorted(set(documented(EVERY_PART)) - set(code))
+    assert missing == [], f"{part} does not register {missing} (lockd.build.register_build_info)"
