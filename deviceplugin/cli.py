@@ -12,6 +12,7 @@ from deviceplugin.decide import MismatchPolicy
 from deviceplugin.devices import DeviceBackend
 from deviceplugin.endpoint import KUBELET_SOCKET
 from deviceplugin.metrics import PluginMetrics
+from deviceplugin.nvml import add_flags as add_nvml_flags
 from deviceplugin.plugin import (
     DEFAULT_LEASE_DURATION_S,
     DEFAULT_PLUGIN_DIR,
@@ -42,6 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "assignment, answer Allocate with it, release the lock, publish the GPU inventory.",
     )
     p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster)")
+    add_nvml_flags(p)
     p.add_argument(
         "--node-name",
         default=os.environ.get("NODE_NAME"),
@@ -185,7 +187,7 @@ def backend_from_args(args: argparse.Namespace) -> DeviceBackend:
         return SimulatedBackend(args.node_name, spec, sim_file=args.sim_file)
     from deviceplugin.nvml import NvmlBackend  # imports pynvml only when asked for
 
-    return NvmlBackend()
+    return NvmlBackend.from_args(args)
 
 
 async def _serve(args: argparse.Namespace, config: PluginConfig) -> None:

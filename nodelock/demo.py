@@ -588,7 +588,9 @@ def report(
     )
     top = ", ".join(f"{v} {r} {c / n:.2f}" for (v, r), c in requests.most_common(8))
     lines.append(f"  most frequent requests per GPU pod: {top}")
-    lines.append("invariants (DESIGN section 4), checked from the simulated kubelets' records:")
+    lines.append(
+        'invariants (docs/design.md, "Invariants"), checked from the simulated kubelets\' records:'
+    )
     for name, desc, found in checks:
         verdict = "PASS" if not found else f"FAIL ({len(found)})"
         lines.append(f"  {name} {desc:<45} {verdict}")

@@ -1,6 +1,6 @@
 """Bind: choose the pod's GPUs, take the node lock, prove the choice, bind with one write.
 
-The steps (DESIGN §3.2):
+The steps (docs/design.md, "Bind"):
 
 1. *Choose* devices from the cache plus the lock holder's assignment (pure, ``choose``).
 2. *Wait its turn, then acquire* the node's lock for the pod, its assignment in the Lease.
@@ -124,7 +124,7 @@ class Binder:
         self.queues = BindQueues(budget_s=wait_budget_s, clock=clock, on_refused=metrics.refused)
         metrics.follow_queues(self.queues.depths)
 
-    # ---- the takeover check (DESIGN §3.4) ---------------------------------------------------
+    # ---- the takeover check (docs/design.md, "Expiry and takeover") ------------------------
 
     async def may_take_over(self, record: LockRecord) -> bool:
         """True only when the expired lock's holder has left the handoff (``takeover.judge``)."""

@@ -20,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from lockd.build import register_build_info
 from lockd.metrics import WAIT_BUCKETS
 from lockd.model import NodeName
 from scheduler_ext.cache import ClusterCache
@@ -110,6 +111,7 @@ class ExtenderMetrics:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = registry
+        register_build_info(registry)
         self._queue_depths: Callable[[], dict[NodeName, int]] = dict
         self._clock = clock
         self.latency = Histogram(

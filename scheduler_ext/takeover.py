@@ -1,4 +1,4 @@
-"""May an expired node lock be taken from its holder? (DESIGN §3.4, pure.)
+"""May an expired node lock be taken from its holder? (docs/design.md, "Expiry and takeover"; pure.)
 
 Expiry alone never hands a lock on.  Where the holder's pod stands is ``handoff.holder``'s
 classification, the same one the device plugin and ``nodelock locks`` use: the lock may be taken

@@ -1,6 +1,6 @@
 """Binds wait their turn: one fair FIFO per node, woken by the node lock's own changes.
 
-DESIGN §3.2: on contention a bind waits, bounded, instead of failing at once and leaving
+docs/design.md, "Bind": on contention a bind waits, bounded, instead of failing at once and leaving
 kube-scheduler to back the pod off for 1-10 s while the node's lock sits idle.  kube-scheduler
 runs each binding cycle in its own goroutine (``runBindingCycle`` after ``schedulingCycle``), so
 a bind that waits here blocks no other pod's scheduling.

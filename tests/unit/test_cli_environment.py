@@ -48,7 +48,7 @@ def test_values_are_converted_as_on_the_command_line() -> None:
     [("true", True), ("1", True), ("ON", True), ("false", False), ("no", False)],
 )
 def test_switches_take_on_off_words(value: str, expected: bool) -> None:
-    assert parse(["device-plugin"], {"NODELOCK_CDI": value}).cdi is expected  # store_true
+    assert parse(["demo"], {"NODELOCK_KEEP": value}).keep is expected  # store_true
     assert parse(["extender"], {"NODELOCK_LOCK_AWARE": value}).lock_aware is expected  # --no-…
     # the command line still wins over the environment, either way
     on, off = {"NODELOCK_LOCK_AWARE": "true"}, {"NODELOCK_LOCK_AWARE": "false"}
@@ -69,7 +69,7 @@ def test_nested_subcommands_take_their_parents_flags_from_the_environment() -> N
     [
         ({"NODELOCK_POLICY": "fastest"}, ["extender"], "NODELOCK_POLICY='fastest': use one of"),
         ({"NODELOCK_LEASE_DURATION": "soon"}, ["extender"], "NODELOCK_LEASE_DURATION='soon'"),
-        ({"NODELOCK_CDI": "maybe"}, ["device-plugin"], "not an on/off value"),
+        ({"NODELOCK_KEEP": "maybe"}, ["demo"], "not an on/off value"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_variable(
