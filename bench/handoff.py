@@ -47,6 +47,7 @@ from devcluster.binaries import ensure_control_plane, ensure_simkubelet
 from devcluster.cluster import Cluster
 from devcluster.gpunodes import node_names, up_gpu_cluster
 from devcluster.namespaces import create_namespace
+from lockd.errors import NotFound
 from lockd.kube import JSON, KubeClient, namespace_path, pod_path
 from nodelock.demo import (
     BACKGROUND_S,
@@ -311,8 +312,10 @@ async def warm_up(cluster: Cluster, nodes: int) -> None:
         else:
             raise RuntimeError("warm-up pods not Running after 120 s")
         await kube.delete(namespace_path(ns))
-        for _ in range(600):
-            if not (await kube.list(pod_path(ns)))["items"]:
+        for _ in range(600):  # the namespace controller's cleanup lists every kind: wait it out
+            try:
+                await kube.get(namespace_path(ns))
+            except NotFound:
                 break
             await asyncio.sleep(0.2)
 
