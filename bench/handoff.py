@@ -203,11 +203,7 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         demo.NAMESPACE = demo_ns
-        await kube.delete(namespace_path(ns))
-        for _ in range(600):
-            if not (await kube.list(pod_path(ns)))["items"]:
-                break
-            await asyncio.sleep(0.2)
+        await delete_namespace(kube, ns)
     req = net_of_background(after_req - before_req, background, elapsed / BACKGROUND_S)
     to_running = [tl.running[k] - tl.first_seen[k] for k in tl.running if k in tl.first_seen]
     parts = stages(tl, ns)
@@ -311,13 +307,19 @@ async def warm_up(cluster: Cluster, nodes: int) -> None:
             await asyncio.sleep(0.2)
         else:
             raise RuntimeError("warm-up pods not Running after 120 s")
-        await kube.delete(namespace_path(ns))
-        for _ in range(600):  # the namespace controller's cleanup lists every kind: wait it out
-            try:
-                await kube.get(namespace_path(ns))
-            except NotFound:
-                break
-            await asyncio.sleep(0.2)
+        await delete_namespace(kube, ns)
+
+
+async def delete_namespace(kube: KubeClient, ns: str) -> None:
+    """Delete ``ns`` and wait until it is gone: the namespace controller's cleanup lists every
+    kind of object in it, and those LISTs must not count in the next burst."""
+    await kube.delete(namespace_path(ns))
+    for _ in range(600):
+        try:
+            await kube.get(namespace_path(ns))
+        except NotFound:
+            return
+        await asyncio.sleep(0.2)
 
 
 def restart_extenders(cluster: Cluster, phase_args: list[str]) -> None:
