@@ -13,7 +13,8 @@ The steps (docs/design.md, "Bind"):
 3. *Confirm* against a view of the node that cannot miss a finished handoff: the Lease names the
    previous holder; once the cache has seen that pod bound (or deleted), the watch's ordering
    means it has seen every earlier binding on the node.  When the previous holder never bound
-   (bind-failed, broken, taken over), is not seen within ``confirm_wait_s``, or the Lease names
+   (bind-failed, broken, taken over), is not seen within ``confirm_wait_s`` (0.2 s for a previous
+   holder this cache has no record of: deleted before this replica started), or the Lease names
    no previous holder at all (a new Lease — or one deleted or reset by hand mid-handoff), the
    node's pods are listed instead (one consistent LIST of that node).  A conflicting choice is
    made again and the Lease's copy rewritten (conditional on our token), or the bind fails.
@@ -60,6 +61,7 @@ from scheduler_ext.waiting import BindQueues, WaitRefused
 log = logging.getLogger(__name__)
 
 CONFIRM_WAIT_S = 2.0
+UNKNOWN_HOLDER_WAIT_S = 0.2
 DEFAULT_WAIT_BUDGET_S = 4.0
 MIN_BINDING_BUDGET_S = 0.5
 PROVEN_OUTCOMES = frozenset({Outcome.ALLOCATED.value, Outcome.REJECTED.value})
@@ -374,9 +376,14 @@ class Binder:
         view = self._locks.view(node)
         last = view.record.last if view is not None and view.record.token == held.token else None
         if last is not None and last.outcome in PROVEN_OUTCOMES and last.uid:
+            # The wait covers a watch a moment behind.  A previous holder this cache has no
+            # record of at all is most likely one deleted before this replica started, which
+            # will never appear: it gets a short wait, then the node is listed.
+            known = self._cache.pod(last.uid) is not None or self._cache.is_gone(last.uid)
             started = self._clock()
             seen = await self._cache.wait_until(
-                lambda: self._cache.seen_bound_or_gone(last.uid), timeout_s=self._confirm_wait_s
+                lambda: self._cache.seen_bound_or_gone(last.uid),
+                timeout_s=self._confirm_wait_s if known else UNKNOWN_HOLDER_WAIT_S,
             )
             self._metrics.confirm_wait.observe(self._clock() - started)
             if seen:
