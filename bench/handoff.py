@@ -290,9 +290,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 async def warm_up(cluster: Cluster, nodes: int) -> None:
-    """One GPU pod per node through the extender, then deleted: every node then has its Lease
-    and a previous handoff, as in any cluster that ran a GPU pod before.  (A node's first
-    handoff on a new Lease lists that node's pods once; the phases measure the steady state.)"""
+    """One GPU pod per node through the (just restarted) extender, then deleted: every node then
+    has its Lease and a previous handoff this extender saw, as in a cluster that has been running
+    a while.  (A node's first handoff on a new Lease, or after an extender restart, lists that
+    node's pods once; the phases measure the steady state.)"""
     ns = "bench-warm-up"
     async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
         await create_namespace(kube, ns)
@@ -375,13 +376,13 @@ def main(argv: list[str] | None = None) -> int:
             cluster.restart_scheduler(
                 {"extenders": config["extenders"], "podMaxBackoffSeconds": args.pod_max_backoff}
             )
-        asyncio.run(warm_up(cluster, args.nodes))
         for phase in phases:
             if phase == "default-binder":
                 cluster.restart_scheduler({})  # no extender: the default binder
                 rows.append(asyncio.run(burst(cluster, phase, [0] * len(sizes))))
                 continue
             restart_extenders(cluster, PHASE_ARGS[phase])
+            asyncio.run(warm_up(cluster, args.nodes))
             rows.append(asyncio.run(burst(cluster, phase, sizes)))
     finally:
         cluster.down()
