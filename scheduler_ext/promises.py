@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import time
+from operator import itemgetter
 from collections.abc import Callable, Sequence
 
 from lockd.model import NodeName
@@ -31,7 +32,7 @@ class Promises:
 
     def promise(self, scores: Sequence[tuple[NodeName, int]], pod_uid: str) -> NodeName | None:
         """Remember the best-scored node (first of equals; none when nothing scores) for the pod."""
-        best = max(scores, key=lambda s: s[1], default=None)
+        best = max(scores, key=itemgetter(1), default=None)
         if best is None or best[1] <= 0:
             self.forget(pod_uid)
             return None
