@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import collections
 import time
-from operator import itemgetter
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 from lockd.model import NodeName
 
