@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from deviceplugin.devices import DeviceBackendError, DeviceState
+from deviceplugin.nvml_topology import with_links
 from handoff.wire import GPU, DeviceID, format_inventory
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
@@ -117,7 +118,7 @@ class NvmlBackend:
                 )
         except n.NVMLError as exc:
             raise DeviceBackendError(f"NVML cannot list the GPUs: {exc}") from exc
-        return gpus
+        return with_links(n, gpus)
 
     def _numa(self, handle: Any) -> int | None:
         n = self._nvml
