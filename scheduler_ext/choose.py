@@ -167,6 +167,21 @@ def fit(node: NodeGPUs, need: PodNeed) -> Verdict:
     return FITS
 
 
+def _class_part(node: NodeGPUs, need: PodNeed, got: Link) -> Fraction:
+    """The chosen set's link class against the best this node could give the pod were all its
+    healthy GPUs free (1: as good as the node gets)."""
+    healthy = tuple(g for g in node.devices if g.healthy)
+    ceiling = place(
+        node.devices,
+        healthy,
+        need,
+        node.numa_policy,
+        key=shape_key(node.devices, healthy, node.numa_policy),
+    )
+    best = ceiling.link if isinstance(ceiling, Pick) else got
+    return Fraction(1) if best <= Link.SYSTEM else Fraction(min(int(got), int(best)), int(best))
+
+
 def _placed(node: NodeGPUs, need: PodNeed) -> bool:
     """Whether the pod's devices on ``node`` depend on more than counts (links, NUMA nodes,
     selections); else the lowest-index free devices are as good as any."""
@@ -199,12 +214,15 @@ def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
         return 0
     if not node.shaped:
         return 1 + min(span, (2 * span * filled + cap) // (2 * cap))
-    # six tenths the policy, three the set's link class, one the largest NUMA group it leaves
-    # free: the policy still ranks fuller against emptier nodes, a better-connected set moves a
-    # node up about two points, and a node that keeps a large block free wins a tie
+    # six tenths the policy, three the set's link class against the best the node could give
+    # it, one the largest NUMA group it leaves free: the policy still ranks fuller against
+    # emptier nodes, a node where the pod gets a worse set than the node can offer drops up to
+    # three points, and a node that keeps a large block free wins a tie.  Relative, not
+    # absolute, class: an absolute one draws small pods to NVSwitch nodes and leaves the 8-GPU
+    # pods the PCIe ones (bench.allocation measured it)
     value = (
         Fraction(6 * filled, cap)
-        + Fraction(3 * int(outcome.link), int(Link.NVSWITCH))
+        + _class_part(node, need, outcome.link) * 3
         + Fraction(outcome.block).limit_denominator(1024)
     ) / 10
     return 1 + min(span, int(span * value + Fraction(1, 2)))

@@ -131,9 +131,15 @@ def test_each_container_is_aligned_on_its_own() -> None:
     assert sorted(got) == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-def test_scores_prefer_the_better_connected_node() -> None:
-    need = pod(4)
-    assert score(node("nvswitch"), need, Policy.BINPACK) > score(
+def test_scores_prefer_the_node_where_the_set_is_as_good_as_the_node_gets() -> None:
+    need = pod(2)
+    # equal fill (4 taken): one node still has a whole NVLink pair free, the other only halves
+    whole = node("nvlink-pairs", taken=(0, 2, 4, 5))
+    split = node("nvlink-pairs", taken=(0, 2, 4, 6))
+    assert score(whole, need, Policy.BINPACK) > score(split, need, Policy.BINPACK)
+    # a 2-GPU pod gets the best its node offers on an NVSwitch node and on a PCIe node alike:
+    # small pods are not drawn to the NVSwitch nodes that 8-GPU pods need
+    assert score(node("nvswitch"), need, Policy.BINPACK) == score(
         node("pcie-2numa"), need, Policy.BINPACK
     )
     # the pod's own policy overrides the extender's
