@@ -16,14 +16,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from fractions import Fraction
 from typing import NewType
 
 from handoff.topology import Link, NumaPolicy, has_topology
 from handoff.wire import GPU, Assignment, ContainerName, DeviceID
 from lockd.model import NodeName
 from scheduler_ext.need import PodNeed
-from scheduler_ext.topology import Miss, Pick, place, shape_key
+from scheduler_ext.topology import Miss, Pick, ceiling, place, shape_key
 
 MAX_SCORE = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
 
@@ -167,21 +166,6 @@ def fit(node: NodeGPUs, need: PodNeed) -> Verdict:
     return FITS
 
 
-def _class_part(node: NodeGPUs, need: PodNeed, got: Link) -> Fraction:
-    """The chosen set's link class against the best this node could give the pod were all its
-    healthy GPUs free (1: as good as the node gets)."""
-    healthy = tuple(g for g in node.devices if g.healthy)
-    ceiling = place(
-        node.devices,
-        healthy,
-        need,
-        node.numa_policy,
-        key=shape_key(node.devices, healthy, node.numa_policy),
-    )
-    best = ceiling.link if isinstance(ceiling, Pick) else got
-    return Fraction(1) if best <= Link.SYSTEM else Fraction(min(int(got), int(best)), int(best))
-
-
 def _placed(node: NodeGPUs, need: PodNeed) -> bool:
     """Whether the pod's devices on ``node`` depend on more than counts (links, NUMA nodes,
     selections); else the lowest-index free devices are as good as any."""
@@ -220,12 +204,20 @@ def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
     # three points, and a node that keeps a large block free wins a tie.  Relative, not
     # absolute, class: an absolute one draws small pods to NVSwitch nodes and leaves the 8-GPU
     # pods the PCIe ones (bench.allocation measured it)
-    value = (
-        Fraction(6 * filled, cap)
-        + _class_part(node, need, outcome.link) * 3
-        + Fraction(outcome.block).limit_denominator(1024)
-    ) / 10
-    return 1 + min(span, int(span * value + Fraction(1, 2)))
+    best = ceiling(node.devices, need, node.numa_policy)
+    cls_num, cls_den = (
+        (1, 1)
+        if best is None or best <= Link.SYSTEM
+        else (
+            min(int(outcome.link), int(best)),
+            int(best),
+        )
+    )
+    blk_num, blk_den = outcome.block
+    # value = (6 filled/cap + 3 cls + blk) / 10, as one fraction num/den in integers
+    num = 6 * filled * cls_den * blk_den + 3 * cls_num * cap * blk_den + blk_num * cap * cls_den
+    den = 10 * cap * cls_den * blk_den
+    return 1 + min(span, (2 * span * num + den) // (2 * den))
 
 
 def steer_by_wait(

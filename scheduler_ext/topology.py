@@ -49,7 +49,7 @@ from handoff.topology import Link, NumaPolicy, has_topology, link
 from handoff.wire import GPU
 from scheduler_ext.need import PodNeed
 
-EXACT_LIMIT = 5000  # candidate sets searched exhaustively; more: greedy
+EXACT_LIMIT = 1000  # candidate sets searched exhaustively (C(8, 4) = 70); more: greedy
 CACHE_LIMIT = 8192
 
 
@@ -59,7 +59,7 @@ class Pick:
 
     slots: tuple[GPU, ...]
     link: Link  # class of the whole set
-    block: float  # 0..1: the largest free NUMA group left, against the largest NUMA group
+    block: tuple[int, int]  # the largest free NUMA group left, and the largest NUMA group
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +83,24 @@ def shape_key(devices: Sequence[GPU], free: Sequence[GPU], policy: NumaPolicy) -
         healthy = Counter(g.model for g in devices if g.healthy)
         spare = Counter(g.model for g in free)
         return sys.intern(repr((sorted(healthy.items()), sorted(spare.items()))))
-    layout = tuple((g.index, g.model, g.numa, g.topo, g.healthy) for g in devices)
-    return sys.intern(repr((layout, tuple(g.index for g in free), policy.value)))
+    mask = ",".join(str(g.index) for g in free)
+    return sys.intern(f"{_layout(devices)}|{mask}|{policy.value}")
+
+
+_layouts: dict[int, tuple[Sequence[GPU], str]] = {}
+
+
+def _layout(devices: Sequence[GPU]) -> str:
+    """``repr`` of the layout facts of ``devices``, computed once per inventory object (node
+    pictures rebuilt from one node state share its ``devices`` tuple)."""
+    found = _layouts.get(id(devices))
+    if found is not None and found[0] is devices:
+        return found[1]
+    text = repr(tuple((g.index, g.model, g.numa, g.topo, g.healthy) for g in devices))
+    if len(_layouts) >= CACHE_LIMIT:
+        _layouts.clear()
+    _layouts[id(devices)] = (devices, text)  # the reference keeps the id from being reused
+    return text
 
 
 _cache: dict[tuple[str, PodNeed], Outcome] = {}
@@ -327,12 +343,20 @@ def _best_set(
     return [ordered[i] for i in best]
 
 
-def _block(devices: Sequence[GPU], free: Sequence[GPU], chosen: Sequence[GPU]) -> float:
-    """The largest free NUMA group after ``chosen`` leaves, against the largest NUMA group of
-    healthy devices (the whole node when devices report no NUMA node)."""
+def _block(devices: Sequence[GPU], free: Sequence[GPU], chosen: Sequence[GPU]) -> tuple[int, int]:
+    """The largest free NUMA group after ``chosen`` leaves, and the largest NUMA group of
+    healthy devices (the whole node when devices report no NUMA node); (1, 1) for none."""
     size = Counter(g.numa for g in devices if g.healthy)
     left = Counter(g.numa for g in free if g not in chosen)
     largest = max(size.values(), default=0)
     if largest == 0:
-        return 1.0
-    return max(left.values(), default=0) / largest
+        return (1, 1)
+    return (max(left.values(), default=0), largest)
+
+
+def ceiling(devices: Sequence[GPU], need: PodNeed, policy: NumaPolicy) -> Link | None:
+    """The best class ``place`` gives the pod on this node with all healthy devices free (None
+    when it would not fit even then); remembered per layout."""
+    healthy = [g for g in devices if g.healthy]
+    outcome = place(devices, healthy, need, policy, key=shape_key(devices, healthy, policy))
+    return outcome.link if isinstance(outcome, Pick) else None
