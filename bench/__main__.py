@@ -7,7 +7,9 @@ Runs, one after another (each starts what it needs and stops it):
 - ``bench.extender_bench``: filter and prioritize latency for 5,000 nodes x 8 GPUs, against an
   empty aiohttp handler;
 - ``bench.handoff``: pods/s through the extender against the default binder, API requests per
-  pod, handoff overhead, lock-aware prioritize on and off.
+  pod, handoff overhead, lock-aware prioritize on and off;
+- ``bench.allocation``: allocation quality of the topology-aware choice against lowest-index
+  binpack on one seeded job stream (pure, no cluster).
 
 Results are JSON files in ``bench/results/``.
 """
@@ -23,6 +25,7 @@ BENCHMARKS = [
     ["bench.lockd_requests", "--json", f"{RESULTS}/lockd_requests.json"],
     ["bench.extender_bench"],
     ["bench.handoff"],
+    ["bench.allocation", "--json", f"{RESULTS}/allocation.json"],
 ]
 
 

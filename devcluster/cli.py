@@ -11,6 +11,8 @@ from devcluster.binaries import KUBERNETES_VERSION, ensure_control_plane
 from devcluster.cluster import Cluster, default_state_dir
 from devcluster.errors import DevclusterError
 from devcluster.gpunodes import up_gpu_cluster
+from deviceplugin.simulated import LAYOUTS, layout_of
+from handoff.topology import NumaPolicy
 
 
 def register(sub: Any) -> None:
@@ -71,6 +73,18 @@ def register(sub: Any) -> None:
         default="binpack",
         help="the extender's device-choice policy",
     )
+    u.add_argument(
+        "--gpu-topology",
+        choices=list(LAYOUTS),
+        default=None,
+        help="simulated GPU layout of every node: links and NUMA nodes (default: none reported)",
+    )
+    u.add_argument(
+        "--topology-manager-policy",
+        choices=[p.value for p in NumaPolicy],
+        default=NumaPolicy.NONE.value,
+        help="the simulated kubelets' topology manager policy (needs --gpu-topology unless none)",
+    )
     u.set_defaults(func=_up)
 
     d = dsub.add_parser("down", help="stop everything the cluster started")
@@ -98,6 +112,14 @@ def _up(args: argparse.Namespace) -> int:
     cluster = Cluster(_state_dir(args), binaries=binaries)
     if args.nodes < 0 or args.gpus_per_node < 1 or args.extender_replicas < 1:
         raise DevclusterError("--nodes must be >= 0, --gpus-per-node and --extender-replicas >= 1")
+    policy = NumaPolicy(args.topology_manager_policy)
+    if policy is not NumaPolicy.NONE and args.gpu_topology is None:
+        raise DevclusterError(f"--topology-manager-policy {policy.value} needs --gpu-topology")
+    if args.gpu_topology is not None:
+        try:
+            layout_of(args.gpu_topology, args.gpus_per_node)
+        except ValueError as exc:
+            raise DevclusterError(f"--gpu-topology: {exc}") from exc
     t0 = time.monotonic()
     cluster.up(apiserver_port=args.apiserver_port)
     if args.nodes:
@@ -108,6 +130,8 @@ def _up(args: argparse.Namespace) -> int:
                 gpus_per_node=args.gpus_per_node,
                 extender_replicas=args.extender_replicas,
                 policy=args.policy,
+                gpu_topology=args.gpu_topology,
+                topology_policy=policy,
             )
         except BaseException:
             cluster.down()

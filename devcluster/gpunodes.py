@@ -26,6 +26,9 @@ from devcluster.binaries import ensure_simkubelet
 from devcluster.cluster import APISERVER_REQUEST_TIMEOUT_S, Cluster
 from devcluster.errors import DevclusterError
 from devcluster.pki import ADMIN
+from deviceplugin.simulated import layout_numa_nodes
+from handoff.topology import NumaPolicy
+from handoff.wire import Keys
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, scheduler_config
 
@@ -50,6 +53,12 @@ class NodeSpec:
     gpus: int
     model: str = "NVIDIA H100 80GB HBM3"
     memory_mib: int = 81559
+    layout: str | None = None  # a simulated GPU layout (deviceplugin.simulated.LAYOUTS)
+    topology_policy: NumaPolicy = NumaPolicy.NONE  # the simulated kubelet's topology manager
+
+    @property
+    def numa_nodes(self) -> int:
+        return 0 if self.layout is None else layout_numa_nodes(self.layout)
 
 
 def node_names(count: int) -> list[str]:
@@ -140,6 +149,19 @@ def start_node(cluster: Cluster, spec: NodeSpec, *, plugin_args: list[str] | Non
         f"--node-name={spec.name}",
         f"--resource-name={RESOURCE}",
     ]
+    if spec.topology_policy is not NumaPolicy.NONE and spec.numa_nodes == 0:
+        raise DevclusterError(
+            f"topology manager policy {spec.topology_policy.value} needs a GPU layout with NUMA "
+            "nodes (--gpu-topology)"
+        )
+    if spec.numa_nodes:
+        kubelet_argv.append(f"--numa-nodes={spec.numa_nodes}")
+    if spec.topology_policy is not NumaPolicy.NONE:
+        # the policy is kubelet configuration; the node label is how the extender learns it
+        kubelet_argv += [
+            f"--topology-manager-policy={spec.topology_policy.value}",
+            f"--labels={Keys().numa_policy}={spec.topology_policy.value}",
+        ]
     cluster.start_component(f"kubelet-{spec.name}", kubelet_argv)
     deadline = time.monotonic() + 30
     while not (plugin_dir / "kubelet.sock").exists():
@@ -158,6 +180,11 @@ def start_device_plugin(
     """Start the node's device plugin with the simulated backend."""
     node_dir = cluster.state_dir / "nodes" / spec.name
     port = processes.free_port()
+    layout_args: list[str] = []
+    if spec.layout is not None:
+        sim_file = node_dir / "sim.json"
+        sim_file.write_text(json.dumps({"layout": spec.layout}) + "\n", encoding="utf-8")
+        layout_args = [f"--sim-file={sim_file}"]
     argv = [
         *nodelock_command(),
         "device-plugin",
@@ -170,6 +197,7 @@ def start_device_plugin(
         f"--sim-model={spec.model}",
         f"--sim-memory-mib={spec.memory_mib}",
         f"--metrics-port={port}",
+        *layout_args,
         *(extra_args or []),
     ]
     cluster.start_component(f"deviceplugin-{spec.name}", argv)
@@ -240,9 +268,15 @@ def up_gpu_cluster(
     lock_aware: bool = True,
     extender_args: list[str] | None = None,
     plugin_args: list[str] | None = None,
+    gpu_topology: str | None = None,
+    topology_policy: NumaPolicy = NumaPolicy.NONE,
 ) -> list[NodeSpec]:
     """Install the GPU pod admission policies (as the chart does on a real cluster), start the
-    extender and ``nodes`` simulated GPU nodes, and wait until all report GPUs."""
+    extender and ``nodes`` simulated GPU nodes, and wait until all report GPUs.
+
+    ``gpu_topology`` names a simulated GPU layout for every node; ``topology_policy`` is the
+    simulated kubelets' topology manager policy (published as a node label for the extender).
+    """
     install_gpu_pod_policies(cluster)
     start_extender(
         cluster,
@@ -251,7 +285,10 @@ def up_gpu_cluster(
         lock_aware=lock_aware,
         extra_args=extender_args,
     )
-    specs = [NodeSpec(n, gpus_per_node) for n in node_names(nodes)]
+    specs = [
+        NodeSpec(n, gpus_per_node, layout=gpu_topology, topology_policy=topology_policy)
+        for n in node_names(nodes)
+    ]
     for spec in specs:
         start_node(cluster, spec, plugin_args=plugin_args)
     wait_nodes_ready(cluster, specs)

@@ -52,6 +52,7 @@ from deviceplugin.nvml_health import (
     parse_ignored_xids,
     wait_backoff_s,
 )
+from deviceplugin.nvml_topology import with_links
 from handoff.wire import GPU, DeviceID, format_inventory
 
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -224,7 +225,7 @@ class NvmlBackend:
                 )
         except n.NVMLError as exc:
             raise DeviceBackendError(f"NVML cannot list the GPUs: {exc}") from exc
-        return gpus
+        return with_links(n, gpus)
 
     def _numa(self, handle: Any) -> int | None:
         n = self._nvml

@@ -7,10 +7,12 @@ answers Allocate with environment variables only: there are no device nodes to h
 The file (``--sim-file``) overrides the flags; every key is optional::
 
     {"count": 8, "model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "numaNodes": 2,
-     "unhealthy": [3],
+     "layout": "pcie-2numa", "unhealthy": [3],
      "devices": [{"index": 5, "healthy": false, "model": "…", "memoryMiB": 40960, "numa": 1}]}
 
-``unhealthy`` lists indexes; ``devices`` overrides single devices by index.  The file is polled
+``unhealthy`` lists indexes; ``devices`` overrides single devices by index.  ``layout`` names one
+of ``LAYOUTS`` and gives every device its NUMA node and links (``layout_of``); it overrides
+``numaNodes``.  The file is polled
 (every 0.2 s) and reloaded when its content changes; a file that does not parse keeps the last
 good inventory and is logged, so a half-written edit never drops devices.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.devices import DeviceBackendError, DeviceState
+from handoff.topology import NO_TOPO, Topo
 from handoff.wire import GPU, DeviceID
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
@@ -40,6 +43,44 @@ log = logging.getLogger(__name__)
 def simulated_id(node: str, index: int) -> DeviceID:
     """The stable, UUID-shaped ID of simulated GPU ``index`` on ``node``."""
     return DeviceID(f"GPU-{uuid.uuid5(_NAMESPACE, f'{node}/{index}')}")
+
+
+LAYOUTS = ("nvswitch", "pcie-2numa", "nvlink-pairs")
+
+
+def layout_numa_nodes(name: str) -> int:
+    """How many NUMA nodes layout ``name`` spreads its GPUs over."""
+    if name not in LAYOUTS:
+        raise ValueError(f"unknown GPU layout {name!r}; known: {', '.join(LAYOUTS)}")
+    return 2
+
+
+def layout_of(name: str, count: int) -> list[tuple[int, Topo]]:
+    """NUMA node and links of each of ``count`` GPUs in a named layout (pure).
+
+    - ``nvswitch``: every GPU in one NVSwitch domain (HGX/DGX H100-like); half the GPUs on each
+      of two NUMA nodes, two per PCIe switch.
+    - ``pcie-2numa``: no NVLink; two NUMA nodes, each with PCIe switches of two GPUs.
+    - ``nvlink-pairs``: GPUs bridged in pairs (0-1, 2-3, …) by NVLink, each pair on its own PCIe
+      switch; half the pairs on each of two NUMA nodes.
+
+    Raises ``ValueError`` for an unknown name, or a count the layout cannot split evenly.
+    """
+    numa_nodes = layout_numa_nodes(name)
+    if count % (2 * numa_nodes):
+        raise ValueError(f"layout {name} needs a GPU count divisible by {2 * numa_nodes}")
+    out = []
+    for i in range(count):
+        numa = i * numa_nodes // count
+        pcie = f"pcie{i // 2}"
+        if name == "nvswitch":
+            topo = Topo(socket=numa, pcie=pcie, nvswitch="nvsw0")
+        elif name == "pcie-2numa":
+            topo = Topo(socket=numa, pcie=pcie)
+        else:
+            topo = Topo(socket=numa, pcie=pcie, nvlink=(i ^ 1,))
+        out.append((numa, topo))
+    return out
 
 
 @dataclass(frozen=True)
@@ -69,6 +110,9 @@ def inventory(node: str, spec: SimSpec, overrides: Any = None) -> list[GPU]:
     unhealthy = o.get("unhealthy", [])
     if not isinstance(unhealthy, list) or not all(isinstance(i, int) for i in unhealthy):
         raise ValueError("unhealthy must be a list of device indexes")
+    placed: list[tuple[int | None, Topo]] = []
+    if o.get("layout") is not None:
+        placed = [(n, t) for n, t in layout_of(str(o["layout"]), count)]
     per_device: dict[int, dict[str, Any]] = {}
     for d in o.get("devices", []):
         if not isinstance(d, dict) or not isinstance(d.get("index"), int):
@@ -77,7 +121,10 @@ def inventory(node: str, spec: SimSpec, overrides: Any = None) -> list[GPU]:
     gpus = []
     for i in range(count):
         d = per_device.get(i, {})
-        numa = (i * numa_nodes) // count if numa_nodes else None
+        numa: int | None = (i * numa_nodes) // count if numa_nodes else None
+        topo = NO_TOPO
+        if placed:
+            numa, topo = placed[i]
         numa_value = d.get("numa", numa)
         gpus.append(
             GPU(
@@ -87,6 +134,7 @@ def inventory(node: str, spec: SimSpec, overrides: Any = None) -> list[GPU]:
                 memory_mib=_nat(d.get("memoryMiB", memory), "memoryMiB"),
                 numa=None if numa_value is None else _nat(numa_value, "numa"),
                 healthy=bool(d.get("healthy", i not in unhealthy)),
+                topo=topo,
             )
         )
     return gpus

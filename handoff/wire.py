@@ -13,7 +13,9 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NewType
+from typing import Any, NewType
+
+from handoff.topology import NO_TOPO, Topo, format_topo, parse_topo
 
 DEFAULT_PREFIX = "nodelock.io/"
 DEFAULT_RESOURCE = "nvidia.com/gpu"
@@ -55,6 +57,37 @@ class Keys:
     @property
     def gpus(self) -> str:
         return f"{self.prefix}gpus"
+
+    @property
+    def numa_policy(self) -> str:
+        """Node label: kubelet's topology manager policy on the node (docs/handoff.md)."""
+        return f"{self.prefix}topology-manager-policy"
+
+    @property
+    def topology(self) -> str:
+        """Pod annotation: required | preferred | none (docs/extender.md)."""
+        return f"{self.prefix}topology"
+
+    @property
+    def policy(self) -> str:
+        """Pod annotation: binpack | spread, overriding the extender's node policy."""
+        return f"{self.prefix}policy"
+
+    @property
+    def gpu_model(self) -> str:
+        return f"{self.prefix}gpu-model"
+
+    @property
+    def gpu_model_exclude(self) -> str:
+        return f"{self.prefix}gpu-model-exclude"
+
+    @property
+    def gpu_uuid(self) -> str:
+        return f"{self.prefix}gpu-uuid"
+
+    @property
+    def gpu_uuid_exclude(self) -> str:
+        return f"{self.prefix}gpu-uuid-exclude"
 
 
 def format_assignment(assignment: Mapping[ContainerName, Sequence[DeviceID]]) -> str:
@@ -117,12 +150,14 @@ class GPU:
     memory_mib: int
     numa: int | None
     healthy: bool
+    topo: Topo = NO_TOPO  # link facts (``handoff.topology``); NO_TOPO when unknown
 
 
 def format_inventory(gpus: Sequence[GPU]) -> str:
     """Serialize a node's GPU inventory, sorted by index, deterministic for equal inputs."""
-    rows = [
-        {
+    rows: list[dict[str, Any]] = []
+    for g in sorted(gpus, key=lambda g: (g.index, g.id)):
+        row: dict[str, Any] = {
             "id": g.id,
             "index": g.index,
             "model": g.model,
@@ -130,8 +165,9 @@ def format_inventory(gpus: Sequence[GPU]) -> str:
             "numa": g.numa,
             "healthy": g.healthy,
         }
-        for g in sorted(gpus, key=lambda g: (g.index, g.id))
-    ]
+        if not g.topo.empty:  # absent rather than empty: inventories without topology unchanged
+            row["topo"] = format_topo(g.topo)
+        rows.append(row)
     return json.dumps(rows, separators=(",", ":"))
 
 
@@ -157,9 +193,10 @@ def parse_inventory(raw: str | None, *, key: str = Keys().gpus) -> list[GPU]:
                 memory_mib=int(row.get("memoryMiB", 0)),
                 numa=None if numa is None else int(numa),
                 healthy=bool(row.get("healthy", False)),
+                topo=parse_topo(row.get("topo")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise MalformedAnnotation(f"annotation {key}: bad device entry {row!r}") from exc
+            raise MalformedAnnotation(f"annotation {key}: bad device entry {row!r}: {exc}") from exc
         if not isinstance(dev, str) or not valid_device_id(dev):
             raise MalformedAnnotation(f"annotation {key}: invalid device ID {dev!r}")
         out.append(gpu)

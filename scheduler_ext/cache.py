@@ -62,6 +62,7 @@ def node_gpus(
         unattributed=unattributed,
         allocatable=node.allocatable,
         problem=node.problem,
+        numa_policy=node.numa_policy,
     )
 
 

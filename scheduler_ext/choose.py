@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NewType
 
+from handoff.topology import Link, NumaPolicy, has_topology
 from handoff.wire import GPU, Assignment, ContainerName, DeviceID
 from lockd.model import NodeName
 from scheduler_ext.need import PodNeed
+from scheduler_ext.topology import Miss, Pick, ceiling, place, shape_key
 
 MAX_SCORE = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
 
@@ -44,12 +46,19 @@ FitKey = NewType("FitKey", str)  # see ``NodeGPUs.fit_key``
 
 
 def fit_key(
-    problem: str | None, healthy: int, allocatable: int | None, capacity: int, available: int
+    problem: str | None,
+    healthy: int,
+    allocatable: int | None,
+    capacity: int,
+    available: int,
+    shape: str = "",
 ) -> FitKey:
     """What ``fit`` and ``score`` read of a node, as one interned string: equal inputs give the
     same string object, whose hash is computed once, so a dictionary keyed by it costs a pointer
-    comparison per node where a tuple would be hashed again at every lookup."""
-    return FitKey(sys.intern(repr((problem, healthy, allocatable, capacity, available))))
+    comparison per node where a tuple would be hashed again at every lookup.  ``shape`` is
+    ``scheduler_ext.topology.shape_key``: models, links, NUMA nodes, which devices are free and
+    the node's topology manager policy."""
+    return FitKey(sys.intern(repr((problem, healthy, allocatable, capacity, available, shape))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +66,8 @@ class NodeGPUs:
     """One node's GPUs as the extender sees them: inventory, what is taken, what kubelet reports.
 
     ``problem`` is set when the node cannot take GPU pods at all (no inventory published, or an
-    inventory that does not parse); the message says which.
+    inventory that does not parse); the message says which.  ``numa_policy`` is the topology
+    manager policy of the node's kubelet (node label, docs/handoff.md).
     """
 
     node: NodeName
@@ -66,11 +76,14 @@ class NodeGPUs:
     unattributed: int = 0
     allocatable: int | None = None
     problem: str | None = None
+    numa_policy: NumaPolicy = NumaPolicy.NONE
     free: tuple[GPU, ...] = field(init=False, repr=False, compare=False)
     healthy: int = field(init=False, repr=False, compare=False)
     capacity: int = field(init=False, repr=False, compare=False)
     assigned: int = field(init=False, repr=False, compare=False)
     available: int = field(init=False, repr=False, compare=False)
+    shaped: bool = field(init=False, repr=False, compare=False)
+    shape: str = field(init=False, repr=False, compare=False)
     fit_key: FitKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -92,15 +105,20 @@ class NodeGPUs:
         available = len(free) - self.unattributed
         if self.allocatable is not None:
             available = min(available, self.allocatable - assigned)
+        shape = shape_key(self.devices, free, self.numa_policy)
         for name, value in (
             ("free", tuple(free)),
             ("healthy", healthy),
             ("capacity", capacity),
             ("assigned", assigned),
             ("available", max(available, 0)),
+            ("shaped", has_topology(self.devices)),
+            ("shape", shape),
             (
                 "fit_key",
-                fit_key(self.problem, healthy, self.allocatable, capacity, max(available, 0)),
+                fit_key(
+                    self.problem, healthy, self.allocatable, capacity, max(available, 0), shape
+                ),
             ),
         ):
             object.__setattr__(self, name, value)
@@ -141,7 +159,21 @@ def fit(node: NodeGPUs, need: PodNeed) -> Verdict:
             Fit.NO_ROOM,
             f"node has {node.available} free GPUs of {node.capacity}, pod needs {need.total}",
         )
+    if _placed(node, need):
+        outcome = _place(node, need)
+        if isinstance(outcome, Miss):
+            return Verdict(Fit.NO_ROOM if outcome.ever else Fit.NEVER, outcome.reason)
     return FITS
+
+
+def _placed(node: NodeGPUs, need: PodNeed) -> bool:
+    """Whether the pod's devices on ``node`` depend on more than counts (links, NUMA nodes,
+    selections); else the lowest-index free devices are as good as any."""
+    return node.shaped or need.wishes.selects
+
+
+def _place(node: NodeGPUs, need: PodNeed) -> Pick | Miss:
+    return place(node.devices, node.free, need, node.numa_policy, key=node.shape)
 
 
 def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
@@ -152,12 +184,40 @@ def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
         return 0
     if cap < need.total or node.available < need.total:  # does not fit (same test as ``fit``)
         return 0
+    if need.wishes.policy is not None:
+        policy = Policy(need.wishes.policy)
     free_after = node.available - need.total
     filled = cap - free_after if policy is Policy.BINPACK else free_after
     # 1..MAX_SCORE for a node that fits (0 is kept for "does not fit"); round half up in
     # integers, deterministic on every platform
     span = MAX_SCORE - 1
-    return 1 + min(span, (2 * span * filled + cap) // (2 * cap))
+    if not _placed(node, need):
+        return 1 + min(span, (2 * span * filled + cap) // (2 * cap))
+    outcome = _place(node, need)
+    if isinstance(outcome, Miss):
+        return 0
+    if not node.shaped:
+        return 1 + min(span, (2 * span * filled + cap) // (2 * cap))
+    # six tenths the policy, three the set's link class against the best the node could give
+    # it, one the largest NUMA group it leaves free: the policy still ranks fuller against
+    # emptier nodes, a node where the pod gets a worse set than the node can offer drops up to
+    # three points, and a node that keeps a large block free wins a tie.  Relative, not
+    # absolute, class: an absolute one draws small pods to NVSwitch nodes and leaves the 8-GPU
+    # pods the PCIe ones (bench.allocation measured it)
+    best = ceiling(node.devices, need, node.numa_policy)
+    cls_num, cls_den = (
+        (1, 1)
+        if best is None or best <= Link.SYSTEM
+        else (
+            min(int(outcome.link), int(best)),
+            int(best),
+        )
+    )
+    blk_num, blk_den = outcome.block
+    # value = (6 filled/cap + 3 cls + blk) / 10, as one fraction num/den in integers
+    num = 6 * filled * cls_den * blk_den + 3 * cls_num * cap * blk_den + blk_num * cap * cls_den
+    den = 10 * cap * cls_den * blk_den
+    return 1 + min(span, (2 * span * num + den) // (2 * den))
 
 
 def steer_by_wait(
@@ -186,12 +246,19 @@ def steer_by_wait(
 def choose(node: NodeGPUs, need: PodNeed) -> Assignment:
     """The devices each container gets on ``node``: container name -> device IDs, kubelet order.
 
-    Takes the lowest-index free healthy devices; raises ``NoFit`` with the filter's reason.
+    Takes the lowest-index free healthy devices on a node without link or NUMA facts and for a
+    pod that selects no devices; otherwise ``scheduler_ext.topology.place``'s set.  Raises
+    ``NoFit`` with the filter's reason.
     """
     verdict = fit(node, need)
     if verdict.fit is not Fit.FITS:
         raise NoFit(f"node {node.node}: {verdict.reason}")
-    devices = [g.id for g in node.free[: need.total]]
+    if _placed(node, need):
+        outcome = _place(node, need)
+        assert isinstance(outcome, Pick)  # fit said so
+        devices = [g.id for g in outcome.slots]
+    else:
+        devices = [g.id for g in node.free[: need.total]]
     return {name: [devices[s] for s in slots] for name, slots in need.plan}
 
 

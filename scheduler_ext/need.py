@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Any
 
-from handoff.wire import ContainerName
+from handoff.placement import NO_WISHES, Wishes, parse_wishes
+from handoff.wire import ContainerName, Keys
 
 _QUANTITY = re.compile(
     r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
@@ -78,12 +79,14 @@ class PodNeed:
     """A pod's GPU requests and the device slots kubelet will give each container.
 
     ``total`` is the number of distinct GPUs the pod occupies; ``plan`` lists, for every
-    container that requests GPUs, in kubelet's order (init containers first), its slots.
+    container that requests GPUs, in kubelet's order (init containers first), its slots;
+    ``wishes`` are the pod's placement annotations (``handoff.placement``).
     """
 
     containers: tuple[ContainerNeed, ...]
     total: int
     plan: tuple[tuple[ContainerName, tuple[int, ...]], ...]
+    wishes: Wishes = NO_WISHES
 
     @property
     def wants_gpus(self) -> bool:
@@ -193,9 +196,19 @@ def plan_slots(containers: Sequence[ContainerNeed]) -> PodNeed:
     return PodNeed(containers=tuple(containers), total=next_slot, plan=tuple(plan))
 
 
-def pod_need(pod: Mapping[str, Any], resource: str) -> PodNeed:
-    """The pod's GPU need for ``resource`` (``NO_GPUS`` when no container asks for it)."""
+def pod_need(pod: Mapping[str, Any], resource: str, keys: Keys | None = None) -> PodNeed:
+    """The pod's GPU need for ``resource`` (``NO_GPUS`` when no container asks for it), with its
+    placement wishes read from annotations under ``keys`` (a malformed one raises ``BadPod``)."""
     needs = container_needs(pod, resource)
     if not any(c.count for c in needs):
         return NO_GPUS
-    return plan_slots(needs)
+    need = plan_slots(needs)
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not isinstance(annotations, Mapping) or not annotations:
+        return need
+    try:
+        wishes = parse_wishes(annotations, keys or Keys())
+    except ValueError as exc:
+        raise BadPod(str(exc)) from exc
+    return need if wishes == NO_WISHES else replace(need, wishes=wishes)

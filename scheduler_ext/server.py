@@ -148,7 +148,7 @@ class Endpoints:
         args = parse_extender_args(body)
         uid = str((args.pod.get("metadata") or {}).get("uid", ""))
         try:
-            need = pod_need(args.pod, self.cache.resource)
+            need = pod_need(args.pod, self.cache.resource, self.cache.keys)
         except BadPod as exc:
             raise BadRequest(f"ExtenderArgs.Pod: {exc}") from exc
         return args, need, uid

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from handoff.holder import PodFacts, pod_facts
+from handoff.topology import NumaPolicy
 from handoff.wire import (
     GPU,
     Assignment,
@@ -90,6 +91,7 @@ class NodeState:
     allocatable: int | None  # kubelet's status.allocatable count; None when unreadable
     problem: str | None  # set when the node cannot take GPU pods (no or bad inventory)
     resource_version: str
+    numa_policy: NumaPolicy = NumaPolicy.NONE  # label <prefix>topology-manager-policy
 
 
 def pod_state(obj: Mapping[str, Any], *, keys: Keys, resource: str) -> PodState:
@@ -117,7 +119,7 @@ def pod_state(obj: Mapping[str, Any], *, keys: Keys, resource: str) -> PodState:
     need: PodNeed | None = None
     need_error: str | None = None
     try:
-        need = pod_need(obj, resource)
+        need = pod_need(obj, resource, keys)
     except BadPod as exc:
         need_error = str(exc)
     assignment: Assignment | None = None
@@ -185,10 +187,22 @@ def node_state(obj: Mapping[str, Any], *, keys: Keys, resource: str) -> NodeStat
             if len({g.id for g in devices}) != len(devices):
                 problem = f"node's GPU inventory ({keys.gpus}) repeats a device ID"
                 devices = ()
+    numa_policy = NumaPolicy.NONE
+    labels = meta.get("labels") or {}
+    raw_policy = labels.get(keys.numa_policy) if isinstance(labels, Mapping) else None
+    if raw_policy is not None:
+        try:
+            numa_policy = NumaPolicy(str(raw_policy))
+        except ValueError:
+            problem = problem or (
+                f"node label {keys.numa_policy}={raw_policy!r} is not a topology manager policy "
+                f"({', '.join(p.value for p in NumaPolicy)})"
+            )
     return NodeState(
         name=name,
         devices=devices,
         allocatable=allocatable,
         problem=problem,
         resource_version=str(meta.get("resourceVersion", "")),
+        numa_policy=numa_policy,
     )

@@ -90,16 +90,24 @@ def with_holder(
 
 
 def _fit_keys(
-    names: Sequence[NodeName], gpus_of: Callable[[NodeName], NodeGPUs | None]
+    names: Sequence[NodeName],
+    gpus_of: Callable[[NodeName], NodeGPUs | None],
+    need: PodNeed,
 ) -> tuple[list[FitKey | None], dict[FitKey, NodeGPUs]]:
     """Each name's ``fit_key`` (None: unknown node), and one picture per distinct key.
 
+    A pod that names device UUIDs is judged node by node (the key leaves device IDs out).
     Written with built-ins (``map``, ``zip``, ``dict``) so that little Python code runs per node,
     none at all for ``gpus_of`` when it is itself a built-in (a dict's ``get``, as the server
     passes).
     """
     pictures = list(map(gpus_of, names))
-    keys = [None if g is None else g.fit_key for g in pictures]
+    if need.wishes.names_devices:
+        keys: list[FitKey | None] = [
+            None if g is None else FitKey(f"node {g.node}") for g in pictures
+        ]
+    else:
+        keys = [None if g is None else g.fit_key for g in pictures]
     one_each = dict(zip(keys, pictures, strict=True))  # nodes with equal keys judge alike
     one_each.pop(None, None)
     return keys, cast(dict[FitKey, NodeGPUs], one_each)
@@ -116,7 +124,7 @@ def filter_nodes(
     """
     if not need.wants_gpus:
         return Filtered(tuple(names), {}, {})
-    keys, one_each = _fit_keys(names, gpus_of)
+    keys, one_each = _fit_keys(names, gpus_of, need)
     fits: set[FitKey | None] = set()
     no_room: dict[FitKey | None, str] = {None: UNKNOWN_NODE}
     never: dict[FitKey | None, str] = {}
@@ -159,7 +167,7 @@ def prioritize_nodes(
     Same order as ``names``.
 
     Scores each distinct ``NodeGPUs.fit_key`` once (nodes with equal keys score alike)."""
-    keys, one_each = _fit_keys(names, gpus_of)
+    keys, one_each = _fit_keys(names, gpus_of, need)
     by_key: dict[FitKey | None, int] = {key: score(g, need, policy) for key, g in one_each.items()}
     by_key[None] = 0  # a node the extender does not know
     values = list(map(by_key.__getitem__, keys))

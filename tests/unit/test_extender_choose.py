@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -91,9 +93,17 @@ def test_unattributed_pods_count_against_free_devices() -> None:
     assert fit(n, apps(4)).fit is Fit.NO_ROOM
 
 
-def test_choose_takes_lowest_free_healthy_indices() -> None:
-    got = choose(node(8, taken=(0, 2), unhealthy=(1,)), apps(2, 1))
+def test_choose_takes_lowest_free_healthy_indices_where_links_do_not_matter() -> None:
+    flat = node(8, taken=(0, 2), unhealthy=(1,))
+    flat = replace(flat, devices=tuple(replace(g, numa=None) for g in flat.devices))
+    got = choose(flat, apps(2, 1))
     assert got == {"c0": ["GPU-03", "GPU-04"], "c1": ["GPU-05"]}
+
+
+def test_choose_keeps_a_pod_on_one_numa_node_when_the_node_reports_numa_nodes() -> None:
+    # GPUs 0-3 on NUMA node 0, 4-7 on 1: the lowest indexes (3, 4, 5) would span both
+    got = choose(node(8, taken=(0, 2), unhealthy=(1,)), apps(2, 1))
+    assert got == {"c0": ["GPU-04", "GPU-05"], "c1": ["GPU-06"]}
 
 
 def test_choose_skips_containers_without_gpus_and_keeps_container_order() -> None:

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	cadvisorapi "github.com/google/cadvisor/lib/model"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -69,14 +70,16 @@ func newSimKubelet(ctx context.Context, cfg config, restCfg *rest.Config) (*simK
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	// As in kubelet's container manager: a topology manager (default policy "none") with the
-	// device manager as its hint provider; its Admit is kubelet's resource allocation admit
-	// handler, which calls the device manager's Allocate per container.
-	tm, err := topologymanager.NewManager(logger, nil, topologymanager.PolicyNone, topologymanager.ContainerTopologyScope, nil)
+	// As in kubelet's container manager: a topology manager (--topology-manager-policy, container
+	// scope) with the device manager as its hint provider, both given the machine's NUMA nodes;
+	// its Admit is kubelet's resource allocation admit handler, which calls the device manager's
+	// Allocate per container.
+	topology := numaTopology(cfg.numaNodes)
+	tm, err := topologymanager.NewManager(logger, topology, cfg.topologyPolicy, topologymanager.ContainerTopologyScope, nil)
 	if err != nil {
 		return nil, fmt.Errorf("topology manager: %w", err)
 	}
-	dm, err := devicemanager.NewManagerImpl(logger, nil, tm)
+	dm, err := devicemanager.NewManagerImpl(logger, topology, tm)
 	if err != nil {
 		return nil, fmt.Errorf("device manager: %w", err)
 	}
@@ -115,6 +118,19 @@ func newSimKubelet(ctx context.Context, cfg config, restCfg *rest.Config) (*simK
 	s.node = newNodeStatusManager(client, cfg, dm, s.nodeLister)
 	s.pods = newPodWorker(s)
 	return s, nil
+}
+
+// numaTopology is cadvisor's machine topology with NUMA nodes 0..n-1 (nil for n == 0), as kubelet
+// passes it to its topology and device managers; only the node IDs are read there.
+func numaTopology(n int) []cadvisorapi.Node {
+	if n == 0 {
+		return nil
+	}
+	out := make([]cadvisorapi.Node, n)
+	for i := range out {
+		out[i].Id = i
+	}
+	return out
 }
 
 // run starts everything and blocks until ctx ends; then it stops the device manager (closing

@@ -3,8 +3,8 @@
 //
 // The device plugin registration server on /var/lib/kubelet/device-plugins/kubelet.sock, the
 // plugin endpoints, the checkpoint, Allocate, GetCapacity and GetDeviceRunContainerOptions are
-// kubelet's code; pod admission goes through kubelet's topology manager ("none" policy), the same
-// path kubelet uses. Only container start is simulated. See docs/simkubelet.md.
+// kubelet's code; pod admission goes through kubelet's topology manager (policy and NUMA node
+// count from --topology-manager-policy and --numa-nodes), the same path kubelet uses. Only container start is simulated. See docs/simkubelet.md.
 //
 // The registration socket path is fixed, so run one instance per private mount namespace with the
 // node's plugin directory bind-mounted on /var/lib/kubelet/device-plugins.
@@ -42,6 +42,10 @@ type config struct {
 	qps            float64
 	burst          int
 	leaseDurationS int
+	// kubelet's topology manager: policy (none, best-effort, restricted, single-numa-node) and
+	// the machine's NUMA nodes 0..numaNodes-1 (cadvisor's topology on a real node).
+	topologyPolicy string
+	numaNodes      int
 }
 
 func main() {
@@ -104,6 +108,8 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&logLevel, "log-level", "info", "info, debug (klog -v=2, includes the device manager's detail) or trace (-v=5), or a klog verbosity number")
 	fs.Float64Var(&cfg.qps, "kube-api-qps", 50, "client QPS to the API server")
 	fs.IntVar(&cfg.burst, "kube-api-burst", 100, "client burst to the API server")
+	fs.StringVar(&cfg.topologyPolicy, "topology-manager-policy", "none", "kubelet's topology manager policy: none, best-effort, restricted or single-numa-node")
+	fs.IntVar(&cfg.numaNodes, "numa-nodes", 0, "NUMA nodes of the simulated machine (0: no NUMA information; a policy other than none needs at least 1)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: nodelock-simkubelet --kubeconfig PATH --node-name NAME [flags]\n\n"+
 			"A simulated kubelet for one node; its device side is kubelet's own device manager, serving\n"+
@@ -137,6 +143,17 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	}
 	if cfg.startDelay < 0 {
 		return cfg, errors.New("--start-delay must not be negative")
+	}
+	switch cfg.topologyPolicy {
+	case "none", "best-effort", "restricted", "single-numa-node":
+	default:
+		return cfg, fmt.Errorf("--topology-manager-policy %q: want none, best-effort, restricted or single-numa-node", cfg.topologyPolicy)
+	}
+	if cfg.numaNodes < 0 || cfg.numaNodes > 8 {
+		return cfg, errors.New("--numa-nodes must be between 0 and 8 (kubelet's topology manager handles at most 8)")
+	}
+	if cfg.topologyPolicy != "none" && cfg.numaNodes == 0 {
+		return cfg, fmt.Errorf("--topology-manager-policy %s needs --numa-nodes >= 1", cfg.topologyPolicy)
 	}
 	var err error
 	if cfg.labels, err = parseLabels(labels); err != nil {

@@ -37,6 +37,31 @@ func TestParseFlagsDefaultsAndRequired(t *testing.T) {
 	}
 }
 
+func TestParseFlagsTopologyManager(t *testing.T) {
+	cfg, err := parseFlags([]string{"--kubeconfig=/k", "--node-name=n", "--topology-manager-policy=single-numa-node", "--numa-nodes=2"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.topologyPolicy != "single-numa-node" || cfg.numaNodes != 2 {
+		t.Fatalf("unexpected topology settings: %+v", cfg)
+	}
+	if got := numaTopology(2); len(got) != 2 || got[0].Id != 0 || got[1].Id != 1 {
+		t.Fatalf("numaTopology(2) = %+v", got)
+	}
+	if numaTopology(0) != nil {
+		t.Fatal("numaTopology(0) is not nil")
+	}
+	for _, args := range [][]string{
+		{"--kubeconfig=/k", "--node-name=n", "--topology-manager-policy=strict", "--numa-nodes=2"},
+		{"--kubeconfig=/k", "--node-name=n", "--topology-manager-policy=restricted"},
+		{"--kubeconfig=/k", "--node-name=n", "--numa-nodes=9"},
+	} {
+		if _, err := parseFlags(args, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q) accepted", args)
+		}
+	}
+}
+
 func TestParseLabels(t *testing.T) {
 	got, err := parseLabels("zone=a, nodelock.io/pool=train,,")
 	if err != nil {
