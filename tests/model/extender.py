@@ -38,7 +38,7 @@ from scheduler_ext.state import PodState, pod_state
 from scheduler_ext.takeover import judge
 from scheduler_ext.verbs import ASSIGNMENT_DATA, filter_nodes, prioritize_nodes, with_lock_holder
 from tests.model.locks import DURATION_S, Clock, LockClient
-from tests.model.world import KEYS, RESOURCE, BindingRequest, Event, Kind, Store, Watch
+from tests.model.world import JSON, KEYS, RESOURCE, BindingRequest, Event, Kind, Store, Watch
 
 
 class Stage(StrEnum):
@@ -151,11 +151,12 @@ class Replica:
             finished=self.cache.finished,
         )
 
-    def candidates(self, uid: str) -> list[NodeName]:
-        """Nodes that pass filter, best score first (kube-scheduler picks among them)."""
-        pod = self.cache.pod(uid)
-        if pod is None or pod.need is None or pod.node is not None:
+    def candidates(self, obj: JSON) -> list[NodeName]:
+        """Nodes that pass filter for the pod kube-scheduler sends, best score first."""
+        pod = pod_state(obj, keys=KEYS, resource=RESOURCE)
+        if pod.need is None or pod.node is not None:
             return []
+        uid = pod.uid
         names = sorted(self.store.nodes)
         passed = filter_nodes(pod.need, names, lambda n: self.picture(n, exclude_uid=uid)).passed
         scores = prioritize_nodes(

@@ -37,8 +37,9 @@ AVOIDED_BY: dict[Hole, str] = {
     ),
     Hole.CANCEL_AFTER_WRITE: "(#12.7) a bind is never cancelled once its binding write was sent",
     Hole.DOUBLE_BIND: (
-        "(#12.8) kube-scheduler never gives up on a bind in flight, so a pod is never bound by "
-        "two calls at once"
+        "(#12.8) kube-scheduler never gives up on a bind in flight, and does not schedule a pod "
+        "again while a binding request of it (from a crashed replica) may still land, so a pod "
+        "is never bound by two calls at once"
     ),
     Hole.ORPHANED_LOCK: (
         "(new) a lock left by a holder that is gone or bound elsewhere blocks its devices "

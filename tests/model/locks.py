@@ -70,6 +70,8 @@ class LockClient:
         self.obs = Observations()
         # set by a fault: the next write lands but its answer is lost (ApiUnavailable)
         self.lose_next_answer = False
+        # set by a fault: the next write never reaches the API server (ApiUnavailable)
+        self.fail_next_write = False
 
     # -- observations ------------------------------------------------------------------------
 
@@ -212,6 +214,9 @@ class LockClient:
             if writes == MAX_WRITES:
                 raise LockLost(lock.node, "the Lease kept changing under the write")
             writes += 1
+            if self.fail_next_write:
+                self.fail_next_write = False
+                raise ApiUnavailable(f"{self.name}: the API server cannot be reached")
             try:
                 lease = self.store.replace_lease(lock.node, action.body, writer=self.name)
             except Conflict:

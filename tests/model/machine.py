@@ -28,10 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from hypothesis import event, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from handoff.wire import Assignment, DeviceID, parse_assignment, parse_token
@@ -55,6 +57,24 @@ from tests.model.world import (
 )
 
 REPLICAS = ("E0", "E1")
+
+
+class Fault(StrEnum):
+    """Kinds of fault; each run enables a few (swarm testing), or none (a fault-free run)."""
+
+    CRASH = "extender-crash"
+    CANCEL = "bind-cancelled"
+    GIVE_UP = "scheduler-gives-up"
+    ANSWER_LOST = "answer-lost"
+    PLUGIN_CRASH = "plugin-crash"
+    KUBELET_RESTART = "kubelet-restart"
+    LEASE_BY_HAND = "lease-by-hand"
+    POD_DELETE = "pod-deleted"
+    OWNER_EDIT = "owner-edit"
+    BYPASS = "bypass-pod"
+    RELEASE_FAILS = "release-fails"
+
+
 TICKS = (1.0, 4.0, float(DURATION_S + 1))
 SETTLE_ROUNDS = 30
 
@@ -80,6 +100,14 @@ class ModelConfig:
     faults: bool = True
     # without the admission policy (deploy/), a pod's owner could edit its assignment annotation
     owner_edits: bool = False
+    # the kinds of fault runs may enable; ``swarm``: each run enables a few of them (or none),
+    # else every run enables all of them
+    fault_kinds: frozenset[Fault] = frozenset(Fault)
+    swarm: bool = True
+    # the pod shapes users create (a subset of ``world.TEMPLATES``; a focused search uses few)
+    templates: tuple[str, ...] = tuple(sorted(TEMPLATES))
+    # a search for one hole: once found, every later run ends at once with the same violation
+    stop_after_first: bool = False
 
 
 @dataclass
@@ -122,8 +150,15 @@ class HandoffModel(RuleBasedStateMachine):
         self.hand_edits: dict[NodeName, int] = dict.fromkeys(self.nodes, 0)
         self.created = 0
         self.started = False
+        self.enabled: frozenset[Fault] = frozenset()
 
     # -- plumbing ------------------------------------------------------------------------------
+
+    def may(self, fault: Fault) -> bool:
+        """Whether this run generates ``fault`` (the config allows it and the run enabled it)."""
+        if fault is Fault.OWNER_EDIT and not self.config.owner_edits:
+            return False
+        return self.started and self.config.faults and fault in self.enabled
 
     def avoids(self, hole: Hole) -> bool:
         return hole in self.config.avoid
@@ -143,7 +178,8 @@ class HandoffModel(RuleBasedStateMachine):
 
     def fault(self, actor: str, text: str) -> None:
         self.faults += 1
-        event(f"fault: {text.split(':')[0]}")
+        if currently_in_test_context():
+            event(f"fault: {text.split(':')[0]}")
         self.log(actor, f"FAULT {text}")
 
     def violate(self, invariant: str, message: str) -> None:
@@ -181,7 +217,12 @@ class HandoffModel(RuleBasedStateMachine):
             if not p["spec"].get("nodeName")
             and (p.get("status") or {}).get("phase", "Pending") == "Pending"
             and p["metadata"]["uid"] not in self.waiting
+            and not (self.avoids(Hole.DOUBLE_BIND) and self.binding_in_flight(p))
         ]
+
+    def binding_in_flight(self, pod: JSON) -> bool:
+        uid = pod["metadata"]["uid"]
+        return any(r.uid == uid for r in self.store.live_requests(self.clock.now))
 
     def active_tasks(self, *stages: Stage) -> list[BindTask]:
         out = [
@@ -270,10 +311,19 @@ class HandoffModel(RuleBasedStateMachine):
     @initialize(
         skews=st.tuples(
             st.sampled_from([0.0, -90.0, 3600.0]), st.sampled_from([0.0, 2.5, -86_400.0])
-        )
+        ),
+        faults=st.one_of(
+            st.just(frozenset[Fault]()), st.frozensets(st.sampled_from(Fault), max_size=3)
+        ),
     )
-    def start(self, skews: tuple[float, float]) -> None:
-        """Two extender replicas and each node's plugin and kubelet, with skewed wall clocks."""
+    def start(self, skews: tuple[float, float], faults: frozenset[Fault] = frozenset()) -> None:
+        """Two extender replicas and each node's plugin and kubelet, with skewed wall clocks;
+        the kinds of fault this run may inject (none: a fault-free run, where L1 is strict)."""
+        found = type(self).stats.violations
+        if self.config.stop_after_first and found:
+            self.broken = True
+            raise found[0]
+        self.enabled = (faults if self.config.swarm else frozenset(Fault)) & self.config.fault_kinds
         for i, name in enumerate(REPLICAS):
             self.replicas[name] = Replica(name, self.store, self.clock, skews[i % 2])
         for n, gpus in self.config.nodes:
@@ -281,17 +331,20 @@ class HandoffModel(RuleBasedStateMachine):
             self.plugins[node] = Plugin(node, self.store, self.clock, skews[1], gpus)
             self.kubelets[node] = Kubelet(node, self.store, gpus)
         self.started = True
-        self.log("world", f"nodes {dict(self.config.nodes)}, skews {skews}")
+        kinds = ", ".join(sorted(f.value for f in self.enabled)) or "none"
+        self.log("world", f"nodes {dict(self.config.nodes)}, skews {skews}, faults: {kinds}")
 
     # -- ordinary actions ----------------------------------------------------------------------
 
     @precondition(lambda self: self.started and self.created < self.config.max_pods)
-    @rule(template=st.sampled_from(sorted(TEMPLATES)))
-    def create_pod(self, template: str) -> None:
+    @rule(template=st.integers(0, len(TEMPLATES) - 1))
+    def create_pod(self, template: int) -> None:
         self.begin_step()
+        shapes = self.config.templates
+        shape = shapes[template % len(shapes)]
         self.created += 1
-        name = f"{template}-{self.created}"
-        self.store.create_pod(pod_object(name, template))
+        name = f"{shape}-{self.created}"
+        self.store.create_pod(pod_object(name, shape))
         self.log("user", f"creates pod {POD_NAMESPACE}/{name}")
 
     @precondition(lambda self: self.started and bool(self.schedulable()))
@@ -304,10 +357,7 @@ class HandoffModel(RuleBasedStateMachine):
         uid = obj["metadata"]["uid"]
         key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
         rep = self.replicas[replica]
-        if rep.cache.pod(uid) is None:
-            self.log("scheduler", f"{key}: {replica} has not seen the pod yet")
-            return
-        nodes = rep.candidates(uid)
+        nodes = rep.candidates(obj)
         if not nodes:
             self.log("scheduler", f"{key}: no node fits (per {replica})")
             return
@@ -391,9 +441,10 @@ class HandoffModel(RuleBasedStateMachine):
         """A watch delivers its next event (or all it has): late, never out of order."""
         self.begin_step()
         names = sorted(n for n, b in self.backlogs().items() if b)
-        if not names:
-            return
-        name = names[watcher % len(names)]
+        if names:
+            self.deliver_to(names[watcher % len(names)], everything=everything)
+
+    def deliver_to(self, name: str, *, everything: bool = True) -> None:
         n = self.watchers()[name](None if everything else 1)
         self.log(name, f"watch delivers {n} event{'s' if n != 1 else ''}")
 
@@ -415,6 +466,15 @@ class HandoffModel(RuleBasedStateMachine):
         ready = self.kubelet_ready()
         n = ready[node % len(ready)]
         self.log(f"kubelet/{n}", self.do_kubelet_step(n, pick))
+
+    @precondition(lambda self: self.may(Fault.RELEASE_FAILS))
+    @rule(node=st.integers(0, 1))
+    def plugin_loses_api(self, node: int) -> None:
+        """The device plugin's next Lease write (a release) cannot reach the API server."""
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        self.plugins[n].locks.fail_next_write = True
+        self.fault(f"plugin/{n}", "release-fails: its next Lease write will not get through")
 
     @precondition(lambda self: any(p.cp.pending for p in self.plugins.values()))
     @rule(node=st.integers(0, 1))
@@ -464,7 +524,7 @@ class HandoffModel(RuleBasedStateMachine):
                 return True
         return False
 
-    @precondition(lambda self: self.started and self.config.faults and not self.orphan_risk())
+    @precondition(lambda self: self.started and self.may(Fault.CRASH) and not self.orphan_risk())
     @rule(replica=st.sampled_from(REPLICAS))
     def extender_crashes(self, replica: str) -> None:
         """An extender replica dies after whatever step it was in, and restarts empty."""
@@ -479,7 +539,7 @@ class HandoffModel(RuleBasedStateMachine):
             return self.active_tasks(Stage.NEW, Stage.ACQUIRED, Stage.CONFIRMED)
         return self.active_tasks()
 
-    @precondition(lambda self: self.config.faults and bool(self.cancellable()))
+    @precondition(lambda self: self.may(Fault.CANCEL) and bool(self.cancellable()))
     @rule(task=st.integers(0, 3))
     def bind_cancelled(self, task: int) -> None:
         """kube-scheduler's request is cancelled: the bind's `except BaseException` releases."""
@@ -497,7 +557,9 @@ class HandoffModel(RuleBasedStateMachine):
 
     @precondition(
         lambda self: (
-            self.config.faults and not self.avoids(Hole.DOUBLE_BIND) and bool(self.waited_tasks())
+            self.may(Fault.GIVE_UP)
+            and not self.avoids(Hole.DOUBLE_BIND)
+            and bool(self.waited_tasks())
         )
     )
     @rule(task=st.integers(0, 3))
@@ -509,7 +571,7 @@ class HandoffModel(RuleBasedStateMachine):
         del self.waiting[t.uid]
         self.fault("scheduler", f"gives up waiting for {t}; {t.pod_key} may be scheduled again")
 
-    @precondition(lambda self: self.config.faults and bool(self.active_tasks(Stage.SENT)))
+    @precondition(lambda self: self.may(Fault.ANSWER_LOST) and bool(self.active_tasks(Stage.SENT)))
     @rule(task=st.integers(0, 3), applied=st.booleans(), get_fails=st.booleans())
     def binding_answer_lost(self, task: int, applied: bool, get_fails: bool) -> None:
         """The binding's connection drops: applied (or not) but unanswered; the GET may fail."""
@@ -531,7 +593,7 @@ class HandoffModel(RuleBasedStateMachine):
             t.replica, f"answer lost: {t} (applied={applied}, GET fails={get_fails}): {text}"
         )
 
-    @precondition(lambda self: self.config.faults and bool(self.active_tasks(Stage.NEW)))
+    @precondition(lambda self: self.may(Fault.ANSWER_LOST) and bool(self.active_tasks(Stage.NEW)))
     @rule(task=st.integers(0, 3))
     def acquire_answer_lost(self, task: int) -> None:
         """The bind's Lease write lands but its answer is lost."""
@@ -544,7 +606,7 @@ class HandoffModel(RuleBasedStateMachine):
         rep.locks.lose_next_answer = False
         self.fault(t.replica, f"Lease write answer lost: {t}: {text}")
 
-    @precondition(lambda self: self.started and self.config.faults)
+    @precondition(lambda self: self.started and self.may(Fault.PLUGIN_CRASH))
     @rule(node=st.integers(0, 1))
     def plugin_crashes(self, node: int) -> None:
         """The device plugin restarts: its checkpoint is kept, its watch view and cache are not."""
@@ -553,7 +615,7 @@ class HandoffModel(RuleBasedStateMachine):
         self.plugins[n].start()
         self.fault(f"plugin/{n}", f"crash: restarted with checkpoint {self.plugins[n].cp}")
 
-    @precondition(lambda self: self.config.faults and bool(self.kubelet_ready()))
+    @precondition(lambda self: self.may(Fault.PLUGIN_CRASH) and bool(self.kubelet_ready()))
     @rule(node=st.integers(0, 1), pick=st.integers(0, 5))
     def plugin_crashes_in_allocate(self, node: int, pick: int) -> None:
         """The plugin dies after writing its checkpoint, before kubelet gets the answer."""
@@ -565,7 +627,7 @@ class HandoffModel(RuleBasedStateMachine):
         self.plugins[n].crash_after_checkpoint = False
         self.fault(f"kubelet/{n}", f"plugin crash armed: {text}")
 
-    @precondition(lambda self: self.started and self.config.faults)
+    @precondition(lambda self: self.started and self.may(Fault.KUBELET_RESTART))
     @rule(node=st.integers(0, 1))
     def kubelet_restarts(self, node: int) -> None:
         self.begin_step()
@@ -575,7 +637,9 @@ class HandoffModel(RuleBasedStateMachine):
 
     @precondition(
         lambda self: (
-            self.config.faults and not self.avoids(Hole.LEASE_RESET) and bool(self.store.leases)
+            self.may(Fault.LEASE_BY_HAND)
+            and not self.avoids(Hole.LEASE_RESET)
+            and bool(self.store.leases)
         )
     )
     @rule(node=st.integers(0, 1), delete=st.booleans())
@@ -605,7 +669,7 @@ class HandoffModel(RuleBasedStateMachine):
     def deletable(self) -> list[JSON]:
         return [p for _, p in sorted(self.store.pods.items())]
 
-    @precondition(lambda self: self.config.faults and bool(self.deletable()))
+    @precondition(lambda self: self.may(Fault.POD_DELETE) and bool(self.deletable()))
     @rule(pod=st.integers(0, 7))
     def pod_deleted(self, pod: int) -> None:
         self.begin_step()
@@ -617,7 +681,7 @@ class HandoffModel(RuleBasedStateMachine):
 
     @precondition(
         lambda self: (
-            self.config.faults
+            self.may(Fault.OWNER_EDIT)
             and self.config.owner_edits
             and any(p["spec"].get("nodeName") for p in self.store.pods.values())
         )
@@ -643,7 +707,7 @@ class HandoffModel(RuleBasedStateMachine):
     @precondition(
         lambda self: (
             self.started
-            and self.config.faults
+            and self.may(Fault.BYPASS)
             and not self.avoids(Hole.BYPASS_POD)
             and self.created < self.config.max_pods
         )
@@ -743,10 +807,14 @@ class HandoffModel(RuleBasedStateMachine):
                     f"takeable (judge: {verdict.why}; nodelock locks: {status.why})",
                 )
 
+    def check_safety(self) -> None:
+        """Every safety invariant now (Hypothesis does this after each rule; replays call it)."""
+        self.s1_no_device_twice()
+        self.s2_containers_get_their_assignment()
+        self.s3_left_holders_are_takeable()
+
     # -- liveness ------------------------------------------------------------------------------
 
-    @precondition(lambda self: self.started)
-    @rule()
     def settle(self) -> None:
         """Faults stop; every actor runs until nothing changes (time passing); then L1."""
         self.begin_step()
@@ -755,6 +823,8 @@ class HandoffModel(RuleBasedStateMachine):
         self.check_liveness()
 
     def drain(self) -> None:
+        for plugin in self.plugins.values():
+            plugin.locks.fail_next_write = False
         idle_ticks = 0
         for _ in range(SETTLE_ROUNDS):
             moved = False
@@ -781,7 +851,7 @@ class HandoffModel(RuleBasedStateMachine):
                 uid = obj["metadata"]["uid"]
                 if uid in self.bypass:
                     continue
-                nodes = self.replicas["E0"].candidates(uid)
+                nodes = self.replicas["E0"].candidates(obj)
                 if not nodes:
                     continue
                 key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
