@@ -1,7 +1,7 @@
 """``make model``: the deep profile, or the search for one known hole with its shortest trace.
 
     python -m tests.model [--examples N] [--seed S] [--steps K]
-    python -m tests.model --hole cancel-after-write [--examples N]   (derandomized, as in CI)
+    python -m tests.model --hole cancel-after-write [--examples N] [--quick]   (as in CI)
 
 The deep run ends with one line: ``model: N examples, F failures, seed S, ...``; a failure
 prints the shrunk (shortest) interleaving as a trace first and exits 1.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 
 from hypothesis import seed
 from hypothesis.stateful import run_state_machine_as_test
@@ -26,7 +25,7 @@ from tests.model.profiles import (
     ci_settings,
     deep_settings,
 )
-from tests.model.search import focus
+from tests.model.search import SEARCH_SEEDS, find
 
 
 def deep(examples: int, steps: int, chosen_seed: int) -> int:
@@ -48,21 +47,22 @@ def deep(examples: int, steps: int, chosen_seed: int) -> int:
     return failures
 
 
-def hole(name: str, examples: int) -> int:
-    target = Hole(name)
-    cls = machine(replace(focus(target), stop_after_first=False), f"Search_{target.name}")
-    how = ci_settings(max_examples=examples, shrink=True)
-    try:
-        run_state_machine_as_test(cls, settings=how)
-    except Violation as err:
-        print(err)
-        print(
-            f"hole {name}: found ({err.invariant}) after {cls.stats.first_violation_run} "
-            f"examples; shortest trace above ({len(err.trace)} lines)"
-        )
-        return 0
-    print(f"hole {name}: not found in {cls.stats.runs} examples")
-    return 1
+def hole(name: str, examples: int, *, quick: bool) -> int:
+    """Search one hole from its seed, then (unless ``quick``) shrink it to the shortest trace."""
+    finding = find(
+        Hole(name),
+        ci_settings(max_examples=examples, shrink=not quick),
+        stop_after_first=quick,
+    )
+    if finding.violation is None:
+        print(f"hole {name}: not found in {finding.runs} examples")
+        return 1
+    print(finding.violation)
+    print(
+        f"hole {name}: found ({finding.violation.invariant}) after {finding.first_run} examples "
+        f"(seed {SEARCH_SEEDS[Hole(name)]}); shortest trace above"
+    )
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -71,9 +71,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=DEEP_STEPS)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--hole", choices=[h.value for h in Hole])
+    parser.add_argument(
+        "--quick", action="store_true", help="with --hole: stop at the first violation, no shrink"
+    )
     args = parser.parse_args(argv)
     if args.hole:
-        return hole(args.hole, args.examples)
+        return hole(args.hole, args.examples, quick=args.quick)
     return 1 if deep(args.examples, args.steps, args.seed) else 0
 
 

@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from hypothesis import event, settings
+from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from handoff.wire import Assignment, DeviceID, parse_assignment, parse_token
@@ -178,8 +177,6 @@ class HandoffModel(RuleBasedStateMachine):
 
     def fault(self, actor: str, text: str) -> None:
         self.faults += 1
-        if currently_in_test_context():
-            event(f"fault: {text.split(':')[0]}")
         self.log(actor, f"FAULT {text}")
 
     def violate(self, invariant: str, message: str) -> None:
