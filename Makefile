@@ -54,3 +54,8 @@ proto: setup
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# The handoff model's deep profile (docs/model.md): 10,000 seeded examples, one summary line.
+# MODEL_ARGS passes options, e.g. MODEL_ARGS="--seed 5" or MODEL_ARGS="--hole double-bind".
+model: setup
+	$(BIN)/python -m tests.model $(MODEL_ARGS)

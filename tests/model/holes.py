@@ -1,0 +1,66 @@
+"""The known holes of the current code, and how the model steers around each one.
+
+Each ``Hole`` is a way the handoff breaks today (issue #12).  ``KNOWN_HOLES`` lists those not
+fixed yet: the CI profile runs the model with all of them *avoided* (it does not generate what
+triggers them), and ``tests/unit/test_handoff_model.py`` runs it once per hole with only that
+one allowed and asserts that the model *finds* it.  When a fix lands, take its hole out of
+``KNOWN_HOLES``: the CI profile then searches for it too, and its finding test must be turned
+around (it would fail, proving the fix).
+
+What "avoid" means for each hole is in ``AVOIDED_BY``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Hole(StrEnum):
+    BYPASS_POD = "bypass-pod"
+    STALE_LEASE_VIEW = "stale-lease-view"
+    LEASE_RESET = "lease-reset"
+    INIT_REUSE = "init-reuse"
+    CANCEL_AFTER_WRITE = "cancel-after-write"
+    DOUBLE_BIND = "double-bind"
+    ORPHANED_LOCK = "orphaned-lock"  # found by this model; not in #12
+
+
+AVOIDED_BY: dict[Hole, str] = {
+    Hole.BYPASS_POD: "(#12.1) no pod is created with spec.nodeName set (bypassing the extender)",
+    Hole.STALE_LEASE_VIEW: (
+        "(#12.2) the device plugin's Lease watch is caught up before each kubelet step"
+    ),
+    Hole.LEASE_RESET: "(#12.3) no Lease is deleted or reset by hand",
+    Hole.INIT_REUSE: (
+        "(#12.6) kubelet reuses init containers' devices in the plan's (sorted) order, not in "
+        "arbitrary order"
+    ),
+    Hole.CANCEL_AFTER_WRITE: "(#12.7) a bind is never cancelled once its binding write was sent",
+    Hole.DOUBLE_BIND: (
+        "(#12.8) kube-scheduler never gives up on a bind in flight, and does not schedule a pod "
+        "again while a binding request of it (from a crashed replica) may still land, so a pod "
+        "is never bound by two calls at once"
+    ),
+    Hole.ORPHANED_LOCK: (
+        "(new) a lock left by a holder that is gone or bound elsewhere blocks its devices "
+        "forever: filter counts the Lease holder's assignment as taken unless the cache saw the "
+        "holder deleted or terminal, and takeover happens only inside a Bind that filter then "
+        "never sends there.  Avoided: no extender restarts while a Lease is held by a pod that "
+        "no longer exists (a restart loses the cache's tombstone), and kube-scheduler retries "
+        "a pod whose bind died holding a lock on that same node"
+    ),
+}
+
+# The holes of the current code.  Remove a hole here once its fix is merged.
+KNOWN_HOLES: frozenset[Hole] = frozenset(Hole)
+
+# The invariants a hole is expected to break (its finding test checks the model breaks one).
+BREAKS: dict[Hole, frozenset[str]] = {
+    Hole.BYPASS_POD: frozenset({"S2"}),
+    Hole.STALE_LEASE_VIEW: frozenset({"S1", "S2"}),
+    Hole.LEASE_RESET: frozenset({"S1", "S2"}),
+    Hole.INIT_REUSE: frozenset({"L1"}),
+    Hole.CANCEL_AFTER_WRITE: frozenset({"S2", "S4"}),
+    Hole.DOUBLE_BIND: frozenset({"S4", "L1"}),
+    Hole.ORPHANED_LOCK: frozenset({"L1"}),
+}

@@ -1,0 +1,942 @@
+"""The handoff as a Hypothesis state machine: actors, faults, invariants (docs/model.md).
+
+Every rule is one action of one actor (kube-scheduler, an extender replica, the API server, a
+watch, a kubelet, a device plugin, the clock) or one fault.  After every action the safety
+invariants are checked; the ``settle`` rule (and the end of every run) stops all faults, lets
+every actor run to quiescence with time passing, and checks bounded liveness.
+
+- S1: no device is in two live pods' kubelet allocations (what their containers were given), nor
+  in two live bound pods' assignments (as the binding wrote them).
+- S2: every container kubelet admitted was served for its own pod, with its pod's assignment
+  for that container (an app container that reused init containers' devices: within the pod's
+  assignment).
+- S3: a lock whose holder left the handoff (gone, finished, admitted, bound elsewhere) is
+  takeable (``takeover.judge`` on a fresh read, and ``lockd.holder`` agrees), and no protocol
+  write hands a held lock to another pod while its holder is still in handoff.
+- S4: no write with a stale token lands: a Lease's token never goes down except by hand, and a
+  binding carrying token T lands only while the node's Lease is held by that pod with token T
+  (unless the Lease was edited by hand since the bind took it).
+- L1 (at ``settle``): in a run with no fault, no pod that went through the extender is refused
+  at admission; after settling, every pending GPU pod that fits some node is bound and
+  admitted, every bound pod is admitted or failed, and every held lock is takeable.
+
+A violation raises ``Violation`` with the invariant's name and the run's trace (one line per
+action: step, time, actor, what happened, the Lease versions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from handoff.wire import Assignment, DeviceID, parse_assignment, parse_token
+from lockd.holder import holder_status
+from lockd.model import NodeName
+from scheduler_ext.state import pod_state
+from scheduler_ext.takeover import judge
+from tests.model.extender import BindFailed, BindTask, Replica, Stage
+from tests.model.holes import KNOWN_HOLES, Hole
+from tests.model.locks import DURATION_S, FMT, Clock
+from tests.model.node import Kubelet, Plugin
+from tests.model.world import (
+    JSON,
+    KEYS,
+    POD_NAMESPACE,
+    RESOURCE,
+    TEMPLATES,
+    BindingRequest,
+    Store,
+    pod_object,
+)
+
+REPLICAS = ("E0", "E1")
+
+
+class Fault(StrEnum):
+    """Kinds of fault; each run enables a few (swarm testing), or none (a fault-free run)."""
+
+    CRASH = "extender-crash"
+    CANCEL = "bind-cancelled"
+    GIVE_UP = "scheduler-gives-up"
+    ANSWER_LOST = "answer-lost"
+    PLUGIN_CRASH = "plugin-crash"
+    KUBELET_RESTART = "kubelet-restart"
+    LEASE_BY_HAND = "lease-by-hand"
+    POD_DELETE = "pod-deleted"
+    OWNER_EDIT = "owner-edit"
+    BYPASS = "bypass-pod"
+    RELEASE_FAILS = "release-fails"
+
+
+TICKS = (1.0, 4.0, float(DURATION_S + 1))
+SETTLE_ROUNDS = 30
+
+
+class Violation(AssertionError):
+    """An invariant broke; ``invariant`` is its name (S1..S4, L1)."""
+
+    def __init__(self, invariant: str, message: str, trace: list[str]) -> None:
+        lines = "\n".join(trace[-150:])
+        super().__init__(f"{invariant} violated: {message}\n--- trace ---\n{lines}")
+        self.invariant = invariant
+        self.detail = message
+        self.trace = list(trace)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the model generates.  ``avoid``: holes whose triggers it does not generate."""
+
+    avoid: frozenset[Hole] = KNOWN_HOLES
+    nodes: tuple[tuple[str, int], ...] = (("n1", 2), ("n2", 2))
+    max_pods: int = 6
+    faults: bool = True
+    # without the admission policy (deploy/), a pod's owner could edit its assignment annotation
+    owner_edits: bool = False
+    # the kinds of fault runs may enable; ``swarm``: each run enables a few of them (or none),
+    # else every run enables all of them
+    fault_kinds: frozenset[Fault] = frozenset(Fault)
+    swarm: bool = True
+    # the pod shapes users create (a subset of ``world.TEMPLATES``; a focused search uses few)
+    templates: tuple[str, ...] = tuple(sorted(TEMPLATES))
+    # a search for one hole: once found, every later run ends at once with the same violation
+    stop_after_first: bool = False
+
+
+@dataclass
+class Stats:
+    """Across the runs of one machine class: how many, and when the first violation came."""
+
+    runs: int = 0
+    first_violation_run: int | None = None
+    steps: int = 0
+    violations: list[Violation] = field(default_factory=list)
+
+
+class HandoffModel(RuleBasedStateMachine):
+    """The whole handoff on a small cluster: two extender replicas, GPU nodes, faults."""
+
+    config: ClassVar[ModelConfig] = ModelConfig()
+    stats: ClassVar[Stats] = Stats()
+
+    def __init__(self) -> None:
+        super().__init__()
+        type(self).stats.runs += 1
+        self.store = Store()
+        self.clock = Clock()
+        self.trace: list[str] = []
+        self.step_no = 0
+        self.faults = 0
+        self.broken = False
+        self.nodes = [NodeName(n) for n, _ in self.config.nodes]
+        for n, gpus in self.config.nodes:
+            self.store.add_node(NodeName(n), gpus)
+        self.store.on_binding = self._binding_landed
+        self.store.on_lease_write = self._lease_written
+        self.replicas: dict[str, Replica] = {}
+        self.plugins: dict[NodeName, Plugin] = {}
+        self.kubelets: dict[NodeName, Kubelet] = {}
+        self.tasks: dict[int, BindTask] = {}
+        self.waiting: dict[str, int] = {}  # pod uid -> the bind kube-scheduler waits for
+        self.assigned: dict[str, Assignment] = {}  # pod uid -> assignment as bound
+        self.bypass: set[str] = set()  # uids of pods created bound
+        self.hand_edits: dict[NodeName, int] = dict.fromkeys(self.nodes, 0)
+        self.created = 0
+        self.started = False
+        self.enabled: frozenset[Fault] = frozenset()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def may(self, fault: Fault) -> bool:
+        """Whether this run generates ``fault`` (the config allows it and the run enabled it)."""
+        if fault is Fault.OWNER_EDIT and not self.config.owner_edits:
+            return False
+        return self.started and self.config.faults and fault in self.enabled
+
+    def avoids(self, hole: Hole) -> bool:
+        return hole in self.config.avoid
+
+    def lease_line(self, node: NodeName) -> str:
+        lease = self.store.leases.get(node)
+        if lease is None:
+            return f"{node}:none"
+        record = FMT.parse(lease)
+        who = record.holder.key.split("/", 1)[1] if record.holder is not None else "free"
+        return f"{node}:rv{record.resource_version}/t{record.token}/{who}"
+
+    def log(self, actor: str, text: str) -> None:
+        leases = " ".join(self.lease_line(n) for n in self.nodes)
+        line = f"{self.step_no:>3} t={self.clock.now:5.1f} {actor:<11} {text}  [{leases}]"
+        self.trace.append(line)
+
+    def fault(self, actor: str, text: str) -> None:
+        self.faults += 1
+        self.log(actor, f"FAULT {text}")
+
+    def violate(self, invariant: str, message: str) -> None:
+        self.broken = True
+        self.log("CHECK", f"{invariant} violated: {message}")
+        err = Violation(invariant, message, self.trace)
+        stats = type(self).stats
+        if stats.first_violation_run is None:
+            stats.first_violation_run = stats.runs
+        stats.violations.append(err)
+        raise err
+
+    def begin_step(self) -> None:
+        self.step_no += 1
+        type(self).stats.steps += 1
+
+    def live_pods(self) -> dict[str, JSON]:
+        """uid -> pod, for pods that exist and are not finished."""
+        return {
+            p["metadata"]["uid"]: p
+            for p in self.store.pods.values()
+            if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        }
+
+    def key_of(self, uid: str) -> str:
+        pod = self.store.pod_by_uid(uid)
+        if pod is None:
+            return uid
+        return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+    def schedulable(self) -> list[JSON]:
+        return [
+            p
+            for _, p in sorted(self.store.pods.items())
+            if not p["spec"].get("nodeName")
+            and (p.get("status") or {}).get("phase", "Pending") == "Pending"
+            and p["metadata"]["uid"] not in self.waiting
+            and not (self.avoids(Hole.DOUBLE_BIND) and self.binding_in_flight(p))
+        ]
+
+    def binding_in_flight(self, pod: JSON) -> bool:
+        uid = pod["metadata"]["uid"]
+        return any(r.uid == uid for r in self.store.live_requests(self.clock.now))
+
+    def active_tasks(self, *stages: Stage) -> list[BindTask]:
+        out = [
+            t
+            for r in self.replicas.values()
+            for t in r.tasks
+            if t.stage is not Stage.DONE and (not stages or t.stage in stages)
+        ]
+        return sorted(out, key=lambda t: t.tid)
+
+    # -- hooks: S4 at the moment a write lands -------------------------------------------------
+
+    def _binding_landed(self, request: BindingRequest, pod: JSON) -> None:
+        raw = request.annotations.get(KEYS.assignment)
+        if raw is not None:
+            self.assigned[request.uid] = parse_assignment(raw)
+        token = parse_token(request.annotations.get(KEYS.token, "0"))
+        task = self.tasks.get(request.task)
+        lease = self.store.leases.get(request.node)
+        edited = task is not None and self.hand_edits[request.node] > task.hand_edit_seen
+        record = FMT.parse(lease) if lease is not None else None
+        self.log(
+            "apiserver",
+            f"binding #{request.rid} lands: {request.pod_key} -> {request.node} token {token}",
+        )
+        if edited:
+            return
+        if (
+            record is None
+            or record.holder is None
+            or record.holder.uid != request.uid
+            or record.token != token
+        ):
+            now = (
+                "no Lease"
+                if record is None
+                else f"token {record.token}, holder "
+                + (record.holder.key if record.holder is not None else "none")
+            )
+            self.violate(
+                "S4",
+                f"binding of {request.pod_key} with stale token {token} landed; the Lease of "
+                f"{request.node} has {now}",
+            )
+
+    def _lease_written(
+        self, node: NodeName, before: JSON | None, after: JSON | None, writer: str
+    ) -> None:
+        if writer == "hand":
+            return
+        old = FMT.parse(before) if before is not None else None
+        new = FMT.parse(after) if after is not None else None
+        if old is None or new is None:
+            return
+        if new.token < old.token:
+            self.violate("S4", f"{writer} moved the Lease of {node} back to token {new.token}")
+        if (
+            old.holder is not None
+            and new.holder is not None
+            and old.holder.uid != new.holder.uid
+            and self.in_handoff(old.holder.uid, node)
+        ):
+            self.violate(
+                "S3",
+                f"{writer} handed the lock of {node} from {old.holder.key} (still in handoff) "
+                f"to {new.holder.key}",
+            )
+
+    def in_handoff(self, uid: str, node: NodeName) -> bool:
+        """Ground truth: the pod may still be admitted on ``node`` with the lock's devices."""
+        pod = self.store.pod_by_uid(uid)
+        if pod is None:
+            return False
+        if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+            return False
+        bound = pod["spec"].get("nodeName")
+        if bound:
+            return bool(bound == node)
+        # not bound: in handoff while a binding of it to this node may still land
+        return any(
+            r.uid == uid and r.node == node for r in self.store.live_requests(self.clock.now)
+        )
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    @initialize(
+        skews=st.tuples(
+            st.sampled_from([0.0, -90.0, 3600.0]), st.sampled_from([0.0, 2.5, -86_400.0])
+        ),
+        faults=st.one_of(
+            st.just(frozenset[Fault]()), st.frozensets(st.sampled_from(Fault), max_size=3)
+        ),
+    )
+    def start(self, skews: tuple[float, float], faults: frozenset[Fault] = frozenset()) -> None:
+        """Two extender replicas and each node's plugin and kubelet, with skewed wall clocks;
+        the kinds of fault this run may inject (none: a fault-free run, where L1 is strict)."""
+        found = type(self).stats.violations
+        if self.config.stop_after_first and found:
+            self.broken = True
+            raise found[0]
+        self.enabled = (faults if self.config.swarm else frozenset(Fault)) & self.config.fault_kinds
+        for i, name in enumerate(REPLICAS):
+            self.replicas[name] = Replica(name, self.store, self.clock, skews[i % 2])
+        for n, gpus in self.config.nodes:
+            node = NodeName(n)
+            self.plugins[node] = Plugin(node, self.store, self.clock, skews[1], gpus)
+            self.kubelets[node] = Kubelet(node, self.store, gpus)
+        self.started = True
+        kinds = ", ".join(sorted(f.value for f in self.enabled)) or "none"
+        self.log("world", f"nodes {dict(self.config.nodes)}, skews {skews}, faults: {kinds}")
+
+    # -- ordinary actions ----------------------------------------------------------------------
+
+    @precondition(lambda self: self.started and self.created < self.config.max_pods)
+    @rule(template=st.integers(0, len(TEMPLATES) - 1))
+    def create_pod(self, template: int) -> None:
+        self.begin_step()
+        shapes = self.config.templates
+        shape = shapes[template % len(shapes)]
+        self.created += 1
+        name = f"{shape}-{self.created}"
+        self.store.create_pod(pod_object(name, shape))
+        self.log("user", f"creates pod {POD_NAMESPACE}/{name}")
+
+    @precondition(lambda self: self.started and bool(self.schedulable()))
+    @rule(pod=st.integers(0, 7), replica=st.sampled_from(REPLICAS), choice=st.integers(0, 1))
+    def schedule(self, pod: int, replica: str, choice: int) -> None:
+        """kube-scheduler: filter and prioritize through a replica, then Bind on it."""
+        self.begin_step()
+        pods = self.schedulable()
+        obj = pods[pod % len(pods)]
+        uid = obj["metadata"]["uid"]
+        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        rep = self.replicas[replica]
+        nodes = rep.candidates(obj)
+        if not nodes:
+            self.log("scheduler", f"{key}: no node fits (per {replica})")
+            return
+        node = self.pick_node(uid, nodes, choice)
+        task = BindTask(len(self.tasks) + 1, replica, key, uid, node)
+        self.tasks[task.tid] = task
+        rep.tasks.append(task)
+        self.waiting[uid] = task.tid
+        self.log("scheduler", f"Bind {key} -> {node} on {replica}: {task}")
+
+    def pick_node(self, uid: str, nodes: list[NodeName], choice: int) -> NodeName:
+        """kube-scheduler's pick among the nodes that passed (see ``Hole.ORPHANED_LOCK``)."""
+        if self.avoids(Hole.ORPHANED_LOCK):
+            for node, lease in sorted(self.store.leases.items()):
+                holder = FMT.parse(lease).holder
+                if holder is not None and holder.uid == uid and node in nodes:
+                    return node
+        return nodes[choice % len(nodes)]
+
+    def _finish(self, task: BindTask, result: str) -> None:
+        task.stage, task.result = Stage.DONE, result
+        if self.waiting.get(task.uid) == task.tid:
+            del self.waiting[task.uid]
+
+    def run_step(self, task: BindTask) -> str:
+        rep = self.replicas[task.replica]
+        try:
+            if task.stage is Stage.NEW:
+                return rep.begin(task, hand_edits=self.hand_edits[task.node])
+            if task.stage is Stage.ACQUIRED:
+                return rep.confirm(task)
+            if task.stage is Stage.CONFIRMED:
+                return rep.send(task)
+            text = rep.answer(task)
+            self._finish(task, "ok")
+            return text
+        except BindFailed as exc:
+            released = f"; {rep.release(task)}" if exc.release else ""
+            self._finish(task, str(exc))
+            return f"failed: {exc}{released}"
+
+    @precondition(lambda self: bool(self.active_tasks()))
+    @rule(task=st.integers(0, 3))
+    def extender_step(self, task: int) -> None:
+        """One step of one bind in flight (choose+acquire, confirm, send, answer)."""
+        self.begin_step()
+        tasks = self.active_tasks()
+        t = tasks[task % len(tasks)]
+        before = str(t)
+        self.log(t.replica, f"{before}: {self.run_step(t)}")
+
+    @precondition(lambda self: bool(self.store.live_requests(self.clock.now)))
+    @rule(request=st.integers(0, 3))
+    def server_applies(self, request: int) -> None:
+        """The API server processes a binding request (its answer is not delivered yet)."""
+        self.begin_step()
+        live = self.store.live_requests(self.clock.now)
+        r = live[request % len(live)]
+        self.store.apply_binding(r)
+        self.log("apiserver", f"binding #{r.rid} of {r.pod_key}: {r.result}")
+
+    def watchers(self) -> dict[str, Callable[[int | None], int]]:
+        out: dict[str, Callable[[int | None], int]] = {}
+        for name, rep in self.replicas.items():
+            out[name] = rep.deliver
+        for node in self.nodes:
+            out[f"plugin/{node}"] = self.plugins[node].deliver
+            out[f"kubelet/{node}"] = self.kubelets[node].deliver
+        return out
+
+    def backlogs(self) -> dict[str, int]:
+        out = {name: rep.backlog() for name, rep in self.replicas.items()}
+        for node in self.nodes:
+            out[f"plugin/{node}"] = self.plugins[node].leases.backlog()
+            out[f"kubelet/{node}"] = self.kubelets[node].pods.backlog()
+        return out
+
+    @precondition(lambda self: self.started and any(self.backlogs().values()))
+    @rule(watcher=st.integers(0, 5), everything=st.booleans())
+    def deliver(self, watcher: int, everything: bool) -> None:
+        """A watch delivers its next event (or all it has): late, never out of order."""
+        self.begin_step()
+        names = sorted(n for n, b in self.backlogs().items() if b)
+        if names:
+            self.deliver_to(names[watcher % len(names)], everything=everything)
+
+    def deliver_to(self, name: str, *, everything: bool = True) -> None:
+        n = self.watchers()[name](None if everything else 1)
+        self.log(name, f"watch delivers {n} event{'s' if n != 1 else ''}")
+
+    def kubelet_ready(self) -> list[NodeName]:
+        return [n for n in self.nodes if self.kubelets[n].next_pod() is not None]
+
+    def do_kubelet_step(self, node: NodeName, pick: int) -> str:
+        if self.avoids(Hole.STALE_LEASE_VIEW):
+            self.plugins[node].deliver(None)
+        return self.kubelets[node].step(
+            self.plugins[node], pick=pick, reuse_in_order=self.avoids(Hole.INIT_REUSE)
+        )
+
+    @precondition(lambda self: bool(self.kubelet_ready()))
+    @rule(node=st.integers(0, 1), pick=st.integers(0, 5))
+    def kubelet_step(self, node: int, pick: int) -> None:
+        """kubelet admits its next pod by one container (GetPreferredAllocation, Allocate)."""
+        self.begin_step()
+        ready = self.kubelet_ready()
+        n = ready[node % len(ready)]
+        self.log(f"kubelet/{n}", self.do_kubelet_step(n, pick))
+
+    @precondition(lambda self: self.may(Fault.RELEASE_FAILS))
+    @rule(node=st.integers(0, 1))
+    def plugin_loses_api(self, node: int) -> None:
+        """The device plugin's next Lease write (a release) cannot reach the API server."""
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        self.plugins[n].locks.fail_next_write = True
+        self.fault(f"plugin/{n}", "release-fails: its next Lease write will not get through")
+
+    @precondition(lambda self: any(p.cp.pending for p in self.plugins.values()))
+    @rule(node=st.integers(0, 1))
+    def plugin_retries_releases(self, node: int) -> None:
+        self.begin_step()
+        ready = [n for n in self.nodes if self.plugins[n].cp.pending]
+        n = ready[node % len(ready)]
+        self.log(f"plugin/{n}", "; ".join(self.plugins[n].retry_releases()))
+
+    def running(self) -> list[tuple[NodeName, str]]:
+        return [
+            (n, uid)
+            for n in self.nodes
+            for uid in sorted(self.kubelets[n].admitted)
+            if uid in self.live_pods()
+        ]
+
+    @precondition(lambda self: bool(self.running()))
+    @rule(pod=st.integers(0, 7))
+    def pod_completes(self, pod: int) -> None:
+        self.begin_step()
+        running = self.running()
+        n, uid = running[pod % len(running)]
+        self.log(f"kubelet/{n}", self.kubelets[n].complete(uid))
+
+    @precondition(lambda self: self.started)
+    @rule(dt=st.sampled_from(TICKS))
+    def tick(self, dt: float) -> None:
+        """Time passes (locks may expire; binding requests time out)."""
+        self.begin_step()
+        self.clock.now += dt
+        dead = self.store.expire_requests(self.clock.now)
+        text = f"+{dt:g}s"
+        if dead:
+            text += "; timed out: " + ", ".join(f"binding #{r.rid}" for r in dead)
+        self.log("clock", text)
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def orphan_risk(self) -> bool:
+        """Avoiding ``Hole.ORPHANED_LOCK``: some Lease is held by a pod that no longer exists."""
+        if not self.avoids(Hole.ORPHANED_LOCK):
+            return False
+        for lease in self.store.leases.values():
+            holder = FMT.parse(lease).holder
+            if holder is not None and self.store.pod_by_uid(holder.uid) is None:
+                return True
+        return False
+
+    @precondition(lambda self: self.started and self.may(Fault.CRASH) and not self.orphan_risk())
+    @rule(replica=st.sampled_from(REPLICAS))
+    def extender_crashes(self, replica: str) -> None:
+        """An extender replica dies after whatever step it was in, and restarts empty."""
+        self.begin_step()
+        lost = self.replicas[replica].crash()
+        for task in lost:
+            self._finish(task, "crashed")
+        self.fault(replica, f"crash: lost {', '.join(map(str, lost)) or 'no bind'}; relisted")
+
+    def cancellable(self) -> list[BindTask]:
+        if self.avoids(Hole.CANCEL_AFTER_WRITE):
+            return self.active_tasks(Stage.NEW, Stage.ACQUIRED, Stage.CONFIRMED)
+        return self.active_tasks()
+
+    @precondition(lambda self: self.may(Fault.CANCEL) and bool(self.cancellable()))
+    @rule(task=st.integers(0, 3))
+    def bind_cancelled(self, task: int) -> None:
+        """kube-scheduler's request is cancelled: the bind's `except BaseException` releases."""
+        self.begin_step()
+        tasks = self.cancellable()
+        t = tasks[task % len(tasks)]
+        text = f"cancel: {t}"
+        if t.stage is not Stage.NEW:
+            text += f"; {self.replicas[t.replica].release(t)}"
+        self._finish(t, "cancelled")
+        self.fault(t.replica, text)
+
+    def waited_tasks(self) -> list[BindTask]:
+        return [t for t in self.active_tasks() if self.waiting.get(t.uid) == t.tid]
+
+    @precondition(
+        lambda self: (
+            self.may(Fault.GIVE_UP)
+            and not self.avoids(Hole.DOUBLE_BIND)
+            and bool(self.waited_tasks())
+        )
+    )
+    @rule(task=st.integers(0, 3))
+    def scheduler_gives_up(self, task: int) -> None:
+        """kube-scheduler's extender call times out; the bind goes on; the pod is retried."""
+        self.begin_step()
+        tasks = self.waited_tasks()
+        t = tasks[task % len(tasks)]
+        del self.waiting[t.uid]
+        self.fault("scheduler", f"gives up waiting for {t}; {t.pod_key} may be scheduled again")
+
+    @precondition(lambda self: self.may(Fault.ANSWER_LOST) and bool(self.active_tasks(Stage.SENT)))
+    @rule(task=st.integers(0, 3), applied=st.booleans(), get_fails=st.booleans())
+    def binding_answer_lost(self, task: int, applied: bool, get_fails: bool) -> None:
+        """The binding's connection drops: applied (or not) but unanswered; the GET may fail."""
+        self.begin_step()
+        tasks = self.active_tasks(Stage.SENT)
+        t = tasks[task % len(tasks)]
+        r = t.request
+        assert r is not None
+        if applied and r.result is None and self.clock.now <= r.deadline:
+            self.store.apply_binding(r)
+        rep = self.replicas[t.replica]
+        try:
+            text = rep.answer(t, lost=True, get_fails=get_fails)
+            self._finish(t, "ok")
+        except BindFailed as exc:
+            text = f"failed: {exc}"
+            self._finish(t, str(exc))
+        self.fault(
+            t.replica, f"answer lost: {t} (applied={applied}, GET fails={get_fails}): {text}"
+        )
+
+    @precondition(lambda self: self.may(Fault.ANSWER_LOST) and bool(self.active_tasks(Stage.NEW)))
+    @rule(task=st.integers(0, 3))
+    def acquire_answer_lost(self, task: int) -> None:
+        """The bind's Lease write lands but its answer is lost."""
+        self.begin_step()
+        tasks = self.active_tasks(Stage.NEW)
+        t = tasks[task % len(tasks)]
+        rep = self.replicas[t.replica]
+        rep.locks.lose_next_answer = True
+        text = self.run_step(t)
+        rep.locks.lose_next_answer = False
+        self.fault(t.replica, f"Lease write answer lost: {t}: {text}")
+
+    @precondition(lambda self: self.started and self.may(Fault.PLUGIN_CRASH))
+    @rule(node=st.integers(0, 1))
+    def plugin_crashes(self, node: int) -> None:
+        """The device plugin restarts: its checkpoint is kept, its watch view and cache are not."""
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        self.plugins[n].start()
+        self.fault(f"plugin/{n}", f"crash: restarted with checkpoint {self.plugins[n].cp}")
+
+    @precondition(lambda self: self.may(Fault.PLUGIN_CRASH) and bool(self.kubelet_ready()))
+    @rule(node=st.integers(0, 1), pick=st.integers(0, 5))
+    def plugin_crashes_in_allocate(self, node: int, pick: int) -> None:
+        """The plugin dies after writing its checkpoint, before kubelet gets the answer."""
+        self.begin_step()
+        ready = self.kubelet_ready()
+        n = ready[node % len(ready)]
+        self.plugins[n].crash_after_checkpoint = True
+        text = self.do_kubelet_step(n, pick)
+        self.plugins[n].crash_after_checkpoint = False
+        self.fault(f"kubelet/{n}", f"plugin crash armed: {text}")
+
+    @precondition(lambda self: self.started and self.may(Fault.KUBELET_RESTART))
+    @rule(node=st.integers(0, 1))
+    def kubelet_restarts(self, node: int) -> None:
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        self.kubelets[n].start()
+        self.fault(f"kubelet/{n}", "restart: relisted its pods, kept its device checkpoint")
+
+    @precondition(
+        lambda self: (
+            self.may(Fault.LEASE_BY_HAND)
+            and not self.avoids(Hole.LEASE_RESET)
+            and bool(self.store.leases)
+        )
+    )
+    @rule(node=st.integers(0, 1), delete=st.booleans())
+    def lease_edited_by_hand(self, node: int, delete: bool) -> None:
+        """Someone deletes a node's Lease, or resets it to a fresh free one, by hand."""
+        self.begin_step()
+        nodes = sorted(self.store.leases)
+        n = nodes[node % len(nodes)]
+        self.hand_edits[n] += 1
+        before = self.lease_line(n)
+        if delete:
+            self.store.delete_lease(n)
+        else:
+            fresh = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": n,
+                    "namespace": FMT.namespace,
+                    "resourceVersion": self.store.leases[n]["metadata"]["resourceVersion"],
+                },
+                "spec": {},
+            }
+            self.store.replace_lease(n, fresh, writer="hand")
+        self.fault("admin", f"{'deletes' if delete else 'resets'} Lease {before}")
+
+    def deletable(self) -> list[JSON]:
+        return [p for _, p in sorted(self.store.pods.items())]
+
+    @precondition(lambda self: self.may(Fault.POD_DELETE) and bool(self.deletable()))
+    @rule(pod=st.integers(0, 7))
+    def pod_deleted(self, pod: int) -> None:
+        self.begin_step()
+        pods = self.deletable()
+        p = pods[pod % len(pods)]
+        key = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        self.store.delete_pod(key)
+        self.fault("user", f"deletes pod {key}")
+
+    @precondition(
+        lambda self: (
+            self.may(Fault.OWNER_EDIT)
+            and self.config.owner_edits
+            and any(p["spec"].get("nodeName") for p in self.store.pods.values())
+        )
+    )
+    @rule(pod=st.integers(0, 7))
+    def owner_edits_assignment(self, pod: int) -> None:
+        """A pod's owner rewrites its assignment annotation (no admission policy installed)."""
+        self.begin_step()
+        pods = [p for _, p in sorted(self.store.pods.items()) if p["spec"].get("nodeName")]
+        p = pods[pod % len(pods)]
+        key = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        node = p["spec"]["nodeName"]
+        forged = {
+            c: [f"{node}-g{i}" for i in range(len(ids))]
+            for c, ids in self.assigned.get(p["metadata"]["uid"], {"main": [DeviceID("x")]}).items()
+        }
+        raw = ",".join(
+            f'"{c}":[{",".join(chr(34) + d + chr(34) for d in ds)}]' for c, ds in forged.items()
+        )
+        self.store.edit_pod_annotations(key, {KEYS.assignment: "{" + raw + "}"})
+        self.fault("owner", f"edits {key}'s assignment to {{{raw}}}")
+
+    @precondition(
+        lambda self: (
+            self.started
+            and self.may(Fault.BYPASS)
+            and not self.avoids(Hole.BYPASS_POD)
+            and self.created < self.config.max_pods
+        )
+    )
+    @rule(node=st.integers(0, 1))
+    def bypass_pod_created(self, node: int) -> None:
+        """A GPU pod created with spec.nodeName set: it never goes through the extender."""
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        self.created += 1
+        name = f"bypass-{self.created}"
+        stored = self.store.create_pod(pod_object(name, "one", node=n))
+        self.bypass.add(stored["metadata"]["uid"])
+        self.fault("user", f"creates {POD_NAMESPACE}/{name} bound to {n} (bypassing the extender)")
+
+    # -- invariants ----------------------------------------------------------------------------
+
+    @invariant()
+    def s1_no_device_twice(self) -> None:
+        live = self.live_pods()
+        given: dict[DeviceID, str] = {}
+        for n in self.nodes:
+            for uid, per in self.kubelets[n].given.items():
+                if uid not in live:
+                    continue
+                for d in {d for ids in per.values() for d in ids}:
+                    if d in given and given[d] != uid:
+                        self.violate(
+                            "S1",
+                            f"{d} was given to {self.key_of(given[d])} and {self.key_of(uid)}",
+                        )
+                    given[d] = uid
+        owner: dict[DeviceID, str] = {}
+        for uid, assignment in sorted(self.assigned.items()):
+            pod = live.get(uid)
+            if pod is None or not pod["spec"].get("nodeName"):
+                continue
+            for d in {d for ids in assignment.values() for d in ids}:
+                if d in owner:
+                    self.violate(
+                        "S1",
+                        f"{d} is assigned to live pods {self.key_of(owner[d])} and "
+                        f"{self.key_of(uid)}",
+                    )
+                owner[d] = uid
+
+    @invariant()
+    def s2_containers_get_their_assignment(self) -> None:
+        live = self.live_pods()
+        for n in self.nodes:
+            kubelet = self.kubelets[n]
+            for uid, per in kubelet.given.items():
+                if uid not in live:
+                    continue
+                key = self.key_of(uid)
+                assignment = self.assigned.get(uid)
+                inits = {c["name"] for c in live[uid]["spec"].get("initContainers") or []}
+                for container, devices in per.items():
+                    holder = kubelet.served_holder[uid][container]
+                    if holder != uid or assignment is None:
+                        self.violate(
+                            "S2",
+                            f"{key} container {container} was given {list(devices)}, served as "
+                            f"the handoff of {self.key_of(holder)}",
+                        )
+                    assert assignment is not None
+                    want = set(assignment.get(container, []))
+                    pool = {d for ids in assignment.values() for d in ids}
+                    if set(devices) != want and not (inits and set(devices) <= pool):
+                        self.violate(
+                            "S2",
+                            f"{key} container {container} was given {list(devices)}, its "
+                            f"assignment is {sorted(want)}",
+                        )
+
+    @invariant()
+    def s3_left_holders_are_takeable(self) -> None:
+        for node, lease in sorted(self.store.leases.items()):
+            record = FMT.parse(lease)
+            if record.holder is None:
+                continue
+            uid = record.holder.uid
+            obj = self.store.pod_or_none(record.holder.key)
+            if obj is not None and obj["metadata"]["uid"] != uid:
+                obj = None
+            if self.in_handoff(uid, node):
+                continue
+            if obj is not None and not obj["spec"].get("nodeName"):
+                continue  # never bound and no binding in flight: judged on a fresh read anyway
+            state = pod_state(obj, keys=KEYS, resource=RESOURCE) if obj is not None else None
+            verdict = judge(state, holder_uid=uid, node=node, fresh=True)
+            status = holder_status(obj, uid=uid, node=node)
+            if not verdict.allowed or status.in_handoff:
+                self.violate(
+                    "S3",
+                    f"lock of {node} held by {record.holder.key}, which left the handoff, is not "
+                    f"takeable (judge: {verdict.why}; nodelock locks: {status.why})",
+                )
+
+    def check_safety(self) -> None:
+        """Every safety invariant now (Hypothesis does this after each rule; replays call it)."""
+        self.s1_no_device_twice()
+        self.s2_containers_get_their_assignment()
+        self.s3_left_holders_are_takeable()
+
+    # -- liveness ------------------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Faults stop; every actor runs until nothing changes (time passing); then L1."""
+        self.begin_step()
+        self.log("settle", "faults stop; every actor runs to quiescence")
+        self.drain()
+        self.check_liveness()
+
+    def drain(self) -> None:
+        for plugin in self.plugins.values():
+            plugin.locks.fail_next_write = False
+        idle_ticks = 0
+        for _ in range(SETTLE_ROUNDS):
+            moved = False
+            for _name, deliver in self.watchers().items():
+                if deliver(None):
+                    moved = True
+            for n in self.nodes:
+                if self.plugins[n].cp.pending:
+                    self.log(f"plugin/{n}", "; ".join(self.plugins[n].retry_releases()))
+                    moved = True
+            for t in self.active_tasks():
+                while t.stage is not Stage.DONE:
+                    self.log(t.replica, f"{t}: {self.run_step(t)}")
+                moved = True
+            for n in self.nodes:
+                for _step in range(12):
+                    if self.kubelets[n].next_pod() is None:
+                        break
+                    self.plugins[n].deliver(None)
+                    self.log(f"kubelet/{n}", self.do_kubelet_step(n, 0))
+                    moved = True
+            for obj in self.schedulable():
+                self.replicas["E0"].deliver(None)
+                uid = obj["metadata"]["uid"]
+                if uid in self.bypass:
+                    continue
+                nodes = self.replicas["E0"].candidates(obj)
+                if not nodes:
+                    continue
+                key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+                node = self.pick_node(uid, nodes, 0)
+                task = BindTask(len(self.tasks) + 1, "E0", key, uid, node)
+                self.tasks[task.tid] = task
+                self.replicas["E0"].tasks.append(task)
+                self.waiting[uid] = task.tid
+                self.log("scheduler", f"Bind {key} -> {node} on E0: {task}")
+                while task.stage is not Stage.DONE:
+                    self.log("E0", f"{task}: {self.run_step(task)}")
+                moved = moved or task.result == "ok"
+            if not moved:
+                if idle_ticks >= 3:
+                    return
+                idle_ticks += 1
+                self.clock.now += DURATION_S + 1
+                self.store.expire_requests(self.clock.now)
+                self.log("clock", f"+{DURATION_S + 1}s (settling)")
+            else:
+                idle_ticks = 0
+
+    def free_on(self, node: NodeName) -> int:
+        """Ground truth: GPUs of ``node`` no live pod holds (assigned, given or unattributed)."""
+        live = self.live_pods()
+        held: set[DeviceID] = set()
+        unattributed = 0
+        for uid, pod in live.items():
+            if pod["spec"].get("nodeName") != node:
+                continue
+            if uid in self.assigned:
+                held |= {d for ids in self.assigned[uid].values() for d in ids}
+            else:
+                unattributed += 1
+        for uid, per in self.kubelets[node].given.items():
+            if uid in live:
+                held |= {d for ids in per.values() for d in ids}
+        return dict(self.config.nodes)[node] - len(held) - unattributed
+
+    def check_liveness(self) -> None:
+        if self.faults == 0:
+            for n in self.nodes:
+                for uid, why in self.kubelets[n].failed.items():
+                    if uid not in self.bypass:
+                        self.violate(
+                            "L1", f"{self.key_of(uid)} was refused at admission (no fault): {why}"
+                        )
+        for p in self.schedulable():
+            uid = p["metadata"]["uid"]
+            if uid in self.bypass:
+                continue
+            state = pod_state(p, keys=KEYS, resource=RESOURCE)
+            assert state.need is not None
+            fits = [n for n in self.nodes if self.free_on(n) >= state.need.total]
+            if fits:
+                seen = self.replicas["E0"].picture(fits[0], exclude_uid=uid)
+                taken = sorted(seen.taken) if seen is not None else "unknown node"
+                self.violate(
+                    "L1",
+                    f"{state.key} (needs {state.need.total}) is still pending after settling "
+                    f"although {fits[0]} has {self.free_on(fits[0])} free GPUs (E0's filter "
+                    f"counts {taken} taken)",
+                )
+        for uid, pod in self.live_pods().items():
+            node = pod["spec"].get("nodeName")
+            if node and pod.get("status", {}).get("phase", "Pending") == "Pending":
+                self.violate("L1", f"{self.key_of(uid)} is bound to {node} but never admitted")
+        for node, lease in sorted(self.store.leases.items()):
+            record = FMT.parse(lease)
+            if record.holder is None:
+                continue
+            obj = self.store.pod_or_none(record.holder.key)
+            held = pod_state(obj, keys=KEYS, resource=RESOURCE) if obj is not None else None
+            if not judge(held, holder_uid=record.holder.uid, node=node, fresh=True).allowed:
+                self.violate(
+                    "L1", f"lock of {node} held by {record.holder.key} is stuck after settling"
+                )
+
+    def teardown(self) -> None:
+        if self.started and not self.broken:
+            self.settle()
+
+
+def machine(config: ModelConfig, name: str) -> type[HandoffModel]:
+    """A ``HandoffModel`` class for ``config`` with its own ``Stats``."""
+    return type(name, (HandoffModel,), {"config": config, "stats": Stats()})
+
+
+def with_settings(cls: type[HandoffModel], **kwargs: Any) -> type[HandoffModel]:
+    cls.TestCase.settings = settings(**kwargs)
+    return cls

@@ -1,0 +1,397 @@
+"""One GPU node: the device plugin's admission steps and a kubelet that drives them.
+
+``Plugin`` replays ``deviceplugin.admission.Admission`` around the project's decisions
+(``check_request``, ``decide_allocate``, ``decide_preferred``, ``handoff_abandoned``, the
+``Checkpoint`` value type).  GLUE (replicated, since ``Admission`` reads the API server between
+decisions): a refusal decided from the watch-fed view is decided again from a fresh Lease GET;
+the holder pod is read anew for every Allocate (GetPreferredAllocation's first try may use the
+pod read for the same holder and token before); a ``TAKEN_OVER`` refusal reads the interrupted
+pod and drops its progress; serving writes the checkpoint before answering and then releases
+after the last container; a refusal that names a lock releases it ``rejected``; a release that
+fails stays pending in the checkpoint and is retried.
+
+``Kubelet`` is the part of kubelet's device manager the handoff depends on: pods admitted one at
+a time in creation order (of those it has seen bound to it), per GPU container: devices of
+earlier init containers reused first in *arbitrary* order with no GetPreferredAllocation call,
+then GetPreferredAllocation over the free devices, its answer taken where available, the rest
+from the free devices; Allocate; any refusal fails the pod (UnexpectedAdmissionError) and frees
+its devices.  Its device accounting survives its restart (kubelet's checkpoint), so a restart
+asks again only for containers with no devices yet.  Not modelled: container start and runtime,
+probes, eviction, NUMA/topology alignment, sidecar init containers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from deviceplugin.checkpoint import Checkpoint, PendingRelease
+from deviceplugin.decide import (
+    Allocation,
+    Context,
+    MismatchPolicy,
+    PodJSON,
+    Preference,
+    Refusal,
+    RefusalKind,
+    check_request,
+    decide_allocate,
+    decide_preferred,
+    gpu_containers,
+    handoff_abandoned,
+)
+from handoff.wire import ContainerName, DeviceID
+from lockd.errors import ApiUnavailable, LockLost, StaleToken
+from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView, NodeName, Outcome
+from tests.model.locks import Clock, LockClient
+from tests.model.world import JSON, KEYS, RESOURCE, Event, Kind, Store, Watch, gpu_id
+
+
+class PluginCrashed(Exception):
+    """The plugin died after writing its checkpoint, before kubelet got the answer."""
+
+
+@dataclass
+class Plugin:
+    """The device plugin of one node: its Lease view, its checkpoint, its pod cache."""
+
+    node: NodeName
+    store: Store
+    clock: Clock
+    skew: float
+    gpus: int
+    cp: Checkpoint = field(init=False)
+    locks: LockClient = field(init=False)
+    leases: Watch = field(init=False)
+    pod_cache: tuple[tuple[HolderKey, str, FencingToken], PodJSON] | None = None
+    crash_after_checkpoint: bool = False  # a fault armed for the next serve
+
+    def __post_init__(self) -> None:
+        self.cp = Checkpoint(self.node)
+        node = self.node
+        self.leases = Watch(self.store, frozenset({Kind.LEASE}), only=lambda e: e.name == node)
+        self.start()
+
+    def start(self) -> None:
+        """(Re)start: the checkpoint is kept (it is a file), everything else is new."""
+        self.locks = LockClient(self.store, self.clock, name=f"plugin/{self.node}", skew=self.skew)
+        self.locks.relist(only=self.node)
+        self.leases.restart()
+        self.pod_cache = None
+        self.crash_after_checkpoint = False
+
+    def deliver(self, limit: int | None) -> int:
+        n = 0
+        for event in self.leases.deliver(limit):
+            self.locks.take_event(event)
+            n += 1
+        return n
+
+    def context(self) -> Context:
+        devices = {gpu_id(self.node, i): True for i in range(self.gpus)}
+        return Context(node=self.node, devices=devices, resource=RESOURCE, keys=KEYS)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def _view(self, *, fresh: bool) -> NodeLockView | None:
+        return self.locks.inspect(self.node) if fresh else self.locks.view(self.node)
+
+    def _pod(self, key: HolderKey) -> PodJSON | None:
+        namespace, _, name = key.partition("/")
+        if not namespace or not name:
+            return None
+        return self.store.pod_or_none(key)
+
+    def _holder_pod(self, view: NodeLockView | None, *, fresh: bool) -> PodJSON | None:
+        if view is None or view.record.holder is None:
+            return None
+        holder = view.record.holder
+        key = (holder.key, holder.uid, view.record.token)
+        if not fresh and self.pod_cache is not None and self.pod_cache[0] == key:
+            return self.pod_cache[1]
+        pod = self._pod(holder.key)
+        if pod is not None:
+            self.pod_cache = (key, pod)
+        return pod
+
+    # -- GetPreferredAllocation ----------------------------------------------------------------
+
+    def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> Preference:
+        ctx = self.context()
+        pref = Preference((), hit=False)
+        for fresh in (False, True):
+            view = self._view(fresh=fresh)
+            if fresh:
+                self._drop_abandoned_progress(view)
+            pod = self._holder_pod(view, fresh=fresh)
+            pref = decide_preferred(view, pod, available, must_include, size, self.cp.progress, ctx)
+            if pref.hit:
+                break
+        return pref
+
+    def _drop_abandoned_progress(self, view: NodeLockView | None) -> None:
+        old = self.cp.progress
+        if old is None or view is None:
+            return
+        holder = view.record.holder
+        if holder is not None and holder.key == old.holder and view.record.token == old.token:
+            return
+        if handoff_abandoned(self._pod(old.holder), old, self.node):
+            self.cp = self.cp.with_progress(None)
+
+    # -- Allocate ------------------------------------------------------------------------------
+
+    def allocate(self, ids: Sequence[str]) -> Allocation | Refusal:
+        ctx = self.context()
+        checked = check_request([ids], ctx)
+        if isinstance(checked, Refusal):
+            return checked
+        result = self._decide(checked, ctx, fresh=False)
+        if isinstance(result, Refusal):
+            result = self._decide(checked, ctx, fresh=True)
+        if isinstance(result, Refusal) and result.kind is RefusalKind.TAKEN_OVER:
+            result = self._interrupted(checked, ctx, result)
+        if isinstance(result, Refusal):
+            if result.release is not None:
+                self._reject(result.release)
+            return result
+        return self._serve(result)
+
+    def _decide(
+        self, ids: Sequence[DeviceID], ctx: Context, *, fresh: bool
+    ) -> Allocation | Refusal:
+        view = self._view(fresh=fresh)
+        pod = self._holder_pod(view, fresh=True)
+        return decide_allocate(view, pod, ids, self.cp.progress, ctx, policy=MismatchPolicy.REFUSE)
+
+    def _interrupted(
+        self, ids: Sequence[DeviceID], ctx: Context, refusal: Refusal
+    ) -> Allocation | Refusal:
+        old = self.cp.progress
+        assert old is not None
+        pod = self._pod(old.holder)
+        self.cp = self.cp.with_progress(None)
+        if handoff_abandoned(pod, old, self.node):
+            return self._decide(ids, ctx, fresh=False)
+        return refusal
+
+    def _serve(self, alloc: Allocation) -> Allocation:
+        cp = self.cp.with_progress(None if alloc.last else alloc.progress)
+        pending = None
+        if alloc.last:
+            pending = PendingRelease.of(alloc.holder, alloc.token, Outcome.ALLOCATED)
+            cp = cp.with_pending(pending)
+        self.cp = cp  # the checkpoint is written before kubelet gets the answer
+        if self.crash_after_checkpoint:
+            self.crash_after_checkpoint = False
+            raise PluginCrashed(f"plugin/{self.node} crashed after checkpointing {alloc.container}")
+        if pending is not None:
+            self.release(pending)
+        return alloc
+
+    def _reject(self, release: tuple[Holder, FencingToken]) -> None:
+        holder, token = release
+        pending = PendingRelease.of(holder, token, Outcome.REJECTED)
+        cp = self.cp.with_pending(pending)
+        if cp.progress is not None and cp.progress.token == token:
+            cp = cp.with_progress(None)
+        self.cp = cp
+        self.release(pending)
+
+    def release(self, pending: PendingRelease) -> str:
+        lock = HeldLock(self.node, Holder(pending.holder, pending.uid), pending.token, "")
+        try:
+            self.locks.release(lock, outcome=pending.outcome)
+            result = f"released token {pending.token} {pending.outcome.value}"
+        except (StaleToken, LockLost) as exc:
+            result = f"token {pending.token} needs no release ({type(exc).__name__})"
+        except ApiUnavailable:
+            return f"release of token {pending.token} failed; kept pending"
+        self.cp = self.cp.without_pending(pending.token)
+        return result
+
+    def retry_releases(self) -> list[str]:
+        return [self.release(p) for p in list(self.cp.pending)]
+
+
+@dataclass
+class Kubelet:
+    """kubelet's device manager for one node, driving the plugin (see the module docstring)."""
+
+    node: NodeName
+    store: Store
+    gpus: int
+    pods: Watch = field(init=False)
+    seen: dict[str, JSON] = field(default_factory=dict)  # uid -> pod as kubelet last saw it
+    allocated: dict[str, dict[ContainerName, tuple[DeviceID, ...]]] = field(default_factory=dict)
+    given: dict[str, dict[ContainerName, tuple[DeviceID, ...]]] = field(default_factory=dict)
+    served_holder: dict[str, dict[ContainerName, str]] = field(default_factory=dict)
+    admitted: set[str] = field(default_factory=set)
+    failed: dict[str, str] = field(default_factory=dict)  # uid -> why admission failed
+    current: str | None = None
+
+    def __post_init__(self) -> None:
+        node = self.node
+        self.pods = Watch(
+            self.store,
+            frozenset({Kind.POD}),
+            only=lambda e: e.obj.get("spec", {}).get("nodeName") == node,
+        )
+        self.start()
+
+    @property
+    def healthy(self) -> list[DeviceID]:
+        return [gpu_id(self.node, i) for i in range(self.gpus)]
+
+    def start(self) -> None:
+        """(Re)start: LIST the node's pods; device accounting is kept (kubelet's checkpoint)."""
+        self.seen = {p["metadata"]["uid"]: p for p in self.store.list_pods(node=self.node)}
+        self.pods.restart()
+        self.current = None
+        for uid in list(self.allocated):
+            if uid not in self.seen:
+                self._free(uid)
+
+    def deliver(self, limit: int | None) -> int:
+        n = 0
+        for event in self.pods.deliver(limit):
+            self._take(event)
+            n += 1
+        return n
+
+    def _take(self, event: Event) -> None:
+        uid = event.obj["metadata"]["uid"]
+        if event.type == "DELETED":
+            self.seen.pop(uid, None)
+            self._free(uid)
+            if self.current == uid:
+                self.current = None
+        else:
+            self.seen[uid] = event.obj
+
+    def _free(self, uid: str) -> None:
+        self.allocated.pop(uid, None)
+        self.given.pop(uid, None)
+        self.served_holder.pop(uid, None)
+
+    def next_pod(self) -> str | None:
+        if self.current is not None:
+            return self.current
+        waiting = [
+            uid
+            for uid, pod in self.seen.items()
+            if uid not in self.admitted
+            and uid not in self.failed
+            and (pod.get("status") or {}).get("phase", "Pending") == "Pending"
+        ]
+        if not waiting:
+            return None
+        return min(waiting, key=lambda u: self.store.created.get(u, 0))
+
+    def _in_use(self) -> set[DeviceID]:
+        return {d for per in self.allocated.values() for ids in per.values() for d in ids}
+
+    def _fail(self, uid: str, why: str) -> None:
+        pod = self.seen[uid]
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        self.failed[uid] = why
+        self._free(uid)
+        self.current = None
+        self.store.write_pod_status(
+            key, uid, {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": why}
+        )
+
+    def step(self, plugin: Plugin, *, pick: int, reuse_in_order: bool) -> str:
+        """Admit the next pod by one container (or finish its admission)."""
+        uid = self.next_pod()
+        if uid is None:
+            return "nothing to admit"
+        self.current = uid
+        pod = self.seen[uid]
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        inits = {c["name"] for c in pod["spec"].get("initContainers") or []}
+        containers = gpu_containers(pod, RESOURCE)
+        mine = self.allocated.setdefault(uid, {})
+        todo = [(c, n) for c, n in containers if c not in mine]
+        if not todo:
+            self.current = None
+            self.admitted.add(uid)
+            statuses = [
+                {
+                    "name": c["name"],
+                    "containerID": f"cri://{uid}-{c['name']}",
+                    "state": {"running": {}},
+                }
+                for c in pod["spec"]["containers"]
+            ]
+            self.store.write_pod_status(
+                key, uid, {"phase": "Running", "containerStatuses": statuses}
+            )
+            return f"admitted {key}"
+        container, required = todo[0]
+        pool: list[DeviceID] = []
+        for c, ids in mine.items():
+            if c in inits:
+                pool.extend(d for d in ids if d not in pool)
+        for c, ids in mine.items():
+            if c not in inits:
+                pool = [d for d in pool if d not in ids]
+        pool = sorted(pool) if reuse_in_order else _shuffled(sorted(pool), pick)
+        chosen: list[DeviceID] = pool[:required]
+        how = "reused" if chosen else ""
+        if len(chosen) < required:
+            in_use = self._in_use()
+            available = [d for d in self.healthy if d not in in_use]
+            needed = required - len(chosen)
+            if len(available) < needed:
+                self._fail(uid, f"requested {required} devices, {len(available)} available")
+                return f"{key}: {container}: too few free devices; pod failed"
+            pref = plugin.preferred([*available, *chosen], list(chosen), required)
+            for d in pref.devices:
+                if d in available and d not in chosen and len(chosen) < required:
+                    chosen.append(d)
+            for d in _shuffled(available, pick):
+                if d not in chosen and len(chosen) < required:
+                    chosen.append(d)
+            how = "preferred hit" if pref.hit else f"preferred miss ({pref.reason[:60]})"
+        try:
+            result = plugin.allocate(list(chosen))
+        except PluginCrashed as exc:
+            self._fail(uid, str(exc))
+            plugin.start()
+            return f"{key}: {container}: Allocate({','.join(chosen)}): {exc}; pod failed"
+        if isinstance(result, Refusal):
+            self._fail(uid, f"{result.kind.value}: {result.message}")
+            return (
+                f"{key}: {container}: Allocate({','.join(chosen)}) refused "
+                f"{result.kind.value}; pod failed"
+            )
+        mine[container] = tuple(chosen)
+        self.given.setdefault(uid, {})[container] = result.devices
+        self.served_holder.setdefault(uid, {})[container] = result.holder.uid
+        return (
+            f"{key}: {container}: Allocate({','.join(chosen)}) [{how}] -> served "
+            f"{','.join(result.devices)} as {result.holder.key} token {result.token}"
+            + (" (last; released)" if result.last else "")
+        )
+
+    def complete(self, uid: str) -> str:
+        """A running pod's containers all exit: Succeeded, its devices freed."""
+        pod = self.seen[uid]
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        self.store.write_pod_status(key, uid, {"phase": "Succeeded"})
+        self._free(uid)
+        return f"{key} succeeded"
+
+
+def _shuffled(items: list[DeviceID], pick: int) -> list[DeviceID]:
+    """A permutation of ``items`` chosen by ``pick`` (kubelet's Go map order, made drawable)."""
+    out = list(items)
+    rest: list[DeviceID] = []
+    while out:
+        i = pick % len(out)
+        pick //= len(out)
+        rest.append(out.pop(i))
+    return rest

@@ -1,0 +1,356 @@
+"""The world the handoff's parts talk to, as plain data: an API server and its watches.
+
+What is modelled, and nothing more:
+
+- one ``resourceVersion`` counter for all objects; every change bumps it;
+- Leases: create (409 if it exists), replace conditional on ``metadata.resourceVersion`` (409 on
+  a stale one, 404 when gone), delete;
+- Pods: create (a fresh UID; creation order is what kubelet sorts by), ``pods/binding`` with the
+  UID as precondition (409 on another UID or an already bound pod, 404 when gone) whose
+  ``metadata.annotations`` are merged onto the pod, status writes, owner edits, delete;
+- Nodes: static, each with its GPU inventory annotation and ``status.allocatable``;
+- watches: one ordered log of every change; each subscriber reads it through its own cursor, so
+  events arrive in order but as late as the model likes (``Watch.deliver``);
+- a binding request in flight: sent at one step, applied by the server at a later one (or never,
+  once its client's timeout has passed), answered at another.
+
+Not modelled: API server internals (admission chains, priority and fairness, etcd compaction and
+410 Gone relists, bookmarks), object sizes, request latency beyond "late".
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from handoff.wire import GPU, DeviceID, Keys, format_inventory
+from lockd.errors import Conflict, NotFound
+from lockd.model import NodeName
+
+JSON = dict[str, Any]
+
+KEYS = Keys()
+RESOURCE = "nvidia.com/gpu"
+LEASE_NAMESPACE = "nodelock-system"
+POD_NAMESPACE = "team"
+
+
+class Kind:
+    """Object kinds in the store (plain strings, for readable traces)."""
+
+    POD = "Pod"
+    LEASE = "Lease"
+    NODE = "Node"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One watch event: what changed, as the object was after (or, deleted, before) the change."""
+
+    seq: int
+    kind: str
+    type: str  # ADDED, MODIFIED, DELETED
+    name: str  # pod key "namespace/name", or the Lease's / Node's name
+    obj: JSON
+
+
+@dataclass
+class BindingRequest:
+    """A ``pods/binding`` create sent by an extender and not answered yet.
+
+    ``result`` is None until the server processes it: "ok", or the error it answered.
+    The server may process it only until ``deadline`` (the client's timeout); after that the
+    request is dead and never lands (the binder's time budget relies on this).
+    """
+
+    rid: int
+    pod_key: str
+    uid: str
+    node: NodeName
+    annotations: dict[str, str]
+    sent_at: float
+    deadline: float
+    task: int
+    result: str | None = None
+    error: Exception | None = None
+
+
+def gpu_id(node: NodeName, index: int) -> DeviceID:
+    return DeviceID(f"{node}-g{index}")
+
+
+def node_object(node: NodeName, gpus: int) -> JSON:
+    inventory = [GPU(gpu_id(node, i), i, "model-a", 81_920, 0, healthy=True) for i in range(gpus)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node, "annotations": {KEYS.gpus: format_inventory(inventory)}},
+        "status": {"allocatable": {RESOURCE: str(gpus)}},
+    }
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    gpus: int
+    init: bool = False
+
+
+# The pod shapes the model creates: name prefix -> containers (init containers first).
+TEMPLATES: dict[str, tuple[ContainerSpec, ...]] = {
+    "one": (ContainerSpec("main", 1),),
+    "two": (ContainerSpec("main", 2),),
+    "pair": (ContainerSpec("left", 1), ContainerSpec("right", 1)),
+    # an init container with 2 GPUs and an app container with 1: kubelet hands the app container
+    # one of the init container's devices, picked in arbitrary order (no GetPreferredAllocation)
+    "init": (ContainerSpec("setup", 2, init=True), ContainerSpec("main", 1)),
+}
+
+
+def pod_object(name: str, template: str, *, node: NodeName | None = None) -> JSON:
+    """A pod of ``template``; ``node`` set means created bound (it bypasses the scheduler)."""
+    spec: JSON = {"containers": [], "schedulerName": "default-scheduler"}
+    for c in TEMPLATES[template]:
+        container = {
+            "name": c.name,
+            "resources": {"limits": {RESOURCE: str(c.gpus)}, "requests": {RESOURCE: str(c.gpus)}},
+        }
+        spec.setdefault("initContainers" if c.init else "containers", []).append(container)
+    if node is not None:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": POD_NAMESPACE, "annotations": {}},
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+@dataclass
+class Store:
+    """The API server: objects, one resourceVersion counter, one ordered change log."""
+
+    pods: dict[str, JSON] = field(default_factory=dict)
+    leases: dict[NodeName, JSON] = field(default_factory=dict)
+    nodes: dict[NodeName, JSON] = field(default_factory=dict)
+    log: list[Event] = field(default_factory=list)
+    version: int = 0
+    uids: int = 0
+    created: dict[str, int] = field(default_factory=dict)  # uid -> creation order
+    inflight: list[BindingRequest] = field(default_factory=list)
+    requests: int = 0
+    # called with (request, pod after binding) when a binding lands: the S4 check hooks in here
+    on_binding: Callable[[BindingRequest, JSON], None] | None = None
+    # called with (node, lease before, lease after, writer) for every Lease write
+    on_lease_write: Callable[[NodeName, JSON | None, JSON | None, str], None] | None = None
+
+    # -- the one place that changes anything -------------------------------------------------
+
+    def _commit(self, kind: str, type_: str, name: str, obj: JSON) -> JSON:
+        self.version += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.version)
+        self.log.append(Event(len(self.log), kind, type_, name, copy.deepcopy(obj)))
+        return copy.deepcopy(obj)
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def add_node(self, node: NodeName, gpus: int) -> None:
+        obj = node_object(node, gpus)
+        self.nodes[node] = obj
+        self._commit(Kind.NODE, "ADDED", node, obj)
+
+    # -- leases ------------------------------------------------------------------------------
+
+    def get_lease(self, node: NodeName) -> JSON:
+        lease = self.leases.get(node)
+        if lease is None:
+            raise NotFound(404, "NotFound", f"leases {node} not found")
+        return copy.deepcopy(lease)
+
+    def list_leases(self) -> list[JSON]:
+        return [copy.deepcopy(lease) for _, lease in sorted(self.leases.items())]
+
+    def create_lease(self, body: JSON, *, writer: str) -> JSON:
+        node = NodeName(str(body["metadata"]["name"]))
+        if node in self.leases:
+            raise Conflict(409, "AlreadyExists", f"leases {node} already exists")
+        stored = copy.deepcopy(body)
+        stored["metadata"].pop("resourceVersion", None)
+        if self.on_lease_write is not None:
+            self.on_lease_write(node, None, stored, writer)
+        self.leases[node] = stored
+        return self._commit(Kind.LEASE, "ADDED", node, stored)
+
+    def replace_lease(self, node: NodeName, body: JSON, *, writer: str) -> JSON:
+        current = self.leases.get(node)
+        if current is None:
+            raise NotFound(404, "NotFound", f"leases {node} not found")
+        sent = body.get("metadata", {}).get("resourceVersion")
+        if sent != current["metadata"]["resourceVersion"]:
+            raise Conflict(409, "Conflict", f"leases {node}: resourceVersion {sent} is stale")
+        stored = copy.deepcopy(body)
+        if self.on_lease_write is not None:
+            self.on_lease_write(node, current, stored, writer)
+        self.leases[node] = stored
+        return self._commit(Kind.LEASE, "MODIFIED", node, stored)
+
+    def delete_lease(self, node: NodeName) -> None:
+        lease = self.leases.pop(node, None)
+        if lease is not None:
+            if self.on_lease_write is not None:
+                self.on_lease_write(node, lease, None, "hand")
+            self._commit(Kind.LEASE, "DELETED", node, lease)
+
+    # -- pods --------------------------------------------------------------------------------
+
+    def create_pod(self, obj: JSON) -> JSON:
+        meta = obj["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        if key in self.pods:
+            raise Conflict(409, "AlreadyExists", f"pod {key} already exists")
+        self.uids += 1
+        uid = f"uid-{self.uids}"
+        meta["uid"] = uid
+        self.created[uid] = self.uids
+        self.pods[key] = obj
+        return self._commit(Kind.POD, "ADDED", key, obj)
+
+    def get_pod(self, key: str) -> JSON:
+        pod = self.pods.get(key)
+        if pod is None:
+            raise NotFound(404, "NotFound", f"pod {key} not found")
+        return copy.deepcopy(pod)
+
+    def pod_or_none(self, key: str) -> JSON | None:
+        pod = self.pods.get(key)
+        return copy.deepcopy(pod) if pod is not None else None
+
+    def pod_by_uid(self, uid: str) -> JSON | None:
+        for pod in self.pods.values():
+            if pod["metadata"]["uid"] == uid:
+                return pod
+        return None
+
+    def list_pods(self, *, node: NodeName | None = None) -> list[JSON]:
+        return [
+            copy.deepcopy(p)
+            for _, p in sorted(self.pods.items())
+            if node is None or p["spec"].get("nodeName") == node
+        ]
+
+    def send_binding(
+        self,
+        pod_key: str,
+        uid: str,
+        node: NodeName,
+        annotations: Mapping[str, str],
+        *,
+        now: float,
+        timeout_s: float,
+        task: int,
+    ) -> BindingRequest:
+        self.requests += 1
+        request = BindingRequest(
+            self.requests, pod_key, uid, node, dict(annotations), now, now + timeout_s, task
+        )
+        self.inflight.append(request)
+        return request
+
+    def live_requests(self, now: float) -> list[BindingRequest]:
+        """Binding requests the server may still process (sent, not processed, not timed out)."""
+        return [r for r in self.inflight if r.result is None and now <= r.deadline]
+
+    def apply_binding(self, request: BindingRequest) -> None:
+        """The server processes a binding request (UID precondition, annotations merged)."""
+        assert request.result is None
+        self.inflight.remove(request)
+        pod = self.pods.get(request.pod_key)
+        if pod is None:
+            request.result, request.error = "not-found", NotFound(404, "NotFound", "pod gone")
+            return
+        if pod["metadata"]["uid"] != request.uid:
+            request.result = "conflict"
+            request.error = Conflict(409, "Conflict", "Precondition failed: UID in precondition")
+            return
+        if pod["spec"].get("nodeName"):
+            request.result = "conflict"
+            request.error = Conflict(
+                409,
+                "Conflict",
+                f"pod {request.pod_key} is already assigned to node {pod['spec']['nodeName']}",
+            )
+            return
+        pod["spec"]["nodeName"] = request.node
+        annotations = pod["metadata"].setdefault("annotations", {})
+        annotations.update(request.annotations)
+        request.result = "ok"
+        if self.on_binding is not None:
+            self.on_binding(request, pod)
+        self._commit(Kind.POD, "MODIFIED", request.pod_key, pod)
+
+    def expire_requests(self, now: float) -> list[BindingRequest]:
+        """Drop requests whose client timed out before the server processed them."""
+        dead = [r for r in self.inflight if r.result is None and now > r.deadline]
+        for r in dead:
+            self.inflight.remove(r)
+            r.result = "timed-out"
+        return dead
+
+    def write_pod_status(self, key: str, uid: str, status: JSON) -> bool:
+        pod = self.pods.get(key)
+        if pod is None or pod["metadata"]["uid"] != uid:
+            return False
+        pod["status"] = copy.deepcopy(status)
+        self._commit(Kind.POD, "MODIFIED", key, pod)
+        return True
+
+    def edit_pod_annotations(self, key: str, annotations: Mapping[str, str]) -> bool:
+        pod = self.pods.get(key)
+        if pod is None:
+            return False
+        pod["metadata"].setdefault("annotations", {}).update(annotations)
+        self._commit(Kind.POD, "MODIFIED", key, pod)
+        return True
+
+    def delete_pod(self, key: str) -> JSON | None:
+        pod = self.pods.pop(key, None)
+        if pod is not None:
+            self._commit(Kind.POD, "DELETED", key, pod)
+        return pod
+
+
+@dataclass
+class Watch:
+    """One subscriber's view of the change log: in order, as late as the model says.
+
+    ``kinds`` and ``only`` (a predicate on events) pick the events it wants; ``cursor`` is the
+    position in the store's log up to which it has been delivered.  Subscribing (or
+    resubscribing after a restart) starts from the end of the log: the subscriber LISTs first.
+    """
+
+    store: Store
+    kinds: frozenset[str]
+    only: Callable[[Event], bool] | None = None
+    cursor: int = 0
+
+    def restart(self) -> None:
+        self.cursor = len(self.store.log)
+
+    def wanted(self, event: Event) -> bool:
+        return event.kind in self.kinds and (self.only is None or self.only(event))
+
+    def backlog(self) -> int:
+        return sum(1 for e in self.store.log[self.cursor :] if self.wanted(e))
+
+    def deliver(self, limit: int | None = None) -> Iterator[Event]:
+        """The next ``limit`` wanted events (all when None), advancing the cursor."""
+        given = 0
+        while self.cursor < len(self.store.log) and (limit is None or given < limit):
+            event = self.store.log[self.cursor]
+            self.cursor += 1
+            if self.wanted(event):
+                given += 1
+                yield event

@@ -1,0 +1,124 @@
+"""The handoff model (tests/model, docs/model.md) in the unit run: the CI profile and the holes.
+
+- ``TestHandoffModel``: the CI profile; every known hole avoided, so it must find nothing.
+- ``test_search_finds_known_hole``: per known hole, the derandomized search with only that hole
+  allowed must find it (breaking one of the invariants the hole is known to break).  Once a hole
+  is fixed and taken out of ``KNOWN_HOLES``, the same test asserts the search finds nothing.
+- ``test_replay_*``: fixed interleavings, replayed step by step: a trace the search found (the
+  permanent regression example) and the stale-Lease-view hole, which is too long an
+  interleaving for the CI budget's search.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.model.holes import BREAKS, KNOWN_HOLES, Hole
+from tests.model.machine import Fault, HandoffModel, ModelConfig, Violation, machine
+from tests.model.profiles import CI_EXAMPLES, ci_settings
+from tests.model.search import focus
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMAND = (sys.executable, "-m", "tests.model")
+
+HandoffModelCI = machine(ModelConfig(), "HandoffModelCI")
+HandoffModelCI.TestCase.settings = ci_settings(max_examples=CI_EXAMPLES)
+TestHandoffModel = HandoffModelCI.TestCase
+
+# Each search starts from its hole's seed (``SEARCH_SEEDS``) and stops at its first violation;
+# docs/model.md records after how many examples each hole is found today.  The budget bounds
+# the time once a hole is fixed.
+SEARCH_BUDGET = 1_200
+SEARCHED = sorted(set(Hole) - {Hole.STALE_LEASE_VIEW})  # that one is replayed, see below
+
+
+@pytest.mark.parametrize("hole", SEARCHED, ids=str)
+def test_search_finds_known_hole(hole: Hole) -> None:
+    # Run as ``python -m tests.model --hole``: Hypothesis draws other examples inside pytest
+    # than in a plain process even from the same explicit seed, and the recorded numbers
+    # (docs/model.md, ``make model MODEL_ARGS=--hole ...``) are the plain process's.
+    done = subprocess.run(
+        [*COMMAND, "--hole", hole.value, "--quick", "--examples", str(SEARCH_BUDGET)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    out = done.stdout + done.stderr
+    found = re.search(rf"hole {hole.value}: found \((S[1-4]|L1)\) after (\d+) examples", out)
+    if hole not in KNOWN_HOLES:  # fixed: the same search must come back empty
+        assert found is None, out
+        return
+    assert found is not None, f"the model no longer finds {hole}:\n{out[-3000:]}"
+    assert found.group(1) in BREAKS[hole], out[-3000:]
+
+
+def replay(hole: Hole, faults: frozenset[Fault], steps: Callable[[HandoffModel], None]) -> None:
+    """Run ``steps`` on a fresh model searching ``hole``, checking safety after each call;
+    a known hole must break one of its invariants, a fixed one none."""
+    model = machine(focus(hole), f"Replay_{hole.name}")()
+    model.start((0.0, 0.0), faults)
+
+    def run() -> None:
+        steps(model)
+        model.check_safety()
+        model.settle()
+
+    if hole in KNOWN_HOLES:
+        with pytest.raises(Violation) as caught:
+            run()
+        assert caught.value.invariant in BREAKS[hole], str(caught.value)
+    else:
+        run()
+
+
+def test_replay_cancel_after_binding_write() -> None:
+    """Found by the search (hole #12.7, shrunk): a bind cancelled after its binding was sent
+    releases the lock ``bind-failed``; the binding then lands with a token nobody holds."""
+
+    def steps(m: HandoffModel) -> None:
+        m.create_pod(0)  # team/one-1
+        m.schedule(0, "E0", 0)  # Bind team/one-1 -> n1 on E0
+        m.extender_step(0)  # acquired n1 token 1
+        m.extender_step(0)  # confirmed
+        m.extender_step(0)  # sent binding request #1 (token 1)
+        m.bind_cancelled(0)  # kube-scheduler cancels: released token 1 bind-failed
+        m.check_safety()
+        m.server_applies(0)  # the binding lands: S4
+
+    replay(Hole.CANCEL_AFTER_WRITE, frozenset({Fault.CANCEL}), steps)
+
+
+def test_replay_stale_lease_view_serves_finished_holder() -> None:
+    """Hole #12.2: the plugin's release of a served holder fails, the holder finishes, its lock is
+    taken over for the next pod, and the plugin -- its Lease view still showing the finished
+    holder -- answers the next pod with the finished holder's handoff."""
+
+    def steps(m: HandoffModel) -> None:
+        m.create_pod(0)  # team/one-1
+        m.schedule(0, "E0", 0)
+        for _ in range(4):  # acquire, confirm, send, bound
+            m.extender_step(0)
+        m.deliver_to("kubelet/n1")
+        m.plugin_loses_api(0)  # the release after one-1's last container will not get through
+        m.kubelet_step(0, 0)  # one-1 served; release kept pending
+        m.kubelet_step(0, 0)  # one-1 admitted
+        m.pod_completes(0)  # one-1 Succeeded: kubelet frees n1-g0
+        m.tick(16.0)  # one-1's lock expires on E0's clock
+        m.create_pod(0)  # team/one-2
+        m.deliver_to("E0")
+        m.schedule(0, "E0", 0)
+        for _ in range(4):  # takes the lock over (one-1 admitted), binds one-2 with token 2
+            m.extender_step(0)
+        m.check_safety()
+        m.deliver_to("kubelet/n1")  # the plugin's Lease watch is not delivered
+        m.kubelet_step(0, 0)  # served n1-g0 as team/one-1 token 1: S2
+
+    replay(Hole.STALE_LEASE_VIEW, frozenset({Fault.RELEASE_FAILS}), steps)
