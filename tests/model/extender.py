@@ -6,16 +6,17 @@ the API server, so faults can land between them:
 1. ``begin``: read the pod (cache, else GET), refuse a bound pod, choose devices from the cache
    plus the lock holder's assignment, refuse when this pod already holds the lock and is bound,
    acquire the node lock (the ``NodeLocks.acquire`` loop, with ``Binder.may_take_over``).
-2. ``confirm``: the complete view (cache once the previous holder is seen bound or gone, the
-   cache when the Lease has no last holder, else a LIST of the node), conflicts/fit, choose again
-   and renew the Lease's copy when needed.
-3. ``send``: the time budget check (``duration / 3`` since acquiring), then the one
-   ``pods/binding`` create, which stays in flight until the server processes it.
+2. ``confirm``: the complete view (cache once the previous holder is seen bound or gone, else a
+   LIST of the node, also when the Lease has no last holder), conflicts/fit, choose again and
+   renew the Lease's copy when needed.
+3. ``send``: the time budget check (``duration / 3`` since acquiring), the last look at the
+   Lease (``_still_ours``), then the one ``pods/binding`` create, which stays in flight until
+   the server processes it.
 4. ``answer``: the binding's answer: bound; a 409 or a lost answer answered by a GET
    (``_bound_anyway``); an unknown outcome keeps the lock, every other failure releases it.
 
 GLUE (replicated from ``scheduler_ext/binder.py``, which mixes these reads into its decisions):
-``_pod`` (cache or GET), ``_not_bound_by_an_earlier_call`` (a GET decides), ``may_take_over``
+``_pod`` (cache or GET), ``_not_holding_already`` (a GET decides), ``may_take_over``
 (a GET when the cache cannot answer), ``_complete_view``/``_listed_view`` (a LIST decides which
 view the choice is proven against), ``_post_binding``/``_bound_anyway`` (a GET decides success).
 The decisions are the project's: ``choose``, ``conflicts``, ``fit``, ``with_lock_holder``,
@@ -220,15 +221,19 @@ class Replica:
             assignment = choose(picture, pod.need)
         except NoFit as exc:
             raise BindFailed(f"no fit: {exc}", release=False) from exc
-        # _not_bound_by_an_earlier_call
+        # _not_holding_already
         view = self.locks.view(task.node)
         holder = view.record.holder if view is not None else None
-        if holder is not None and holder.uid == task.uid:
+        if view is not None and holder is not None and holder.uid == task.uid:
             obj = self.store.pod_or_none(task.pod_key)
             bound_to = (obj or {}).get("spec", {}).get("nodeName")
             if bound_to:
                 raise BindFailed(
                     f"pod {task.pod_key} is already bound to {bound_to}", release=False
+                )
+            if not view.expired:
+                raise BindFailed(
+                    f"pod {task.pod_key} already holds the lock of {task.node}", release=False
                 )
         try:
             held, taken = self.locks.acquire(
@@ -249,17 +254,13 @@ class Replica:
         node = held.node
         view = self.locks.view(node)
         last = view.record.last if view is not None and view.record.token == held.token else None
-        if last is not None and last.outcome in PROVEN_OUTCOMES and last.uid:
-            # (the real bind waits up to confirm_wait_s for the cache; here the wait is the
-            # interleaving: watch deliveries before this step)
-            if self.cache.seen_bound_or_gone(last.uid):
-                gpus = self.cache.node_gpus(node, exclude_uid=uid)
-                if gpus is not None:
-                    return gpus, f"cache (saw last holder {last.holder})"
-        elif last is None:
+        # (the real bind waits up to confirm_wait_s for the cache; here the wait is the
+        # interleaving: watch deliveries before this step)
+        proven = last is not None and last.outcome in PROVEN_OUTCOMES and bool(last.uid)
+        if last is not None and proven and self.cache.seen_bound_or_gone(last.uid):
             gpus = self.cache.node_gpus(node, exclude_uid=uid)
             if gpus is not None:
-                return gpus, "cache (the Lease has no last holder)"
+                return gpus, f"cache (saw last holder {last.holder})"
         state = self.cache.node(node)
         if state is None:
             raise BindFailed(f"node {node} not in cache", release=True)
@@ -297,6 +298,16 @@ class Replica:
         left = DURATION_S / 3 - (self.clock.now - task.acquired_at)
         if left < MIN_BINDING_BUDGET_S:
             raise BindFailed("took too long after taking the lock", release=True)
+        # _still_ours: the Lease as last seen must still carry our token and pod
+        view = self.locks.view(task.held.node)
+        holder = view.record.holder if view is not None else None
+        if (
+            view is None
+            or view.record.token != task.held.token
+            or holder is None
+            or (holder.uid != task.uid)
+        ):
+            raise BindFailed("the lock changed under the bind; not bound", release=True)
         annotations = {
             KEYS.assignment: format_assignment(task.assignment),
             KEYS.token: str(task.held.token),

@@ -11,7 +11,7 @@ every actor run to quiescence with time passing, and checks bounded liveness.
   for that container (an app container that reused init containers' devices: within the pod's
   assignment).
 - S3: a lock whose holder left the handoff (gone, finished, admitted, bound elsewhere) is
-  takeable (``takeover.judge`` on a fresh read, and ``lockd.holder`` agrees), and no protocol
+  takeable (``takeover.judge`` on a fresh read, and ``handoff.holder`` agrees), and no protocol
   write hands a held lock to another pod while its holder is still in handoff.
 - S4: no write with a stale token lands: a Lease's token never goes down except by hand, and a
   binding carrying token T lands only while the node's Lease is held by that pod with token T
@@ -26,6 +26,7 @@ action: step, time, actor, what happened, the Lease versions).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -35,9 +36,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from handoff.holder import holder_status
 from handoff.wire import Assignment, DeviceID, parse_assignment, parse_token
-from lockd.holder import holder_status
 from lockd.model import NodeName
+from scheduler_ext.binder import keep_lock_after
 from scheduler_ext.state import pod_state
 from scheduler_ext.takeover import judge
 from tests.model.extender import BindFailed, BindTask, Replica, Stage
@@ -539,12 +541,15 @@ class HandoffModel(RuleBasedStateMachine):
     @precondition(lambda self: self.may(Fault.CANCEL) and bool(self.cancellable()))
     @rule(task=st.integers(0, 3))
     def bind_cancelled(self, task: int) -> None:
-        """kube-scheduler's request is cancelled: the bind's `except BaseException` releases."""
+        """kube-scheduler's request is cancelled: the bind releases the lock unless its binding
+        was sent (``keep_lock_after``)."""
         self.begin_step()
         tasks = self.cancellable()
         t = tasks[task % len(tasks)]
         text = f"cancel: {t}"
-        if t.stage is not Stage.NEW:
+        if keep_lock_after(asyncio.CancelledError(), binding_sent=t.stage is Stage.SENT):
+            text += "; the binding was sent: the lock is kept"
+        elif t.stage is not Stage.NEW:
             text += f"; {self.replicas[t.replica].release(t)}"
         self._finish(t, "cancelled")
         self.fault(t.replica, text)
