@@ -201,7 +201,7 @@ class Endpoints:
             self._gpus_of(args, uid),
             policy=self.options.policy,
             waits=waits,
-            tolerance_s=queues.hold.value_s / 2,
+            tolerance_s=queues.steering_tolerance_s(),
         )
         if self.options.lock_aware:
             self.promises.promise(scores, uid)

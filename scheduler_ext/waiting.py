@@ -38,6 +38,7 @@ from enum import StrEnum
 from lockd.model import NodeLockView, NodeName
 
 DEFAULT_HOLD_S = 0.2  # the hold estimate before any hold was seen
+STEERING_SHARE = 1 / 8  # of the wait budget: a wait prioritize accepts to keep the policy
 HOLD_SMOOTHING = 0.2  # weight of the newest hold in the moving average
 MAX_HOLD_SAMPLE_S = 30.0  # a longer hold (a stuck holder) is capped in the estimate
 
@@ -317,6 +318,14 @@ class BindQueues:
             del self._held_since[node]
             self.hold.add(now - since[1])
         self.notify(node)
+
+    def steering_tolerance_s(self) -> float:
+        """How much longer than the soonest node a bind may expect to wait on a node before
+        prioritize steers away from it: an eighth of the budget (0.5 s by default), at least
+        half a recent hold.  Waiting that long costs a pod once; leaving the policy (binpack)
+        in a burst scatters small pods over every node and leaves no node free for a large
+        one, which costs until those pods end."""
+        return max(self.budget_s * STEERING_SHARE, self.hold.value_s / 2)
 
     def expected_waits(
         self,

@@ -287,3 +287,10 @@ async def test_a_zero_budget_fails_at_once_on_a_held_lock_as_the_peers_do() -> N
         async with queues.turn(N, "p2", "ns/p2") as turn:
             await asyncio.wait_for(turn.ready(lock), 1.0)
     assert caught.value.reason is GiveUp.BUDGET
+
+
+def test_prioritize_tolerates_an_eighth_of_the_budget_before_steering_away() -> None:
+    queues = BindQueues(budget_s=4.0, clock=Clock())
+    assert queues.steering_tolerance_s() == pytest.approx(0.5)
+    queues.hold.add(3.0)  # very long holds: at least half a hold
+    assert queues.steering_tolerance_s() == pytest.approx(1.5)
