@@ -213,7 +213,7 @@ class Binder:
             self._locks.view(node),
             pod_uid=uid,
             keys=self._cache.keys,
-            finished=self._cache.finished,
+            finished=self._cache.accounts_for,
         )
 
     async def _bind(self, args: BindingArgs) -> BindOutcome:

@@ -124,6 +124,16 @@ class ClusterCache:
         pod = self._pods.get(uid)
         return uid in self._gone or (pod is not None and pod.phase.terminal)
 
+    def accounts_for(self, uid: str) -> bool:
+        """Whether this cache needs no Lease's copy of the pod's assignment: it saw the pod
+        deleted or terminal (its GPUs are free), or bound (its own annotations count them on
+        its node: a holder bound elsewhere takes nothing here).  A lock holder it has no record
+        of is counted from the Lease's copy (its pod may not have reached the cache yet)."""
+        pod = self._pods.get(uid)
+        if pod is None:
+            return uid in self._gone
+        return pod.node is not None or pod.phase.terminal
+
     def seen_bound_or_gone(self, uid: str) -> bool:
         """Whether this cache saw the pod bound to a node, or deleted."""
         pod = self._pods.get(uid)

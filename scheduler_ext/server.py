@@ -109,7 +109,7 @@ class Endpoints:
 
     def _gpus_of(self, args: ExtenderArgs, pod_uid: str) -> Callable[[NodeName], NodeGPUs | None]:
         keys = self.cache.keys
-        finished = self.cache.finished
+        finished = self.cache.accounts_for  # the holder's Lease copy is not needed
         if args.nodes is None:
             pictures = self.cache.pictures()
             holders = self.locks.holders()  # the held locks only: few, whatever the node count

@@ -52,7 +52,8 @@ def with_lock_holder(
     finished: Callable[[str], bool] | None = None,
 ) -> NodeGPUs:
     """``gpus`` with the lock holder's assigned devices taken (unless the holder is ``pod_uid``,
-    or ``finished(holder_uid)`` says its pod was seen deleted or terminal).
+    or ``finished(holder_uid)`` says the holder's devices need no Lease copy: its pod was seen
+    deleted, terminal or bound — bound, its own annotations count them where it is).
 
     The holder's pod annotation may not have reached the cache yet; the Lease's copy of its
     assignment covers that gap.

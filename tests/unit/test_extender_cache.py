@@ -215,3 +215,28 @@ def test_finished_lock_holder_does_not_keep_its_devices() -> None:
     cache.apply_pod("DELETED", pod_obj("h", node="n1"))
     assert cache.finished("uid-h")
     assert not cache.finished("uid-unknown")
+
+
+def test_a_lock_holder_bound_elsewhere_keeps_nothing_on_this_node() -> None:
+    """The orphaned lock the handoff model found: an acquire whose answer was lost leaves n1's
+    Lease naming a pod that was then bound to n2.  Filter must not count that pod's assignment
+    copy on n1 forever (nothing would ever take the lock over: no bind is sent to a full n1)."""
+    cache = cache_with(pod_obj("h", node="n2", assignment={"c": ["GPU-3"]}))
+    base = cache.node_gpus(NodeName("n1"))
+    assert base is not None
+    holder = Holder(HolderKey("ns/h"), "uid-h", {"assignment": '{"c":["GPU-1","GPU-2"]}'})
+    assert cache.accounts_for("uid-h")
+    assert not cache.finished("uid-h")  # the old predicate: counted the copy on n1 forever
+    assert with_lock_holder(base, _view(holder), finished=cache.accounts_for) is base
+    assert {"GPU-1", "GPU-2"} <= with_lock_holder(
+        base, _view(holder), finished=cache.finished
+    ).taken
+    # bound here, its own annotation counts its devices; not yet seen bound, the copy counts
+    here = cache_with(pod_obj("h", node="n1", assignment={"c": ["GPU-1"]}))
+    assert "GPU-1" in here.node_gpus(NodeName("n1")).taken  # type: ignore[union-attr]
+    assert here.accounts_for("uid-h")
+    pending = cache_with(pod_obj("h"))
+    assert not pending.accounts_for("uid-h")
+    assert not pending.accounts_for("uid-never-seen")
+    pending.apply_pod("DELETED", pod_obj("h"))
+    assert pending.accounts_for("uid-h")

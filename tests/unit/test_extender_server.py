@@ -176,12 +176,20 @@ def hold_lock(locks: NodeLocks, node: str, holder_uid: str) -> None:
     locks.observe(lease)
 
 
-async def test_prioritize_steers_away_from_a_locked_node(served: Served) -> None:
+async def test_prioritize_steers_away_from_a_node_with_a_long_expected_wait(
+    served: Served,
+) -> None:
     args = fixture("args_node_cache.json")
     args["NodeNames"] = ["gpu-a", "gpu-c"]
     _, before = await served.post("prioritize", args)
     assert before[0]["Score"] == before[1]["Score"] > 0
+    queues = served.endpoints.binder.queues
+    queues.hold.add(0.1)  # handoffs take 0.1 s: a held lock is within the 0.5 s tolerance
     hold_lock(served.locks, "gpu-a", "uid-other")
+    _, held = await served.post("prioritize", args)
+    scores = {h["Host"]: h["Score"] for h in held}
+    assert scores["gpu-a"] > scores["gpu-c"] > 0  # binpack: the holder's GPU counts, a is fuller
+    queues.hold.add(10.0)  # now a handoff takes seconds: a's wait is far longer than c's
     _, after = await served.post("prioritize", args)
     assert {h["Host"]: h["Score"] for h in after} == {"gpu-a": 0, "gpu-c": before[1]["Score"]}
     # the pod that holds the lock itself is not steered away from it
