@@ -73,9 +73,14 @@ class WaitPicture:
 
 
 def expected_wait_s(picture: WaitPicture) -> float:
-    """Seconds until this waiter's turn: the current holder's expected remaining hold (at least
-    nothing) plus one recent hold per waiter ahead."""
-    remaining = max(0.0, picture.hold_s - picture.holder_age_s) if picture.holder else 0.0
+    """Seconds until this waiter's turn: the current holder's expected remaining hold plus one
+    recent hold per waiter ahead.  A holder within the recent hold time is expected to finish
+    by then; one past it is overdue (a slow or stuck admission) and is expected to take as long
+    again as it already has."""
+    remaining = 0.0
+    if picture.holder:
+        age = picture.holder_age_s
+        remaining = picture.hold_s - age if age < picture.hold_s else age
     return remaining + picture.position * picture.hold_s
 
 

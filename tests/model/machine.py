@@ -646,12 +646,22 @@ class HandoffModel(RuleBasedStateMachine):
     )
     @rule(node=st.integers(0, 1), delete=st.booleans())
     def lease_edited_by_hand(self, node: int, delete: bool) -> None:
-        """Someone deletes a node's Lease, or resets it to a fresh free one, by hand."""
+        """Someone deletes a node's Lease, or resets it to a fresh free one, by hand.
+
+        The lock-guard admission policy (deploy/, installed with the chart) lets nobody but the
+        extender and the node's device plugin delete a held lock or change a lock's holder or
+        fencing token: such an edit is denied, and only a free Lease can be deleted by hand.
+        (Without the policy, a held Lease reset to token 0 is ignored by every watcher that saw
+        a higher token until it relists; the model does not explore that.)"""
         self.begin_step()
         nodes = sorted(self.store.leases)
         n = nodes[node % len(nodes)]
-        self.hand_edits[n] += 1
         before = self.lease_line(n)
+        held = bool((self.store.leases[n].get("spec") or {}).get("holderIdentity"))
+        if held or not delete:
+            self.fault("admin", f"{'delete' if delete else 'reset'} of Lease {before} denied")
+            return
+        self.hand_edits[n] += 1
         if delete:
             self.store.delete_lease(n)
         else:

@@ -226,7 +226,7 @@ def test_expected_wait_is_the_holders_remainder_plus_a_hold_per_waiter_ahead() -
     picture = WaitPicture(position=2, depth=3, holder="ns/h", holder_age_s=0.05, hold_s=0.2)
     assert expected_wait_s(picture) == pytest.approx(0.15 + 2 * 0.2)
     late = WaitPicture(position=0, depth=1, holder="ns/h", holder_age_s=9.0, hold_s=0.2)
-    assert expected_wait_s(late) == 0.0  # an overdue holder: no estimate beyond "any moment"
+    assert expected_wait_s(late) == 9.0  # overdue (stuck?): expected to take as long again
     free = WaitPicture(position=1, depth=2, holder=None, holder_age_s=0.0, hold_s=0.2)
     assert expected_wait_s(free) == pytest.approx(0.2)
     assert give_up_reason(picture, left_s=1.0) is None
