@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import math
 import re
+import shutil
 import sys
 import time
 import urllib.request
@@ -622,6 +623,9 @@ def _main(args: argparse.Namespace) -> int:
     if cluster.running():
         print(f"stopping the previous demo cluster in {state}")
         cluster.down()
+    # every demo starts from an empty cluster: the previous run's objects (its namespace, pods,
+    # Leases) live in etcd's data and would otherwise come back with it
+    shutil.rmtree(cluster.state_dir / "etcd", ignore_errors=True)
     cluster.up()
     try:
         print(
