@@ -185,8 +185,21 @@ async def test_two_gpu_pods_land_on_nvlink_pairs_and_required_waits_for_one(
     )
     message = await wait_unschedulable(topo, "needs-pair")
     assert "requires its 2 GPUs connected by NVLink" in message, message
-    # once the first pair is whole again, the pod is scheduled onto it
+    # once the first pair is whole again, the pod is scheduled onto it.  kube-scheduler retries
+    # a pod rejected by an extender on a node event its plugins care about (here NodeAffinity:
+    # a label change) or after 5 minutes in the unschedulable queue, not on the deletion of
+    # another pod; a label nudges it, as any change to the node would
     await topo.kube.delete(pod_path(topo.namespace, "one"))
+    for _ in range(600):
+        names = {
+            p["metadata"]["name"] for p in (await topo.kube.list(pod_path(topo.namespace)))["items"]
+        }
+        if "one" not in names:
+            break
+        await asyncio.sleep(0.1)
+    await topo.kube.patch(
+        node_path(PAIRS), {"metadata": {"labels": {"nodelock.io/e2e-nudge": "pair-freed"}}}
+    )
     needs_pair = await topo.wait_phase("needs-pair", ["Running"], timeout_s=120)
     assert sorted(pairs[d].index for d in assignment(needs_pair)["c0"]) == [0, 1]
 
