@@ -151,11 +151,23 @@ def burst_sizes(mix: list[int], *, nodes: int, gpus: int, pods: int) -> list[int
 
 
 def stages(tl: Timeline, ns: str) -> dict[str, list[float]]:
-    """Per pod of ``ns``: the lock hold and its stages, from the Lease and pod watches."""
-    out: dict[str, list[float]] = {"hold": [], "bind": [], "admit": [], "status": []}
-    for _, holder, t0, t1 in tl.holds:
+    """Per pod of ``ns``: the lock hold and its stages, from the Lease and pod watches; and per
+    node, the handover: a release to the next acquire of the burst on that node (the time the
+    node's lock sat free while the next bind of the burst was queued or on its way)."""
+    out: dict[str, list[float]] = {
+        "hold": [],
+        "bind": [],
+        "admit": [],
+        "status": [],
+        "handover": [],
+    }
+    last_release: dict[str, float] = {}
+    for node, holder, t0, t1 in sorted(tl.holds, key=lambda h: h[2]):
         if not holder.startswith(ns + "/") or holder not in tl.bound:
             continue
+        if node in last_release:
+            out["handover"].append(t0 - last_release[node])
+        last_release[node] = t1
         bound = tl.bound[holder]
         out["hold"].append(t1 - t0)
         out["bind"].append(bound - t0)
@@ -259,14 +271,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines.append("")
     lines.append(
         "hold stages, p50 / p99 ms: bind = acquire -> pod bound; admit = bound -> released "
-        "(kubelet, GetPreferredAllocation, Allocate, release); status = released -> Running"
+        "(kubelet, GetPreferredAllocation, Allocate, release); status = released -> Running; "
+        "handover = a release -> the next acquire on that node"
     )
     for r in rows:
         p50, p99 = r.get("stages_p50_s") or {}, r.get("stages_p99_s") or {}
         if p50:
             cells = "  ".join(
                 f"{k} {p50[k] * 1000:.0f} / {p99[k] * 1000:.0f}"
-                for k in ("bind", "admit", "status")
+                for k in ("bind", "admit", "status", "handover")
+                if k in p50
             )
             lines.append(f"  {r['phase']:<22}{cells}")
     lines.append("")

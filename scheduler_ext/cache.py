@@ -13,6 +13,8 @@ Guarantees:
   out of the node and its pods as now cached: each write rebuilds the pictures of the nodes it
   touched (and only those) before it returns, so filter and prioritize read a ready picture per
   node and never rebuild one.
+- ``pending_demand()`` is, at every moment, the GPUs and the largest GPU count asked for by the
+  cached pods that are neither bound nor terminal (kept as pods are written, O(1) to read).
 - ``seen_bound_or_gone(uid)`` is true once this cache saw the pod bound or deleted; because a
   watch delivers writes in order, the cache has then also seen every write before that one.
 Non-guarantee: the cache lags the API server; bind proves its choice against that lag separately
@@ -24,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -89,6 +91,8 @@ class ClusterCache:
         self._gpus: dict[NodeName, NodeGPUs] = {}  # every known node's picture, kept current
         self._stale: set[NodeName] = set()  # pictures the write in progress invalidated
         self._gone: OrderedDict[str, None] = OrderedDict()  # UIDs seen deleted
+        self._pending_sizes: Counter[int] = Counter()  # GPUs per unbound GPU pod -> pods
+        self._pending_gpus = 0
         self.nodes_synced = False
         self.pods_synced = False
         self.last_event: dict[str, float] = {}  # "nodes"/"pods" -> clock of last event or relist
@@ -112,6 +116,17 @@ class ClusterCache:
     def pod_by_key(self, key: HolderKey) -> PodState | None:
         uid = self._by_key.get(key)
         return self._pods.get(uid) if uid is not None else None
+
+    def pending_demand(self) -> tuple[int, int]:
+        """(GPUs, the largest pod's GPUs) asked for by the pods not bound yet and not terminal:
+        what a burst still needs, whether or not its binds are already on their way."""
+        largest = max(self._pending_sizes, default=0)
+        return self._pending_gpus, largest
+
+    def pending_sizes(self, *, above: int = 0) -> dict[int, int]:
+        """GPUs per pod -> pods not bound yet and not terminal, for pods asking more than
+        ``above`` GPUs."""
+        return {size: n for size, n in self._pending_sizes.items() if size > above}
 
     def pods_on(self, node: NodeName) -> list[PodState]:
         return [self._pods[u] for u in sorted(self._on_node.get(node, ()))]
@@ -227,7 +242,19 @@ class ClusterCache:
             self._put_node(obj)
         self._touch("nodes")
 
+    @staticmethod
+    def _pending_size(pod: PodState) -> int:
+        if pod.node is not None or pod.phase.terminal or pod.need is None:
+            return 0
+        return pod.need.total
+
     def _unindex(self, pod: PodState) -> None:
+        size = self._pending_size(pod)
+        if size:
+            self._pending_gpus -= size
+            self._pending_sizes[size] -= 1
+            if not self._pending_sizes[size]:
+                del self._pending_sizes[size]
         if self._by_key.get(pod.key) == pod.uid:
             del self._by_key[pod.key]
         if pod.node is not None:
@@ -239,6 +266,10 @@ class ClusterCache:
             self._stale.add(pod.node)
 
     def _index(self, pod: PodState) -> None:
+        size = self._pending_size(pod)
+        if size:
+            self._pending_gpus += size
+            self._pending_sizes[size] += 1
         self._by_key[pod.key] = pod.uid
         if pod.node is not None:
             self._on_node.setdefault(pod.node, set()).add(pod.uid)
@@ -271,6 +302,8 @@ class ClusterCache:
         self._pods.clear()
         self._by_key.clear()
         self._on_node.clear()
+        self._pending_sizes.clear()
+        self._pending_gpus = 0
         self._stale.update(self._nodes)
         for obj in items:
             self._put_pod(obj)

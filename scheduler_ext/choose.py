@@ -13,7 +13,7 @@ never gives two app containers the same device.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NewType
@@ -241,6 +241,74 @@ def steer_by_wait(
         if w > limit:
             steered[n] = 0
     return steered
+
+
+def burst_fills_anyway(
+    pending_gpus: int, largest_pending: int, need: PodNeed, free: Iterable[int]
+) -> bool:
+    """Whether a burst will fill the candidate nodes whatever prioritize does for this pod.
+
+    True when the pods not yet bound ask for at least every free GPU of the candidate nodes
+    (``free``: free GPUs per node) and none of them asks for more GPUs than this pod.  Packing
+    this pod then keeps nothing free for later: every free GPU is taken by the burst, and no
+    larger pod of the burst needs the node this pod would leave empty.  So the pod may go
+    wherever it is served soonest (prioritize's tolerance 0).  Stops summing ``free`` once it
+    exceeds the demand.
+    """
+    if largest_pending > need.total or pending_gpus <= 0:
+        return False
+    left = pending_gpus
+    for gpus in free:
+        left -= gpus
+        if left < 0:
+            return False
+    return True
+
+
+def placeable(free_levels: Mapping[int, int], pods: Mapping[int, int]) -> int:
+    """How many of ``pods`` (GPUs per pod -> pods) fit on nodes with ``free_levels`` (free GPUs
+    -> nodes): largest pod first, each on a node with the fewest free GPUs that hold it (best
+    fit decreasing; counts only, links and NUMA aside)."""
+    levels = {a: n for a, n in free_levels.items() if n > 0}
+    placed = 0
+    for size in sorted((s for s in pods if s > 0), reverse=True):
+        want = pods[size]
+        while want > 0:
+            level = min((a for a, n in levels.items() if a >= size and n > 0), default=None)
+            if level is None:
+                break
+            k = min(want, levels[level])
+            levels[level] -= k
+            levels[level - size] = levels.get(level - size, 0) + k
+            placed += k
+            want -= k
+    return placed
+
+
+def reserved_levels(
+    free_levels: Mapping[int, int], larger: Mapping[int, int], need: PodNeed
+) -> frozenset[int] | None:
+    """The free-GPU counts a node may have for this pod to take it without costing a larger
+    pending pod (``larger``: GPUs per pod -> pods) the room it needs; None when that restricts
+    nothing (every fitting count is safe, or none is: then the policy decides as usual).
+
+    A burst's small pod must not open the empty node its 8-GPU pod needs: kube-scheduler gives
+    the larger pod no second chance until a node frees up (minutes in a burst that fills the
+    cluster), so the small pod is steered to a node where the larger pods still all fit."""
+    if not larger:
+        return None
+    fitting = [a for a, n in free_levels.items() if n > 0 and a >= need.total]
+    base = placeable(free_levels, larger)
+    safe = set()
+    for level in fitting:
+        after = dict(free_levels)
+        after[level] -= 1
+        after[level - need.total] = after.get(level - need.total, 0) + 1
+        if placeable(after, larger) >= base:
+            safe.add(level)
+    if not safe or len(safe) == len(fitting):
+        return None
+    return frozenset(safe)
 
 
 def choose(node: NodeGPUs, need: PodNeed) -> Assignment:

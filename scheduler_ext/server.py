@@ -27,7 +27,7 @@ from lockd.locks import NodeLocks
 from lockd.model import NodeName
 from scheduler_ext.binder import Binder
 from scheduler_ext.cache import ClusterCache, node_gpus
-from scheduler_ext.choose import NodeGPUs, Policy
+from scheduler_ext.choose import NodeGPUs, Policy, burst_fills_anyway
 from scheduler_ext.metrics import ExtenderMetrics, Result, Verb
 from scheduler_ext.need import BadPod, PodNeed, pod_need
 from scheduler_ext.promises import Promises
@@ -195,18 +195,42 @@ class Endpoints:
                 self.promises.promised_to_others(uid),
                 pod_uid=uid,
             )
+        gpus_of = self._gpus_of(args, uid)
+        tolerance = queues.steering_tolerance_s()
+        larger: dict[int, int] | None = None
+        if waits is not None:
+            demand, largest = self.cache.pending_demand()
+            free = (g.available for g in map(gpus_of, args.node_names) if g is not None)
+            if burst_fills_anyway(demand, largest, need, free):
+                tolerance = 0.0  # packing keeps nothing free for later: serve it soonest
+            elif largest > need.total:
+                larger = self._larger_pending(need, uid)
         scores = prioritize_nodes(
             need,
             args.node_names,
-            self._gpus_of(args, uid),
+            gpus_of,
             policy=self.options.policy,
             waits=waits,
-            tolerance_s=queues.steering_tolerance_s(),
+            tolerance_s=tolerance,
+            larger=larger,
         )
         if self.options.lock_aware:
             self.promises.promise(scores, uid)
         self._done(Verb.PRIORITIZE, Result.OK, started)
         return _json(host_priority_list(scores))
+
+    def _larger_pending(self, need: PodNeed, uid: str) -> dict[int, int]:
+        """GPUs per pod -> pods not bound yet that need more GPUs than ``need``, less those
+        whose bind is already on its way (kube-scheduler counts them on their node)."""
+        larger = self.cache.pending_sizes(above=need.total)
+        for other in self.promises.uids() | self.binder.queues.uids():
+            pod = self.cache.pod(other)
+            if other == uid or pod is None or pod.node is not None or pod.need is None:
+                continue
+            size = pod.need.total
+            if larger.get(size, 0) > 0:
+                larger[size] -= 1
+        return {size: n for size, n in larger.items() if n > 0}
 
     async def bind(self, request: web.Request) -> web.Response:
         started = time.perf_counter()

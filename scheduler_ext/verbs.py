@@ -7,6 +7,7 @@ so no function here can reach the API server.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -22,6 +23,7 @@ from scheduler_ext.choose import (
     Policy,
     devices_of,
     fit,
+    reserved_levels,
     score,
     steer_by_wait,
 )
@@ -162,9 +164,12 @@ def prioritize_nodes(
     policy: Policy,
     waits: Mapping[NodeName, float] | None = None,
     tolerance_s: float = 0.0,
+    larger: Mapping[int, int] | None = None,
 ) -> list[tuple[NodeName, int]]:
-    """Score every candidate 0..10 by ``policy``; with ``waits`` (node -> expected wait of a
-    bind there), steer to the fitting nodes where a bind is served soonest (``steer_by_wait``).
+    """Score every candidate 0..10 by ``policy``; with ``larger`` (GPUs -> pods still pending
+    that need more GPUs than this one), score 0 on the nodes where this pod would leave them
+    no room (``reserved_levels``); with ``waits`` (node -> expected wait of a bind there),
+    steer to the fitting nodes where a bind is served soonest (``steer_by_wait``).
     Same order as ``names``.
 
     Scores each distinct ``NodeGPUs.fit_key`` once (nodes with equal keys score alike)."""
@@ -172,6 +177,14 @@ def prioritize_nodes(
     by_key: dict[FitKey | None, int] = {key: score(g, need, policy) for key, g in one_each.items()}
     by_key[None] = 0  # a node the extender does not know
     values = list(map(by_key.__getitem__, keys))
+    if larger:  # the fitting nodes' free GPUs (a node this pod misses, a larger one misses too)
+        free = [
+            g.available if v > 0 and g is not None else -1
+            for v, g in zip(values, map(gpus_of, names), strict=True)
+        ]
+        safe = reserved_levels(collections.Counter(f for f in free if f >= 0), larger, need)
+        if safe is not None:
+            values = [v if f in safe else 0 for v, f in zip(values, free, strict=True)]
     if waits:
         steered = steer_by_wait(
             dict(zip(names, values, strict=True)), waits, tolerance_s=tolerance_s

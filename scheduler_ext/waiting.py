@@ -278,6 +278,10 @@ class BindQueues:
         queue = self._queues.get(node)
         return len(queue) if queue is not None else 0
 
+    def uids(self) -> set[str]:
+        """The pods whose binds are queued here (the one being carried out included)."""
+        return {w.uid for queue in self._queues.values() for w in queue}
+
     def depths(self) -> dict[NodeName, int]:
         """Every node with a non-empty queue and its depth."""
         return {node: len(queue) for node, queue in self._queues.items() if queue}

@@ -240,3 +240,20 @@ def test_a_lock_holder_bound_elsewhere_keeps_nothing_on_this_node() -> None:
     assert not pending.accounts_for("uid-never-seen")
     pending.apply_pod("DELETED", pod_obj("h"))
     assert pending.accounts_for("uid-h")
+
+
+def test_pending_demand_follows_binds_terminal_pods_deletes_and_relists() -> None:
+    cache = cache_with(
+        pod_obj("a", gpus=1), pod_obj("b", gpus=4), pod_obj("c", gpus=2, node="n1")
+    )
+    assert cache.pending_demand() == (5, 4)  # c is bound: not pending
+    cache.apply_pod("MODIFIED", pod_obj("b", gpus=4, node="n2"))  # bound
+    assert cache.pending_demand() == (1, 1)
+    cache.apply_pod("ADDED", pod_obj("d", gpus=8))
+    assert cache.pending_demand() == (9, 8)
+    cache.apply_pod("MODIFIED", pod_obj("d", gpus=8, phase="Failed"))  # terminal, unbound
+    assert cache.pending_demand() == (1, 1)
+    cache.apply_pod("DELETED", pod_obj("a"))
+    assert cache.pending_demand() == (0, 0)
+    cache.replace_pods([pod_obj("e", gpus=3), pod_obj("f", gpus=0)])
+    assert cache.pending_demand() == (3, 3)

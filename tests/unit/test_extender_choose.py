@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -16,10 +17,13 @@ from scheduler_ext.choose import (
     NodeGPUs,
     NoFit,
     Policy,
+    burst_fills_anyway,
     choose,
     conflicts,
     devices_of,
     fit,
+    placeable,
+    reserved_levels,
     score,
     steer_by_wait,
 )
@@ -246,3 +250,62 @@ def test_inventory_order_does_not_change_the_choice(order: list[int]) -> None:
         allocatable=8,
     )
     assert choose(shuffled, apps(3)) == choose(base, apps(3))
+
+
+def test_a_burst_that_fills_the_nodes_anyway_may_spread() -> None:
+    # 64 single-GPU pods pending, 8 empty nodes of 8: every free GPU is taken either way
+    assert burst_fills_anyway(64, 1, apps(1), [8] * 8)
+    # the demand counts the pods whose binds are on their way, as free counts their GPUs
+    assert burst_fills_anyway(10, 1, apps(1), [3, 4, 3])
+
+
+def test_a_burst_smaller_than_the_free_gpus_keeps_the_policy() -> None:
+    assert not burst_fills_anyway(40, 1, apps(1), [8] * 8)
+    assert not burst_fills_anyway(0, 0, apps(1), [])  # nothing pending: nothing to spread
+
+
+def test_a_larger_pod_still_pending_keeps_the_small_ones_packed() -> None:
+    # an 8-GPU pod of the same burst needs an empty node: a 1-GPU pod must not open one
+    assert not burst_fills_anyway(64, 8, apps(1), [8] * 8)
+    assert burst_fills_anyway(64, 8, apps(8), [8] * 8)
+    assert burst_fills_anyway(16, 2, apps(1, 1), [8, 8])  # two containers: 2 GPUs
+
+
+def test_the_free_sum_stops_once_it_exceeds_the_demand() -> None:
+    seen: list[int] = []
+
+    def free() -> Iterator[int]:
+        for n in [8] * 1000:
+            seen.append(n)
+            yield n
+
+    assert not burst_fills_anyway(12, 1, apps(1), free())
+    assert len(seen) == 2
+
+
+def test_placeable_counts_pods_best_fit_largest_first() -> None:
+    assert placeable({8: 2}, {8: 2}) == 2
+    assert placeable({8: 2}, {8: 3}) == 2
+    assert placeable({8: 1, 4: 2}, {4: 3, 8: 1}) == 3  # the 8 takes the empty node first
+    assert placeable({8: 1}, {4: 2, 2: 1}) == 2  # two 4s fill it; no room for the 2
+    assert placeable({3: 4}, {4: 1}) == 0
+    assert placeable({}, {1: 5}) == 0
+
+
+def test_a_small_pod_may_not_open_the_node_a_larger_pending_pod_needs() -> None:
+    # one empty node, two half-used: a 1-GPU pod keeps the empty node for the 8-GPU pod
+    assert reserved_levels({8: 1, 4: 2}, {8: 1}, apps(1)) == frozenset({4})
+    # two empty nodes and one 8-GPU pod pending: either empty node may be opened
+    assert reserved_levels({8: 2}, {8: 1}, apps(1)) is None
+
+
+def test_reservation_restricts_nothing_when_nothing_is_safe_or_everything_is() -> None:
+    assert reserved_levels({8: 1}, {8: 1}, apps(1)) is None  # nothing safe: policy decides
+    assert reserved_levels({8: 3}, {4: 1}, apps(2)) is None  # all safe
+    assert reserved_levels({8: 2}, {}, apps(1)) is None
+
+
+def test_reservation_keeps_room_for_several_sizes() -> None:
+    # two 8-GPU pods and a 4-GPU pod pending; nodes with 8, 8, 6 and 4 free: a 2-GPU pod keeps
+    # both empty nodes for the 8s, and may take the 6 or the 4 (the 4-GPU pod then takes the other)
+    assert reserved_levels({8: 2, 6: 1, 4: 1}, {8: 2, 4: 1}, apps(2)) == frozenset({4, 6})

@@ -151,3 +151,26 @@ def test_equal_fit_keys_mean_equal_verdicts_and_scores(
             b.capacity,
             b.available,
         )
+
+
+def test_prioritize_keeps_the_empty_node_a_larger_pending_pod_needs() -> None:
+    def picture(name: str, taken: int) -> NodeGPUs:
+        devices = tuple(
+            GPU(DeviceID(f"GPU-{name}-{i}"), i, "H100", 81559, 0, True) for i in range(8)
+        )
+        return NodeGPUs(
+            node=NodeName(name),
+            devices=devices,
+            taken=frozenset(d.id for d in devices[:taken]),
+            allocatable=8,
+        )
+
+    known = {NodeName("empty"): picture("empty", 0), NodeName("half"): picture("half", 4)}
+    names = [NodeName("empty"), NodeName("half")]
+    spread = prioritize_nodes(need(1), names, known.get, policy=Policy.SPREAD)
+    assert spread[0][1] > spread[1][1] > 0  # spread alone would open the empty node
+    kept = prioritize_nodes(need(1), names, known.get, policy=Policy.SPREAD, larger={8: 1})
+    assert kept == [(NodeName("empty"), 0), (NodeName("half"), spread[1][1])]
+    # where no node is safe (only the empty one fits), the policy decides as before
+    big = prioritize_nodes(need(8), names, known.get, policy=Policy.SPREAD, larger={8: 1})
+    assert big[0][1] > 0
