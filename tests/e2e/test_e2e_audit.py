@@ -10,6 +10,8 @@ import base64
 import json
 from pathlib import Path
 
+import grpc
+
 from devcluster.gpunodes import kubelet_checkpoint, nodelock_command, pod_resources_socket
 from deviceplugin.kubeletview import list_pod_resources
 from deviceplugin.simulated import simulated_id
@@ -17,6 +19,8 @@ from handoff.audit import Kind
 from lockd.kube import JSON, pod_path
 from nodelock.audit import AuditResult, audit, devcluster_sources
 from proto import deviceplugin_v1beta1_pb2 as dp_pb
+from proto import podresources_v1_pb2 as pr_pb
+from proto import podresources_v1_pb2_grpc as pr_grpc
 from tests.e2e.kit import RESOURCE, GPUCluster, assignment, kubelet_devices
 
 # (name, GPUs per container, GPUs per init container): 10 of the 12 GPUs, with shapes that take
@@ -47,15 +51,29 @@ async def _audit(e2e: GPUCluster) -> AuditResult:
 async def test_burst_then_all_three_views_agree(e2e: GPUCluster) -> None:
     pods = await _burst(e2e)
     state = e2e.cluster.state_dir
-    # kubelet's PodResources answers what the harness recorded of kubelet's device manager
+    # kubelet's PodResources (List, Get, GetAllocatableResources) answers what the harness
+    # recorded of kubelet's device manager; List and Get leave out init containers that are not
+    # sidecars
     for name, pod in pods.items():
         node = pod["spec"]["nodeName"]
-        listed = list_pod_resources(pod_resources_socket(state, node), resource=RESOURCE)
-        entry = next(p for p in listed if p.key == e2e.key(name))
-        got = {c: sorted(ids) for c, ids in entry.containers.items() if ids}
-        # kubelet's List leaves out init containers that are not sidecars
+        socket = pod_resources_socket(state, node)
         want = {c: ids for c, ids in kubelet_devices(pod).items() if not c.startswith("init")}
+        entry = next(
+            p for p in list_pod_resources(socket, resource=RESOURCE) if p.key == e2e.key(name)
+        )
+        assert {c: sorted(ids) for c, ids in entry.containers.items() if ids} == want, name
+        with grpc.insecure_channel(f"unix://{socket}") as channel:
+            stub = pr_grpc.PodResourcesListerStub(channel)
+            one = stub.Get(pr_pb.GetPodResourcesRequest(pod_name=name, pod_namespace=e2e.namespace))
+            allocatable = stub.GetAllocatableResources(pr_pb.AllocatableResourcesRequest())
+        got = {
+            c.name: sorted(i for d in c.devices for i in d.device_ids)
+            for c in one.pod_resources.containers
+            if c.devices
+        }
         assert got == want, name
+        ids = sorted(i for d in allocatable.devices for i in d.device_ids)
+        assert ids == sorted(simulated_id(node, i) for i in range(4))
     result = await _audit(e2e)
     assert result.disagreements == []
     assert result.notes == []
