@@ -39,6 +39,28 @@ MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 _NAMESPACE_WRAPPER = f'mkdir -p {KUBELET_DIR} && mount --bind "$0" {KUBELET_DIR} && exec "$@"'
 
 
+def node_dir(state_dir: Path, node: str) -> Path:
+    """A simulated node's own directory in the cluster's state directory."""
+    return state_dir / "nodes" / node
+
+
+def pod_resources_socket(state_dir: Path, node: str) -> Path:
+    """Where the node's simulated kubelet serves kubelet's PodResources API (a real kubelet's
+    ``/var/lib/kubelet/pod-resources/kubelet.sock``)."""
+    return node_dir(state_dir, node) / "pod-resources" / "kubelet.sock"
+
+
+def kubelet_checkpoint(state_dir: Path, node: str) -> Path:
+    """The node's kubelet device checkpoint (in its device plugin directory)."""
+    return node_dir(state_dir, node) / "device-plugins" / "kubelet_internal_checkpoint"
+
+
+def simulated_nodes(state_dir: Path) -> list[str]:
+    """The simulated nodes this state directory has held, by name."""
+    nodes = state_dir / "nodes"
+    return sorted(d.name for d in nodes.iterdir() if d.is_dir()) if nodes.is_dir() else []
+
+
 def nodelock_command() -> list[str]:
     """How to run the ``nodelock`` CLI of this installation."""
     exe = Path(sys.executable).parent / "nodelock"
@@ -148,6 +170,7 @@ def start_node(cluster: Cluster, spec: NodeSpec, *, plugin_args: list[str] | Non
         f"--kubeconfig={cluster.kubeconfig}",
         f"--node-name={spec.name}",
         f"--resource-name={RESOURCE}",
+        f"--pod-resources-socket={pod_resources_socket(cluster.state_dir, spec.name)}",
     ]
     if spec.topology_policy is not NumaPolicy.NONE and spec.numa_nodes == 0:
         raise DevclusterError(

@@ -30,7 +30,7 @@ from deviceplugin import cli as deviceplugin_cli
 from lockd import cli as lockd_cli
 from lockd.build import build_info
 from lockd.process import LOG_LEVELS, LogConfigError, LogFormat, configure_logging
-from nodelock import demo
+from nodelock import audit, demo
 from scheduler_ext import cli as extender_cli
 
 ENV_PREFIX = "NODELOCK_"
@@ -223,6 +223,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     extender_cli.register(sub)
     deviceplugin_cli.register(sub)
     demo.register(sub)
+    audit.register(sub)
     add_common_flags(parser)
     apply_environment(parser, os.environ if environ is None else environ)
     return parser

@@ -29,6 +29,7 @@ from devcluster.invariants import Findings, check_locks_free, check_pods
 from devcluster.namespaces import create_namespace
 from lockd.kube import JSON, KubeClient, lease_path, pod_path
 from nodelock import htmlreport
+from nodelock.audit import audit_devcluster
 
 RESOURCE = "nvidia.com/gpu"
 NAMESPACE = "demo"
@@ -645,6 +646,11 @@ def _main(args: argparse.Namespace) -> int:
             )
         )
         text, summary = report(tl, workloads, extra)
+        # the scheduler's assignments against kubelet's PodResources and the plugin's answers
+        checked = asyncio.run(audit_devcluster(cluster.state_dir))
+        text += "\n\n" + checked.text()
+        verdict = f"FAIL ({len(checked.disagreements)})" if checked.disagreements else "PASS"
+        summary.append(("audit: assignments, kubelet's PodResources, plugin answers", verdict))
         print(text)
         (cluster.state_dir / "report.txt").write_text(text + "\n")
         html = cluster.state_dir / "report.html"

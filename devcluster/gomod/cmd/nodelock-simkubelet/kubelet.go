@@ -163,6 +163,15 @@ func (s *simKubelet) run(ctx context.Context) error {
 			klog.ErrorS(err, "Stopping device manager")
 		}
 	}()
+	// Like kubelet: the PodResources API answers from the device manager's own records.
+	if s.cfg.podResourcesSocket != "" {
+		stopPodResources, err := servePodResources(ctx, s.cfg.podResourcesSocket, s.podResourcesProviders())
+		if err != nil {
+			return err
+		}
+		defer stopPodResources()
+		klog.InfoS("Serving the PodResources API", "node", s.cfg.nodeName, "socket", s.cfg.podResourcesSocket)
+	}
 
 	var wg sync.WaitGroup
 	defer wg.Wait()

@@ -46,6 +46,8 @@ type config struct {
 	// the machine's NUMA nodes 0..numaNodes-1 (cadvisor's topology on a real node).
 	topologyPolicy string
 	numaNodes      int
+	// podResourcesSocket is where kubelet's PodResources API is served ("" = not served).
+	podResourcesSocket string
 }
 
 func main() {
@@ -109,6 +111,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.Float64Var(&cfg.qps, "kube-api-qps", 50, "client QPS to the API server")
 	fs.IntVar(&cfg.burst, "kube-api-burst", 100, "client burst to the API server")
 	fs.StringVar(&cfg.topologyPolicy, "topology-manager-policy", "none", "kubelet's topology manager policy: none, best-effort, restricted or single-numa-node")
+	fs.StringVar(&cfg.podResourcesSocket, "pod-resources-socket", "", "serve kubelet's PodResources API (v1, v1alpha1) on this unix socket, as kubelet does on /var/lib/kubelet/pod-resources/kubelet.sock (empty: not served)")
 	fs.IntVar(&cfg.numaNodes, "numa-nodes", 0, "NUMA nodes of the simulated machine (0: no NUMA information; a policy other than none needs at least 1)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: nodelock-simkubelet --kubeconfig PATH --node-name NAME [flags]\n\n"+
@@ -152,6 +155,9 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	if cfg.numaNodes < 0 || cfg.numaNodes > 8 {
 		return cfg, errors.New("--numa-nodes must be between 0 and 8 (kubelet's topology manager handles at most 8)")
 	}
+	if n := len(cfg.podResourcesSocket); n > maxSocketPath {
+		return cfg, fmt.Errorf("--pod-resources-socket is %d bytes long; a unix socket path holds at most %d", n, maxSocketPath)
+	}
 	if cfg.topologyPolicy != "none" && cfg.numaNodes == 0 {
 		return cfg, fmt.Errorf("--topology-manager-policy %s needs --numa-nodes >= 1", cfg.topologyPolicy)
 	}
@@ -169,6 +175,9 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	}
 	return cfg, nil
 }
+
+// maxSocketPath is the longest unix socket path (sun_path holds 108 bytes with the NUL).
+const maxSocketPath = 107
 
 // parseLabels parses "k=v,k=v" into a map, validating keys and values as label keys and values.
 func parseLabels(s string) (map[string]string, error) {

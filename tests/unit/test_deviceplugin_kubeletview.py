@@ -1,0 +1,140 @@
+"""Reading kubelet's records: the PodResources List answer and kubelet's device checkpoint."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from deviceplugin.kubeletview import (
+    KubeletViewError,
+    answers_from_checkpoint,
+    list_pod_resources,
+    pods_from_list,
+    read_checkpoint,
+)
+from handoff.audit import PluginAnswer
+from proto import deviceplugin_v1beta1_pb2 as dp_pb
+from proto import podresources_v1_pb2 as pr_pb
+
+GPU = "nvidia.com/gpu"
+
+
+def alloc_resp(ids: list[str], *, cdi: bool = True) -> str:
+    resp = dp_pb.ContainerAllocateResponse(envs={"NVIDIA_VISIBLE_DEVICES": ",".join(ids)})
+    if cdi:
+        resp.cdi_devices.extend(dp_pb.CDIDevice(name=f"{GPU}={i}") for i in ids)
+    return base64.b64encode(resp.SerializeToString()).decode()
+
+
+def checkpoint(entries: list[dict[str, object]]) -> dict[str, object]:
+    """kubelet's checkpoint as its Go JSON encoding writes it."""
+    return {
+        "Data": {"PodDeviceEntries": entries, "RegisteredDevices": {GPU: ["GPU-0", "GPU-1"]}},
+        "Checksum": 1234567,
+    }
+
+
+def test_checkpoint_entries_become_answers() -> None:
+    raw = checkpoint(
+        [
+            {
+                "PodUID": "u1",
+                "ContainerName": "c0",
+                "ResourceName": GPU,
+                "DeviceIDs": {"0": ["GPU-0"], "1": ["GPU-1"]},
+                "AllocResp": alloc_resp(["GPU-1", "GPU-0"]),
+            },
+            {
+                "PodUID": "u2",
+                "ContainerName": "c0",
+                "ResourceName": "example.com/nic",
+                "DeviceIDs": {"-1": ["nic0"]},
+                "AllocResp": "",
+            },
+            {
+                "PodUID": "u3",
+                "ContainerName": "c0",
+                "ResourceName": GPU,
+                "DeviceIDs": {"-1": ["GPU-1"]},
+                "AllocResp": base64.b64encode(b"").decode(),
+            },
+        ]
+    )
+    assert answers_from_checkpoint(raw, resource=GPU) == [
+        PluginAnswer("u1", "c0", frozenset({"GPU-0", "GPU-1"}), frozenset({"GPU-0", "GPU-1"})),
+        PluginAnswer("u3", "c0", frozenset({"GPU-1"}), None),
+    ]
+
+
+def test_checkpoint_without_entries() -> None:
+    assert answers_from_checkpoint(checkpoint([]), resource=GPU) == []
+    assert answers_from_checkpoint({"Data": {"PodDeviceEntries": None}}, resource=GPU) == []
+
+
+def test_bad_checkpoints_are_one_line_errors(tmp_path: Path) -> None:
+    path = tmp_path / "kubelet_internal_checkpoint"
+    with pytest.raises(KubeletViewError, match="does not exist"):
+        read_checkpoint(path, resource=GPU)
+    path.write_text("{not json")
+    with pytest.raises(KubeletViewError, match="unreadable"):
+        read_checkpoint(path, resource=GPU)
+    path.write_text(json.dumps({"Data": {}}))
+    with pytest.raises(KubeletViewError, match="not in the expected form"):
+        read_checkpoint(path, resource=GPU)
+    entry: dict[str, object] = {
+        "PodUID": "u",
+        "ContainerName": "c",
+        "ResourceName": GPU,
+        "AllocResp": "%%%",
+    }
+    path.write_text(json.dumps(checkpoint([entry])))
+    with pytest.raises(KubeletViewError, match="AllocResp of u/c"):
+        read_checkpoint(path, resource=GPU)
+
+
+def test_list_answer_is_merged_per_container() -> None:
+    def dev(resource: str, dev_id: str, numa: int | None) -> pr_pb.ContainerDevices:
+        d = pr_pb.ContainerDevices(resource_name=resource, device_ids=[dev_id])
+        if numa is not None:
+            d.topology.nodes.add(ID=numa)
+        return d
+
+    response = pr_pb.ListPodResourcesResponse(
+        pod_resources=[
+            pr_pb.PodResources(
+                name="a",
+                namespace="ns",
+                containers=[
+                    pr_pb.ContainerResources(
+                        name="c0",
+                        devices=[dev(GPU, "GPU-0", 0), dev(GPU, "GPU-1", None), dev("x/y", "n", 0)],
+                    ),
+                    pr_pb.ContainerResources(name="plain"),
+                ],
+            )
+        ]
+    )
+    (pod,) = pods_from_list(response, resource=GPU)
+    assert pod.key == "ns/a"
+    assert pod.containers == {"c0": frozenset({"GPU-0", "GPU-1"}), "plain": frozenset()}
+
+
+def test_missing_socket_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(KubeletViewError, match="does not exist"):
+        list_pod_resources(tmp_path / "kubelet.sock", resource=GPU)
+
+
+def test_socket_nobody_answers_is_a_one_line_error(tmp_path: Path) -> None:
+    import socket
+
+    path = tmp_path / "kubelet.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))  # bound, never listening: connections are refused
+    try:
+        with pytest.raises(KubeletViewError, match=r"PodResources List on .* failed: UNAVAILABLE"):
+            list_pod_resources(path, resource=GPU, timeout_s=2)
+    finally:
+        s.close()
