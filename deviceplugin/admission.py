@@ -8,7 +8,11 @@ Guarantees:
 - A decision that refuses from watch-fed data is made again from fresh reads (one Lease GET, one
   pod GET) before anything is refused or released, so a lagging watch never fails a pod.
 - Progress is written to the checkpoint before kubelet gets the answer; if it cannot be written
-  the container is refused (kubelet then fails the pod) and the lock released ``rejected``.
+  the container is refused (kubelet then fails the pod) and the lock released ``rejected``.  It
+  is made durable (fsync) while the pod has containers left to serve; the last container's
+  record (served, release pending) is not: a process crash keeps it all the same, and a machine
+  crash that loses it leaves the lock under a holder kubelet admitted, which expires and may
+  then be taken over (the fsync cost every handoff ~8 ms of its hold).
 - Every release is first recorded in the checkpoint (pending), then written; one that fails
   (API server unreachable) is retried in the background, also after a restart, until it is
   written or the Lease has moved on (``StaleToken``/``LockLost``: nothing to do).  So the plugin
@@ -290,7 +294,7 @@ class Admission:
             pending = PendingRelease.of(alloc.holder, alloc.token, Outcome.ALLOCATED)
             cp = cp.with_pending(pending)
         try:
-            await self._save(cp)
+            await self._save(cp, durable=not alloc.last)
         except OSError as exc:
             await self._reject((alloc.holder, alloc.token))
             return self._checkpoint_refusal(exc)

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import orjson
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
@@ -212,7 +213,7 @@ class KubeClient:
             raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
         finally:
             resp.release()
-        decoded: JSON = json.loads(raw) if raw else {}
+        decoded: JSON = orjson.loads(raw) if raw else {}
         return decoded
 
     async def request_text(self, method: str, path: str) -> str:
@@ -319,7 +320,7 @@ class KubeClient:
                     return
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = orjson.loads(line)
                 kind = str(event.get("type", ""))
                 obj: JSON = event.get("object") or {}
                 if kind == "ERROR":
