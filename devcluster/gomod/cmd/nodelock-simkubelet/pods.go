@@ -95,13 +95,11 @@ func (w *podWorker) loop(ctx context.Context) {
 	}
 }
 
-// pass handles every pod once, oldest first (kubelet admits pods sorted by creation time), and
-// returns when it next has something due (zero: nothing scheduled).
-func (w *podWorker) pass(ctx context.Context) time.Time {
+// sortedPods lists the node's pods oldest first (kubelet admits pods sorted by creation time).
+func (w *podWorker) sortedPods() ([]*v1.Pod, error) {
 	pods, err := w.s.podLister.List(everything)
 	if err != nil {
-		klog.ErrorS(err, "Listing pods")
-		return time.Now().Add(retryDelay)
+		return nil, err
 	}
 	sort.Slice(pods, func(i, j int) bool {
 		a, b := pods[i], pods[j]
@@ -113,18 +111,61 @@ func (w *podWorker) pass(ctx context.Context) time.Time {
 		}
 		return a.Name < b.Name
 	})
-	var next time.Time
-	seen := map[types.UID]bool{}
+	return pods, nil
+}
+
+func (w *podWorker) stateOf(pod *v1.Pod) *podState {
+	st, ok := w.state[pod.UID]
+	if !ok {
+		st = &podState{}
+		w.state[pod.UID] = st
+	}
+	return st
+}
+
+// admitArrivals admits every pod that waits for admission, oldest first, from the informer's
+// current copy. Called before each pod's API writes: kubelet's syncLoop admits pods as they
+// arrive while its status manager writes statuses on a goroutine of its own, so a status
+// write never delays the next pod's admission (and so its device plugin Allocate) here either.
+func (w *podWorker) admitArrivals(ctx context.Context) {
+	pods, err := w.sortedPods()
+	if err != nil {
+		return // the pass's own listing reports it
+	}
 	for _, pod := range pods {
-		seen[pod.UID] = true
-		st, ok := w.state[pod.UID]
-		if !ok {
-			st = &podState{}
-			w.state[pod.UID] = st
+		st := w.stateOf(pod)
+		if st.admitted || st.rejected != nil || st.done || pod.DeletionTimestamp != nil {
+			continue
 		}
-		if due := w.syncPod(ctx, pod, st, time.Now()); !due.IsZero() && (next.IsZero() || due.Before(next)) {
+		if pod.Status.Phase != v1.PodPending && pod.Status.Phase != "" {
+			continue
+		}
+		w.admit(ctx, pod, st, time.Now())
+	}
+}
+
+// pass handles every pod once, oldest first, and returns when it next has something due (zero:
+// nothing scheduled).
+func (w *podWorker) pass(ctx context.Context) time.Time {
+	pods, err := w.sortedPods()
+	if err != nil {
+		klog.ErrorS(err, "Listing pods")
+		return time.Now().Add(retryDelay)
+	}
+	var next time.Time
+	for _, pod := range pods {
+		w.admitArrivals(ctx)
+		if due := w.syncPod(ctx, pod, w.stateOf(pod), time.Now()); !due.IsZero() && (next.IsZero() || due.Before(next)) {
 			next = due
 		}
+	}
+	current, err := w.sortedPods()
+	if err != nil {
+		return next
+	}
+	seen := map[types.UID]bool{}
+	for _, pod := range current {
+		seen[pod.UID] = true
 	}
 	for uid := range w.state {
 		if !seen[uid] {
@@ -132,6 +173,8 @@ func (w *podWorker) pass(ctx context.Context) time.Time {
 			w.s.forget(uid)
 		}
 	}
+	// a pod that arrived during the pass (admitted above) kicked the loop: the next pass
+	// writes its record and status
 	return next
 }
 
