@@ -17,6 +17,8 @@ from devcluster.invariants import allocated, check_pods
 from devcluster.namespaces import create_namespace
 from lockd.errors import NotFound
 from lockd.kube import JSON, KubeClient, lease_path, namespace_path, pod_path
+from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
+from scheduler_ext.metrics import LATENCY_BUCKETS
 
 LEASE_S = 5
 RESOURCE = "nvidia.com/gpu"
@@ -216,6 +218,27 @@ async def metric_value(url: str, name: str, **labels: str) -> float:
 
     text = await asyncio.to_thread(fetch)
     return metric_sum(metric_samples(text), name, **labels)
+
+
+def extender_urls(c: GPUCluster) -> list[str]:
+    """The base URL of every extender replica (not the proxy in front of them)."""
+    urls: list[str] = c.cluster.settings()["extender"]["replicas"]
+    return urls
+
+
+async def extender_sum(c: GPUCluster, name: str, **labels: str) -> float:
+    """A metric's samples with these labels, summed over every extender replica."""
+    return sum([await metric_value(f"{u}/metrics", name, **labels) for u in extender_urls(c)])
+
+
+async def binds_over_timeout(c: GPUCluster) -> float:
+    """Bind calls the extender replicas answered later than kube-scheduler's ``httpTimeout``
+    (from the request-duration histogram, whose last finite bucket is that timeout)."""
+    assert DEFAULT_HTTP_TIMEOUT_S in LATENCY_BUCKETS, "the timeout is no bucket to read"
+    name = "nodelock_extender_request_duration_seconds"
+    total = await extender_sum(c, f"{name}_count", verb="bind")
+    within = await extender_sum(c, f"{name}_bucket", verb="bind", le=f"{DEFAULT_HTTP_TIMEOUT_S}")
+    return total - within
 
 
 def plugin_registrations(cluster: Cluster, node: str) -> int:
