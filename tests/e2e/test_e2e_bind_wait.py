@@ -12,37 +12,19 @@ from collections import defaultdict
 
 from lockd.kube import pod_path
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
-from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
 from tests.e2e.kit import (
     GPUCluster,
     assignment,
+    binds_over_timeout,
+    extender_sum,
     kubelet_devices,
-    metric_value,
     restart_extenders,
     slow_admission,
 )
 
 
-def replicas(e2e: GPUCluster) -> list[str]:
-    urls: list[str] = e2e.cluster.settings()["extender"]["replicas"]
-    return urls
-
-
-async def extender_sum(e2e: GPUCluster, name: str, **labels: str) -> float:
-    return sum([await metric_value(f"{u}/metrics", name, **labels) for u in replicas(e2e)])
-
-
 async def queued(e2e: GPUCluster, node: str) -> float:
     return await extender_sum(e2e, "nodelock_extender_bind_queue_depth", node=node)
-
-
-async def binds_over_timeout(e2e: GPUCluster) -> float:
-    """Bind calls the extenders answered later than kube-scheduler's httpTimeout."""
-    name = "nodelock_extender_request_duration_seconds"
-    total = await extender_sum(e2e, f"{name}_count", verb="bind")
-    within = await extender_sum(e2e, f"{name}_bucket", verb="bind", le="10.0")
-    assert DEFAULT_HTTP_TIMEOUT_S == 10.0  # the bucket read above
-    return total - within
 
 
 async def test_a_burst_larger_than_the_nodes_through_two_replicas(e2e: GPUCluster) -> None:
