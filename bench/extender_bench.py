@@ -39,7 +39,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from handoff.wire import GPU, DeviceID, format_inventory
-from lockd.kube import KubeClient
+from kube.client import KubeClient
 from lockd.lease import LeaseFormat
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics

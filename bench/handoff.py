@@ -47,8 +47,8 @@ from devcluster.binaries import ensure_control_plane, ensure_simkubelet
 from devcluster.cluster import Cluster
 from devcluster.gpunodes import node_names, up_gpu_cluster
 from devcluster.namespaces import create_namespace
-from lockd.errors import NotFound
-from lockd.kube import JSON, KubeClient, namespace_path, pod_path
+from kube.client import JSON, KubeClient, namespace_path, pod_path
+from kube.errors import NotFound
 from nodelock.demo import (
     BACKGROUND_S,
     HANDOFF_WRITES,

@@ -37,6 +37,8 @@ from bench.lockd_common import (
     percentile,
     table,
 )
+from kube.client import KubeClient, lease_path, namespace_path
+from kube.errors import ApiError, NotFound
 from lockd import (
     FencingToken,
     HeldLock,
@@ -48,8 +50,6 @@ from lockd import (
     NodeName,
     Outcome,
 )
-from lockd.errors import ApiError, NotFound
-from lockd.kube import KubeClient, lease_path, namespace_path
 from lockd.lease import LeaseFormat
 from lockd.microtime import now_microtime
 

@@ -23,9 +23,9 @@ from deviceplugin.plugin import (
 )
 from deviceplugin.simulated import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, SimSpec, SimulatedBackend
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
-from lockd.kube import KubeClient
+from kube.client import KubeClient
+from kube.process import configure_logging, run_until_signalled
 from lockd.model import NodeName
-from lockd.process import configure_logging, run_until_signalled
 
 
 class ConfigError(Exception):

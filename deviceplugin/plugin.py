@@ -28,7 +28,7 @@ from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podwatch import NodePods
 from deviceplugin.servicer import DevicePluginServicer
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
-from lockd.kube import KubeClient
+from kube.client import KubeClient
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from lockd.model import NodeName

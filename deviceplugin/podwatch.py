@@ -20,8 +20,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lockd.errors import ApiError, ApiUnavailable, Gone
-from lockd.kube import KubeClient, pod_path
+from kube.client import KubeClient, pod_path
+from kube.errors import ApiError, ApiUnavailable, Gone
 from lockd.model import HolderKey, NodeName
 
 log = logging.getLogger(__name__)

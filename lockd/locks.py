@@ -31,6 +31,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from kube.client import KubeClient, lease_path
+from kube.errors import Conflict, Gone, NotFound
 from lockd.decide import (
     AskTakeover,
     Create,
@@ -43,8 +45,7 @@ from lockd.decide import (
     decide_release,
     decide_renew,
 )
-from lockd.errors import Conflict, Gone, LockHeld, LockLost, NotFound, StaleToken
-from lockd.kube import KubeClient, lease_path
+from lockd.errors import LockHeld, LockLost, StaleToken
 from lockd.lease import LABEL_SELECTOR, LeaseFormat, MalformedLease
 from lockd.metrics import LockMetrics, Operation
 from lockd.microtime import microtime_from_epoch

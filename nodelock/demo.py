@@ -27,7 +27,7 @@ from devcluster.cluster import LOCK_NAMESPACE, Cluster
 from devcluster.gpunodes import up_gpu_cluster
 from devcluster.invariants import Findings, check_locks_free, check_pods
 from devcluster.namespaces import create_namespace
-from lockd.kube import JSON, KubeClient, lease_path, pod_path
+from kube.client import JSON, KubeClient, lease_path, pod_path
 from nodelock import htmlreport
 
 RESOURCE = "nvidia.com/gpu"

@@ -42,9 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from handoff.wire import Assignment, format_assignment
-from lockd import failpoints
-from lockd.errors import ApiError, ApiUnavailable, Conflict, LockError, LockHeld, NotFound
-from lockd.kube import KubeClient, pod_path
+from kube import failpoints
+from kube.client import KubeClient, pod_path
+from kube.errors import ApiError, ApiUnavailable, Conflict, NotFound
+from lockd.errors import LockError, LockHeld
 from lockd.locks import NodeLocks
 from lockd.microtime import now_microtime
 from lockd.model import HeldLock, Holder, HolderKey, LockRecord, NodeName, Outcome

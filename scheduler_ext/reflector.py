@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lockd.errors import ApiError, ApiUnavailable, Gone
-from lockd.kube import KubeClient
+from kube.client import KubeClient
+from kube.errors import ApiError, ApiUnavailable, Gone
 
 log = logging.getLogger(__name__)
 

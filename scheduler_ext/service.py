@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
-from lockd.kube import KubeClient, node_path, pod_path
+from kube.client import KubeClient, node_path, pod_path
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from scheduler_ext.binder import CONFIRM_WAIT_S, DEFAULT_WAIT_BUDGET_S, Binder

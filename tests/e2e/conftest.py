@@ -18,7 +18,7 @@ import pytest
 from devcluster.binaries import ensure_control_plane
 from devcluster.cluster import Cluster
 from devcluster.gpunodes import up_gpu_cluster
-from lockd.kube import KubeClient
+from kube.client import KubeClient
 from tests.e2e.kit import LEASE_S, GPUCluster, assert_no_violations
 
 

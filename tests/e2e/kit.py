@@ -15,8 +15,8 @@ from typing import Any
 from devcluster.cluster import LOCK_NAMESPACE, Cluster
 from devcluster.invariants import allocated, check_pods
 from devcluster.namespaces import create_namespace
-from lockd.errors import NotFound
-from lockd.kube import JSON, KubeClient, lease_path, namespace_path, pod_path
+from kube.client import JSON, KubeClient, lease_path, namespace_path, pod_path
+from kube.errors import NotFound
 
 LEASE_S = 5
 RESOURCE = "nvidia.com/gpu"

@@ -18,8 +18,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from handoff.wire import GPU, DeviceID, format_inventory, parse_assignment
-from lockd.errors import LockError, NotFound
-from lockd.kube import KubeClient, node_path, pod_path
+from kube.client import KubeClient, node_path, pod_path
+from kube.errors import NotFound
+from lockd.errors import LockError
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from lockd.model import HeldLock, NodeName, Outcome

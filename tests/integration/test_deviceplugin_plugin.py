@@ -35,19 +35,18 @@ from handoff.wire import (
     format_inventory,
     parse_inventory,
 )
+from kube import KubeClient, NotFound
+from kube.client import node_path, pod_path
 from lockd import (
     HeldLock,
     Holder,
     HolderKey,
-    KubeClient,
     LockMetrics,
     NodeLocks,
     NodeLockView,
     NodeName,
-    NotFound,
     Outcome,
 )
-from lockd.kube import node_path, pod_path
 from proto import deviceplugin_v1beta1_pb2 as pb
 from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 

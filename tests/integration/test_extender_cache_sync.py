@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from lockd.kube import KubeClient, node_path, pod_path
+from kube.client import KubeClient, node_path, pod_path
 from lockd.model import NodeName
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.reflector import Reflector

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from devcluster.cluster import Cluster
-from lockd import Holder, HolderKey, KubeClient, NodeLocks, NodeName, Outcome
-from lockd.cli import NEEDS_FORCE, CliError, run_locks
-from lockd.kube import lease_path, pod_path
+from kube import KubeClient
+from kube.client import lease_path, pod_path
+from lockd import Holder, HolderKey, NodeLocks, NodeName, Outcome
+from nodelock.locks import NEEDS_FORCE, CliError, run_locks
 
 NODE = NodeName("gpu-cli-1")
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from devcluster.cluster import Cluster
+from kube import KubeClient
+from kube.client import lease_path
 from lockd import (
     Holder,
     HolderKey,
-    KubeClient,
     LockHeld,
     LockMetrics,
     NodeLocks,
@@ -27,7 +28,6 @@ from lockd import (
     NodeName,
     Outcome,
 )
-from lockd.kube import lease_path
 
 NODE = NodeName("contended")
 CONTENDERS = 8

@@ -10,22 +10,21 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from devcluster.cluster import Cluster
+from kube import KubeClient, NotFound
+from kube.client import lease_path, pod_path
 from lockd import (
     HeldLock,
     Holder,
     HolderKey,
-    KubeClient,
     LockHeld,
     LockLost,
     LockMetrics,
     LockRecord,
     NodeLocks,
     NodeName,
-    NotFound,
     Outcome,
     StaleToken,
 )
-from lockd.kube import lease_path, pod_path
 
 NODE = NodeName("gpu-node-1")
 A = Holder(HolderKey("team/train-0"), "uid-a", {"assignment": '{"main":["GPU-0"]}'})

@@ -12,17 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from devcluster.cluster import Cluster
-from lockd import (
-    ApiUnavailable,
-    Holder,
-    HolderKey,
-    KubeClient,
-    LockMetrics,
-    NodeLocks,
-    NodeLockView,
-    NodeName,
-    Outcome,
-)
+from kube import ApiUnavailable, KubeClient
+from lockd import Holder, HolderKey, LockMetrics, NodeLocks, NodeLockView, NodeName, Outcome
 
 NODE = NodeName("restart-node")
 A = Holder(HolderKey("team/a"), "uid-a", {"assignment": '{"c":["GPU-0"]}'})

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from handoff.wire import Assignment, format_assignment
-from lockd.errors import ApiUnavailable, Conflict, LockError, LockHeld, NotFound
+from kube.errors import ApiUnavailable, Conflict, NotFound
+from lockd.errors import LockError, LockHeld
 from lockd.model import HeldLock, Holder, HolderKey, LockRecord, NodeName, Outcome
 from scheduler_ext.binder import MIN_BINDING_BUDGET_S, PROVEN_OUTCOMES
 from scheduler_ext.cache import ClusterCache, node_gpus

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kube.errors import ApiUnavailable, Conflict, NotFound
 from lockd.decide import (
     AskTakeover,
     Create,
@@ -32,7 +33,7 @@ from lockd.decide import (
     decide_release,
     decide_renew,
 )
-from lockd.errors import ApiUnavailable, Conflict, LockHeld, LockLost, NotFound
+from lockd.errors import LockHeld, LockLost
 from lockd.lease import LeaseFormat
 from lockd.microtime import microtime_from_epoch
 from lockd.model import FencingToken, HeldLock, Holder, LockRecord, NodeLockView, NodeName, Outcome

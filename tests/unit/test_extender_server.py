@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from lockd.kube import KubeClient
+from kube.client import KubeClient
 from lockd.lease import LeaseFormat
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics

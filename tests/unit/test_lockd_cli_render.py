@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from handoff.holder import HolderState, HolderStatus, holder_status
-from lockd.cli import Row, describe, duration_text, render_table, state_text
 from lockd.lease import LeaseFormat
 from lockd.model import FencingToken, Holder, HolderKey, NodeLockView, NodeName, Outcome
+from nodelock.locks import Row, describe, duration_text, render_table, state_text
 
 FMT = LeaseFormat()
 NODE = NodeName("gpu-1")

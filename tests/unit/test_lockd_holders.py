@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from lockd.kube import KubeClient
+from kube.client import KubeClient
 from lockd.lease import LeaseFormat
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from deviceplugin.metrics import PluginMetrics
 from handoff.wire import GPU, DeviceID, format_inventory
-from lockd.build import register_build_info
+from kube.build import register_build_info
 from lockd.lease import LeaseFormat
 from lockd.metrics import LockMetrics
 from lockd.model import Holder, HolderKey, NodeLockView, NodeName
@@ -173,4 +173,4 @@ def test_names_follow_the_conventions(part: str) -> None:
 def test_every_long_running_part_registers_the_build_info(part: str) -> None:
     code = registered(PARTS[part]())
     missing = sorted(set(documented(EVERY_PART)) - set(code))
-    assert missing == [], f"{part} does not register {missing} (lockd.build.register_build_info)"
+    assert missing == [], f"{part} does not register {missing} (kube.build.register_build_info)"

@@ -7,7 +7,7 @@ is used for what it does well — kubeconfig and in-cluster credentials, TLS, to
 pooled aiohttp session — and nothing else, so that swapping it touches this file only.
 
 Guarantees:
-- Every error status becomes an ``ApiError`` subclass (``lockd.errors``); connection failures,
+- Every error status becomes an ``ApiError`` subclass (``kube.errors``); connection failures,
   timeouts, 429 and 5xx become ``ApiUnavailable``; the transport error is chained as the cause.
 - Bodies are sent exactly as given: nothing reformats timestamps (see ``lockd.microtime``).
 - ``watch`` yields events in the order the server sent them and raises ``Gone`` on a 410, so a
@@ -28,7 +28,7 @@ import aiohttp
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from lockd.errors import ApiUnavailable, api_error
+from kube.errors import ApiUnavailable, api_error
 
 JSON = dict[str, Any]
 Body = JSON | list[Any]

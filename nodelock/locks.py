@@ -32,8 +32,8 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from handoff.holder import HolderState, HolderStatus, holder_status
-from lockd.errors import ApiError, Conflict, Forbidden, NotFound
-from lockd.kube import KubeClient, lease_path, pod_path
+from kube.client import KubeClient, lease_path, pod_path
+from kube.errors import ApiError, Conflict, Forbidden, NotFound
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from lockd.microtime import now_microtime, parse_microtime
