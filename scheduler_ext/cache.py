@@ -28,10 +28,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from handoff.wire import DeviceID, Keys
-from lockd.model import HolderKey, NodeName
+from handoff.request import BadPod
+from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
+from lockd.model import NodeName
 from scheduler_ext.choose import NodeGPUs
-from scheduler_ext.need import BadPod
 from scheduler_ext.state import BadObject, NodeState, PodState, node_state, pod_state
 
 log = logging.getLogger(__name__)
@@ -40,11 +40,9 @@ JSON = dict[str, Any]
 TOMBSTONES = 50_000  # deleted pod UIDs remembered for the bind's confirm step
 
 
-def node_gpus(
-    node: NodeState, pods: Iterable[PodState], *, extra_taken: Iterable[DeviceID] = ()
-) -> NodeGPUs:
+def node_gpus(node: NodeState, pods: Iterable[PodState]) -> NodeGPUs:
     """A node's GPU picture from its state and the pods bound to it (pure)."""
-    taken: set[DeviceID] = set(extra_taken)
+    taken: set[DeviceID] = set()
     unattributed = 0
     for pod in pods:
         if not pod.holds_gpus:
@@ -76,7 +74,7 @@ class ClusterCache:
         self,
         *,
         keys: Keys | None = None,
-        resource: str = "nvidia.com/gpu",
+        resource: str = DEFAULT_RESOURCE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.keys = keys or Keys()
@@ -84,7 +82,6 @@ class ClusterCache:
         self._clock = clock
         self._nodes: dict[NodeName, NodeState] = {}
         self._pods: dict[str, PodState] = {}  # by UID
-        self._by_key: dict[HolderKey, str] = {}  # namespace/name -> UID
         self._on_node: dict[NodeName, set[str]] = {}  # node -> UIDs of pods bound to it
         self._gpus: dict[NodeName, NodeGPUs] = {}  # every known node's picture, kept current
         self._stale: set[NodeName] = set()  # pictures the write in progress invalidated
@@ -108,10 +105,6 @@ class ClusterCache:
 
     def pod(self, uid: str) -> PodState | None:
         return self._pods.get(uid)
-
-    def pod_by_key(self, key: HolderKey) -> PodState | None:
-        uid = self._by_key.get(key)
-        return self._pods.get(uid) if uid is not None else None
 
     def pods_on(self, node: NodeName) -> list[PodState]:
         return [self._pods[u] for u in sorted(self._on_node.get(node, ()))]
@@ -228,8 +221,6 @@ class ClusterCache:
         self._touch("nodes")
 
     def _unindex(self, pod: PodState) -> None:
-        if self._by_key.get(pod.key) == pod.uid:
-            del self._by_key[pod.key]
         if pod.node is not None:
             on = self._on_node.get(pod.node)
             if on is not None:
@@ -239,7 +230,6 @@ class ClusterCache:
             self._stale.add(pod.node)
 
     def _index(self, pod: PodState) -> None:
-        self._by_key[pod.key] = pod.uid
         if pod.node is not None:
             self._on_node.setdefault(pod.node, set()).add(pod.uid)
             self._stale.add(pod.node)
@@ -269,7 +259,6 @@ class ClusterCache:
         """Take a full LIST of pods; pods missing from it count as deleted."""
         before = set(self._pods)
         self._pods.clear()
-        self._by_key.clear()
         self._on_node.clear()
         self._stale.update(self._nodes)
         for obj in items:

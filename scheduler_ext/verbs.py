@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from itertools import compress
 from typing import cast
 
-from handoff.wire import Keys, MalformedAnnotation, parse_assignment
+from handoff.wire import LEASE_ASSIGNMENT, Keys, MalformedAnnotation, parse_assignment
 from lockd.model import Holder, NodeLockView, NodeName
 from scheduler_ext.choose import (
     Fit,
@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_NODE = "node is not (yet) in the GPU extender's cache"
 DEFAULT_KEYS = Keys()
-ASSIGNMENT_DATA = "assignment"  # Holder.data key: the Lease annotation <prefix>assignment
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ def with_holder(
         return gpus
     if finished is not None and finished(holder.uid):
         return gpus
-    raw = holder.data.get(ASSIGNMENT_DATA)
+    raw = holder.data.get(LEASE_ASSIGNMENT)
     if raw is None:
         return gpus
     try:

@@ -34,7 +34,6 @@ def gpu_cluster() -> Iterator[GPUCluster]:
             gpus_per_node=4,
             extender_replicas=2,
             extender_args=[f"--lease-duration={LEASE_S}"],
-            plugin_args=[f"--lease-duration={LEASE_S}"],
         )
         yield GPUCluster(cluster, [s.name for s in specs])
     finally:

@@ -29,6 +29,7 @@ from deviceplugin.checkpoint import Checkpoint, PendingRelease
 from deviceplugin.plugin import DevicePlugin, PluginConfig
 from deviceplugin.simulated import SimSpec, SimulatedBackend, simulated_id
 from handoff.wire import (
+    DEFAULT_PREFIX,
     ContainerName,
     DeviceID,
     format_assignment,
@@ -85,7 +86,12 @@ async def env(kube: KubeClient, namespace: str) -> AsyncIterator[Env]:
     await kube.create(node_path(), {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
     # unix socket paths must stay short (108 bytes), so not under pytest's tmp_path
     root = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
-    locks = NodeLocks(kube, namespace=namespace, metrics=LockMetrics(registry=CollectorRegistry()))
+    locks = NodeLocks(
+        kube,
+        namespace=namespace,
+        metrics=LockMetrics(registry=CollectorRegistry()),
+        prefix=DEFAULT_PREFIX,
+    )
     try:
         yield Env(kube, namespace, node, root / "plugins", root / "state", locks)
     finally:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from devcluster.cluster import Cluster
+from handoff.wire import DEFAULT_PREFIX
 from kube import KubeClient
 from kube.client import lease_path
 from lockd import (
@@ -86,7 +87,15 @@ async def test_contenders_exclude_each_other_and_tokens_strictly_increase(
     try:
         contenders = [
             contender(
-                i, NodeLocks(client, namespace=namespace, duration_s=60, metrics=metrics), shared
+                i,
+                NodeLocks(
+                    client,
+                    namespace=namespace,
+                    duration_s=60,
+                    metrics=metrics,
+                    prefix=DEFAULT_PREFIX,
+                ),
+                shared,
             )
             for i, client in enumerate(clients)
         ]

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from handoff.wire import Assignment, format_assignment
+from handoff.wire import LEASE_ASSIGNMENT, Assignment, format_assignment
 from kube.errors import ApiUnavailable, Conflict, NotFound
 from lockd.errors import LockError, LockHeld
 from lockd.model import HeldLock, Holder, HolderKey, LockRecord, NodeName, Outcome
@@ -38,7 +38,7 @@ from scheduler_ext.choose import Fit, NodeGPUs, NoFit, Policy, choose, conflicts
 from scheduler_ext.need import PodNeed
 from scheduler_ext.state import PodState, pod_state
 from scheduler_ext.takeover import judge
-from scheduler_ext.verbs import ASSIGNMENT_DATA, filter_nodes, prioritize_nodes, with_lock_holder
+from scheduler_ext.verbs import filter_nodes, prioritize_nodes, with_lock_holder
 from tests.model.locks import DURATION_S, Clock, LockClient
 from tests.model.world import JSON, KEYS, RESOURCE, BindingRequest, Event, Kind, Store, Watch
 
@@ -207,7 +207,7 @@ class Replica:
         return Holder(
             key=HolderKey(task.pod_key),
             uid=task.uid,
-            data={ASSIGNMENT_DATA: format_assignment(assignment)},
+            data={LEASE_ASSIGNMENT: format_assignment(assignment)},
         )
 
     def begin(self, task: BindTask, *, hand_edits: int) -> str:

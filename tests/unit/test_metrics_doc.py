@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from deviceplugin.metrics import PluginMetrics
-from handoff.wire import GPU, DeviceID, format_inventory
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, GPU, DeviceID, format_inventory
 from kube.build import register_build_info
 from lockd.lease import LeaseFormat
 from lockd.metrics import LockMetrics
@@ -80,7 +80,7 @@ _SOURCES: list[Views] = []  # alive for the whole module, so the gauges keep the
 def lockd_registry() -> CollectorRegistry:
     registry = CollectorRegistry()
     metrics = LockMetrics(registry=registry)
-    fmt = LeaseFormat()
+    fmt = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
     body = fmt.new_lease(NODE, Holder(HolderKey("ns/a"), "u"), duration_s=15, now="x")
     source = Views([NodeLockView(fmt.parse(body), 3.0, False)])
     _SOURCES.append(source)
