@@ -35,6 +35,7 @@ from nodelock.measure import (
     Timeline,
     api_requests,
     background_requests,
+    follow,
     histogram,
     metric_samples,
     metric_sum,
@@ -147,24 +148,19 @@ _LOCK_HELD = re.compile(r"node (\S+): lock held by")
 
 async def _watch_events(kube: KubeClient, tl: Timeline) -> None:
     """Contention as kube-scheduler reports it: a failed bind whose reason is a held lock."""
+
+    def apply(kind: str, event: Mapping[str, Any]) -> None:
+        if kind not in ("ADDED", "MODIFIED"):
+            return
+        m = _LOCK_HELD.search(str(event.get("message", "")))
+        if m:
+            obj = event.get("involvedObject", {})
+            pod = f"{obj.get('namespace')}/{obj.get('name')}"
+            tl.contention.append((m.group(1), pod, tl.now()))
+
     path = f"/api/v1/namespaces/{NAMESPACE}/events"
-    rv = None
-    while True:
-        try:
-            if rv is None:
-                rv = (await kube.list(path))["metadata"]["resourceVersion"]
-            async for ev in kube.watch(path, resource_version=rv):
-                rv = ev.object["metadata"]["resourceVersion"]
-                if ev.type not in ("ADDED", "MODIFIED"):
-                    continue
-                m = _LOCK_HELD.search(str(ev.object.get("message", "")))
-                if m:
-                    obj = ev.object.get("involvedObject", {})
-                    pod = f"{obj.get('namespace')}/{obj.get('name')}"
-                    tl.contention.append((m.group(1), pod, tl.now()))
-        except Exception:
-            rv = None
-            await asyncio.sleep(0.5)
+    # events already there when the demo starts (or relists) are not its contention
+    await follow(kube, path, "demo events", lambda _: None, apply)
 
 
 def _last_event(tl: Timeline) -> float:

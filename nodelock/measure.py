@@ -15,13 +15,14 @@ import re
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from devcluster.invariants import Findings
 from handoff.wire import DEFAULT_LOCK_NAMESPACE
 from kube.client import JSON, KubeClient, lease_path, pod_path
+from kube.reflector import Reflector
 
 
 @dataclass
@@ -53,27 +54,35 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 async def watch_pods(kube: KubeClient, tl: Timeline, namespace: str) -> None:
-    """Follow the pods of ``namespace`` into ``tl`` until cancelled (relists on any failure)."""
-    rv = None
-    while True:
-        try:
-            if rv is None:
-                listing = await kube.list(pod_path(namespace))
-                for p in listing["items"]:
-                    _on_pod(tl, p)
-                rv = listing["metadata"]["resourceVersion"]
-            async for ev in kube.watch(pod_path(namespace), resource_version=rv):
-                if ev.type == "BOOKMARK":
-                    rv = ev.object["metadata"]["resourceVersion"]
-                    continue
-                rv = ev.object["metadata"]["resourceVersion"]
-                if ev.type == "DELETED":
-                    tl.pods.pop(pod_key(ev.object), None)
-                else:
-                    _on_pod(tl, ev.object)
-        except Exception:  # relist on any watch failure (410, connection)
-            rv = None
-            await asyncio.sleep(0.5)
+    """Follow the pods of ``namespace`` into ``tl`` until cancelled (``kube.reflector``)."""
+
+    def apply(kind: str, p: Mapping[str, Any]) -> None:
+        if kind == "DELETED":
+            tl.pods.pop(pod_key(p), None)
+        else:
+            _on_pod(tl, dict(p))
+
+    await follow(kube, pod_path(namespace), "demo pods", lambda p: _on_pod(tl, p), apply)
+
+
+async def follow(
+    kube: KubeClient,
+    path: str,
+    name: str,
+    listed: Callable[[JSON], None],
+    apply: Callable[[str, Mapping[str, Any]], None],
+) -> None:
+    """Run the list-then-watch loop on ``path``: ``listed`` for each object of every (re)list,
+    ``apply`` for each event; retries within half a second, as an observer should."""
+
+    def replace(items: list[JSON]) -> None:
+        for item in items:
+            listed(item)
+
+    reflector = Reflector(
+        kube, path, name=name, replace=replace, apply=apply, alive=lambda: None, max_backoff_s=0.5
+    )
+    await reflector.run()
 
 
 def pod_key(p: Mapping[str, Any]) -> str:
@@ -96,21 +105,12 @@ async def watch_leases(
     kube: KubeClient, tl: Timeline, namespace: str = DEFAULT_LOCK_NAMESPACE
 ) -> None:
     """Follow the node locks into ``tl`` (who held which node when) until cancelled."""
-    rv = None
-    while True:
-        try:
-            if rv is None:
-                listing = await kube.list(lease_path(namespace))
-                for lease in listing["items"]:
-                    _on_lease(tl, lease)
-                rv = listing["metadata"]["resourceVersion"]
-            async for ev in kube.watch(lease_path(namespace), resource_version=rv):
-                rv = ev.object["metadata"]["resourceVersion"]
-                if ev.type in ("ADDED", "MODIFIED"):
-                    _on_lease(tl, ev.object)
-        except Exception:
-            rv = None
-            await asyncio.sleep(0.5)
+
+    def apply(kind: str, lease: Mapping[str, Any]) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            _on_lease(tl, dict(lease))
+
+    await follow(kube, lease_path(namespace), "node locks", lambda x: _on_lease(tl, x), apply)
 
 
 def _on_lease(tl: Timeline, lease: JSON) -> None:
