@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup system-deps test lint unit demo bench binaries proto clean
+.PHONY: setup system-deps test lint go-check unit demo bench binaries proto generate generated-files clean
 
 setup: $(VENV)/.installed
 
@@ -40,7 +40,18 @@ lint: setup
 unit: setup
 	$(BIN)/pytest -m unit
 
-test: lint binaries system-deps
+# The Go harness (the simulated kubelet in devcluster/gomod) keeps Go's habits: gofmt, go vet, and
+# its own tests.  Offline (the module cache only) and with the flags the binaries are built with,
+# so the build cache they left is reused.
+GO_ENV := GOFLAGS=-mod=readonly GOPROXY=off
+go-check:
+	@out=$$(cd devcluster/gomod && gofmt -l .); \
+	  if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi; \
+	  echo "gofmt -l devcluster/gomod: clean"
+	cd devcluster/gomod && $(GO_ENV) go vet -trimpath ./...
+	cd devcluster/gomod && $(GO_ENV) go test -trimpath -count=1 ./...
+
+test: lint go-check binaries system-deps
 	$(BIN)/pytest
 
 demo: setup
@@ -51,6 +62,17 @@ bench: setup binaries
 
 proto: setup
 	$(BIN)/python -m proto.generate
+
+# Everything generated and committed: the gRPC stubs, the Grafana dashboards, the chart's alert
+# rules and the plain manifests rendered from the chart (with devcluster's copy of its admission
+# policies).  tests/integration/test_generated_files.py fails when a committed file differs.
+generate: setup
+	$(MAKE) --no-print-directory generated-files
+
+generated-files:
+	$(BIN)/python -m proto.generate
+	$(BIN)/python -m dashboards.build
+	$(BIN)/python -m devcluster.helm manifests
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

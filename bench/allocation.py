@@ -34,11 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.simulated import LAYOUTS, SimSpec, inventory
+from handoff.request import ContainerKind, ContainerNeed
 from handoff.topology import NO_TOPO, Link, NumaPolicy, set_link
 from handoff.wire import GPU, ContainerName, DeviceID
 from lockd.model import NodeName
 from scheduler_ext.choose import NodeGPUs, Policy, choose
-from scheduler_ext.need import ContainerKind, ContainerNeed, PodNeed, plan_slots
+from scheduler_ext.need import PodNeed, plan_slots
 from scheduler_ext.topology import Pick, place
 from scheduler_ext.verbs import filter_nodes, prioritize_nodes
 

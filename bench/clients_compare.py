@@ -1,11 +1,11 @@
-"""Which Kubernetes client should ``lockd.kube`` use?  Measured on the real API server.
+"""Which Kubernetes client should ``kube.client`` use?  Measured on the real API server.
 
 Compares, each used the way its documentation shows (typed models):
 - ``kubernetes`` (the official client; synchronous, so called through ``asyncio.to_thread`` as an
   asyncio program has to),
 - ``kubernetes_asyncio`` (async, the same generated models),
 - ``lightkube`` (async, its own models decoded with msgspec),
-- ``KubeClient`` raw JSON (``lockd.kube``: kubernetes_asyncio's transport and credentials, plain
+- ``KubeClient`` raw JSON (``kube.client``: kubernetes_asyncio's transport and credentials, plain
   dicts in and out, no models).
 
 Measures Lease create and conditional update round trips (latency and client CPU per call),
@@ -40,8 +40,8 @@ from bench.lockd_common import (
     percentile,
     table,
 )
-from lockd.errors import ApiError
-from lockd.kube import KubeClient, lease_path, namespace_path, pod_path
+from kube.client import KubeClient, lease_path, namespace_path, pod_path
+from kube.errors import ApiError
 from lockd.microtime import format_microtime
 
 JSON = dict[str, Any]
@@ -208,7 +208,7 @@ class Lightkube(Client):
 
 
 class Raw(Client):
-    name = "KubeClient raw JSON (lockd.kube)"
+    name = "KubeClient raw JSON (kube.client)"
 
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube

@@ -38,8 +38,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from handoff.wire import GPU, DeviceID, format_inventory
-from lockd.kube import KubeClient
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, GPU, DeviceID, format_inventory
+from kube.client import KubeClient
 from lockd.lease import LeaseFormat
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
@@ -138,7 +138,7 @@ def build_cache(nodes: int, gpus: int, seed: int) -> tuple[ClusterCache, list[st
 
 def lock_some(locks: NodeLocks, names: list[str], share: float, seed: int) -> int:
     rng = random.Random(seed + 1)
-    fmt = LeaseFormat()
+    fmt = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
     locked = 0
     for name in names:
         if rng.random() >= share:
@@ -182,7 +182,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     built = time.perf_counter()
     cache, names = build_cache(args.nodes, args.gpus, args.seed)
     offline = KubeClient(api_client=None)
-    locks = NodeLocks(offline, metrics=LockMetrics(registry=CollectorRegistry()))
+    locks = NodeLocks(
+        offline,
+        metrics=LockMetrics(registry=CollectorRegistry()),
+        namespace=DEFAULT_LOCK_NAMESPACE,
+        prefix=DEFAULT_PREFIX,
+    )
     locked = lock_some(locks, names, args.locked_share, args.seed)
     metrics = ExtenderMetrics(cache, registry=CollectorRegistry())
     endpoints = Endpoints(

@@ -47,21 +47,21 @@ from devcluster.binaries import ensure_control_plane, ensure_simkubelet
 from devcluster.cluster import Cluster
 from devcluster.gpunodes import node_names, up_gpu_cluster
 from devcluster.namespaces import create_namespace
-from lockd.errors import NotFound
-from lockd.kube import JSON, KubeClient, namespace_path, pod_path
-from nodelock.demo import (
+from kube.client import JSON, KubeClient, namespace_path, pod_path
+from kube.errors import NotFound
+from nodelock.measure import (
     BACKGROUND_S,
     HANDOFF_WRITES,
     Timeline,
-    _api_requests,
-    _quantile,
-    _scrape,
-    _watch_leases,
-    _watch_pods,
+    api_requests,
     background_requests,
     metric_samples,
     metric_sum,
     net_of_background,
+    quantile,
+    scrape,
+    watch_leases,
+    watch_pods,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -102,7 +102,7 @@ def extender_counts(cluster: Cluster) -> dict[str, float]:
     """The extender series the benchmark reads, summed over the replicas."""
     out = dict.fromkeys(EXTENDER_SERIES, 0.0)
     for url in cluster.settings()["extender"]["replicas"]:
-        samples = metric_samples(_scrape(f"{url}/metrics"))
+        samples = metric_samples(scrape(f"{url}/metrics"))
         for key, (name, labels) in EXTENDER_SERIES.items():
             out[key] += metric_sum(samples, name, **labels)
     return out
@@ -182,16 +182,12 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
     async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
         await create_namespace(kube, ns)
         tl = Timeline()
-        import nodelock.demo as demo
-
-        demo_ns = demo.NAMESPACE
-        demo.NAMESPACE = ns  # the watchers follow the demo's namespace
         tasks = [
-            asyncio.create_task(_watch_pods(kube, tl)),
-            asyncio.create_task(_watch_leases(kube, tl)),
+            asyncio.create_task(watch_pods(kube, tl, ns)),
+            asyncio.create_task(watch_leases(kube, tl)),
         ]
         background = await background_requests(kube, seconds=BACKGROUND_S)
-        before_req = await _api_requests(kube)
+        before_req = await api_requests(kube)
         started = time.monotonic()
         gpus = max(sizes)
         n = len(sizes)
@@ -207,14 +203,13 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
                 raise RuntimeError(f"{label}: pods not Running after 600 s")
         t_end = max(v for k, v in tl.running.items() if k.startswith(ns + "/"))
         await asyncio.sleep(1.0)  # the last releases
-        after_req = await _api_requests(kube)
+        after_req = await api_requests(kube)
         cpu_after = cpu_seconds(cluster)
         elapsed = time.monotonic() - started
         ext_after = extender_counts(cluster) if gpus else {}
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        demo.NAMESPACE = demo_ns
         await delete_namespace(kube, ns)
     req = net_of_background(after_req - before_req, background, elapsed / BACKGROUND_S)
     to_running = [tl.running[k] - tl.first_seen[k] for k in tl.running if k in tl.first_seen]
@@ -225,19 +220,19 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
         "pods": n,
         "seconds": t_end - t0,
         "pods_per_s": n / (t_end - t0),
-        "to_running_p50_s": _quantile(to_running, 0.5),
-        "to_running_p99_s": _quantile(to_running, 0.99),
+        "to_running_p50_s": quantile(to_running, 0.5),
+        "to_running_p99_s": quantile(to_running, 0.99),
         "contended_binds": ext_after.get("contended", 0.0) - ext_before.get("contended", 0.0),
         "extender_mean_s": extender_means(ext_before, ext_after) if gpus else {},
-        "handoff_p50_s": _quantile(holds, 0.5) if holds else math.nan,
-        "handoff_p99_s": _quantile(holds, 0.99) if holds else math.nan,
+        "handoff_p50_s": quantile(holds, 0.5) if holds else math.nan,
+        "handoff_p99_s": quantile(holds, 0.99) if holds else math.nan,
         "cpu_ms_per_pod": {
             k: (cpu_after.get(k, 0.0) - v) * 1000 / n
             for k, v in cpu_before.items()
             if cpu_after.get(k, 0.0) > v
         },
-        "stages_p50_s": {k: _quantile(v, 0.5) for k, v in parts.items() if v},
-        "stages_p99_s": {k: _quantile(v, 0.99) for k, v in parts.items() if v},
+        "stages_p50_s": {k: quantile(v, 0.5) for k, v in parts.items() if v},
+        "stages_p99_s": {k: quantile(v, 0.99) for k, v in parts.items() if v},
         "requests_per_pod": {f"{v} {r}": c / n for (v, r), c in sorted(req.items())},
         "handoff_writes_per_pod": sum(req.get(k, 0) for k in HANDOFF_WRITES) / n,
         "lists_per_pod": sum(c for (v, _), c in req.items() if v == "LIST") / n,

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from devcluster.namespaces import create_namespace
-from lockd.kube import KubeClient
+from kube.client import KubeClient
 
 
 def add_cluster_args(parser: argparse.ArgumentParser) -> None:

@@ -37,6 +37,9 @@ from bench.lockd_common import (
     percentile,
     table,
 )
+from handoff.wire import DEFAULT_PREFIX
+from kube.client import KubeClient, lease_path, namespace_path
+from kube.errors import ApiError, NotFound
 from lockd import (
     FencingToken,
     HeldLock,
@@ -48,8 +51,6 @@ from lockd import (
     NodeName,
     Outcome,
 )
-from lockd.errors import ApiError, NotFound
-from lockd.kube import KubeClient, lease_path, namespace_path
 from lockd.lease import LeaseFormat
 from lockd.microtime import now_microtime
 
@@ -62,7 +63,7 @@ class GetThenUpdate:
 
     def __init__(self, kube: KubeClient, namespace: str) -> None:
         self.kube = kube
-        self.fmt = LeaseFormat(namespace=namespace)
+        self.fmt = LeaseFormat(namespace=namespace, prefix=DEFAULT_PREFIX)
 
     async def acquire(self, node: NodeName, holder: Holder) -> JSON:
         path = lease_path(self.fmt.namespace, node)
@@ -117,7 +118,7 @@ async def run(args: argparse.Namespace, kubeconfig: str) -> JSON:
         out["background_per_s"] = {v: c / args.idle_s for v, c in idle.items()}
 
         # first acquisition ever of each node: no Lease exists yet
-        setup = NodeLocks(clients[0], namespace=ns, metrics=metrics)
+        setup = NodeLocks(clients[0], namespace=ns, metrics=metrics, prefix=DEFAULT_PREFIX)
         held: list[HeldLock] = []
 
         async def first() -> None:
@@ -138,8 +139,8 @@ async def run(args: argparse.Namespace, kubeconfig: str) -> JSON:
         )
 
         # steady state: watch-fed observations, extender acquires, device plugin releases
-        extender = NodeLocks(clients[1], namespace=ns, metrics=metrics)
-        plugin = NodeLocks(clients[2], namespace=ns, metrics=metrics)
+        extender = NodeLocks(clients[1], namespace=ns, metrics=metrics, prefix=DEFAULT_PREFIX)
+        plugin = NodeLocks(clients[2], namespace=ns, metrics=metrics, prefix=DEFAULT_PREFIX)
         tasks = [asyncio.create_task(extender.watch()), asyncio.create_task(plugin.watch())]
         await wait_seen(extender, nodes)
         await wait_seen(plugin, nodes)
@@ -178,7 +179,7 @@ async def run(args: argparse.Namespace, kubeconfig: str) -> JSON:
         await asyncio.sleep(SETTLE_S)
 
         # a process that has never seen the Leases and runs no watch
-        cold = NodeLocks(clients[3], namespace=ns, metrics=metrics)
+        cold = NodeLocks(clients[3], namespace=ns, metrics=metrics, prefix=DEFAULT_PREFIX)
 
         async def cold_acquires() -> None:
             for i, node in enumerate(nodes):
@@ -225,7 +226,7 @@ async def run(args: argparse.Namespace, kubeconfig: str) -> JSON:
         out["modes"][mode]["release"] = await counted(kube, base_releases)
 
         # round trips on one node: acquire + release, back to back
-        one = NodeLocks(clients[1], namespace=ns, metrics=metrics)
+        one = NodeLocks(clients[1], namespace=ns, metrics=metrics, prefix=DEFAULT_PREFIX)
         watch_one = asyncio.create_task(one.watch(node=nodes[0]))
         tasks = [watch_one]
         await wait_seen(one, nodes[:1])

@@ -19,27 +19,26 @@ import subprocess
 import time
 from pathlib import Path
 
-from devcluster.cluster import LOCK_NAMESPACE, Cluster
+from devcluster.cluster import Cluster
 from devcluster.errors import DevclusterError
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_RESOURCE
 
 POLICIES = Path(__file__).resolve().parent / "admission.yaml"
 POLICY_NAME = "nodelock-gpu-pods"
-BYPASS_LABEL = "nodelock.io/bypass"
-RESOURCE = "nvidia.com/gpu"
 
 
 def _probe_pod(node: str) -> str:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "nodelock-policy-probe", "namespace": LOCK_NAMESPACE},
+        "metadata": {"name": "nodelock-policy-probe", "namespace": DEFAULT_LOCK_NAMESPACE},
         "spec": {
             "nodeName": node,
             "containers": [
                 {
                     "name": "probe",
                     "image": "registry.invalid/probe",
-                    "resources": {"limits": {RESOURCE: "1"}},
+                    "resources": {"limits": {DEFAULT_RESOURCE: "1"}},
                 }
             ],
         },

@@ -31,8 +31,8 @@ from devcluster.binaries import Binaries
 from devcluster.errors import DevclusterError
 from devcluster.pki import ADMIN, CONTROLLER_MANAGER, PKI, SCHEDULER
 from devcluster.processes import Proc, StateFile
+from handoff.wire import DEFAULT_LOCK_NAMESPACE
 
-LOCK_NAMESPACE = "nodelock-system"
 APISERVER_REQUEST_TIMEOUT_S = 15  # kube-apiserver's --request-timeout here (default 60 s)
 CONTROL_PLANE_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
@@ -365,7 +365,7 @@ class Cluster:
             "apiVersion": "v1",
             "kind": "Namespace",
             "metadata": {
-                "name": LOCK_NAMESPACE,
+                "name": DEFAULT_LOCK_NAMESPACE,
                 "labels": {"app.kubernetes.io/part-of": "nodelock"},
             },
         }

@@ -28,12 +28,10 @@ from devcluster.errors import DevclusterError
 from devcluster.pki import ADMIN
 from deviceplugin.simulated import layout_numa_nodes
 from handoff.topology import NumaPolicy
-from handoff.wire import Keys
+from handoff.wire import DEFAULT_RESOURCE, Keys
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, scheduler_config
 
-RESOURCE = "nvidia.com/gpu"
-INVENTORY_ANNOTATION = "nodelock.io/gpus"
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 _NAMESPACE_WRAPPER = f'mkdir -p {KUBELET_DIR} && mount --bind "$0" {KUBELET_DIR} && exec "$@"'
@@ -169,7 +167,7 @@ def start_node(cluster: Cluster, spec: NodeSpec, *, plugin_args: list[str] | Non
         str(simkubelet),
         f"--kubeconfig={cluster.kubeconfig}",
         f"--node-name={spec.name}",
-        f"--resource-name={RESOURCE}",
+        f"--resource-name={DEFAULT_RESOURCE}",
         f"--pod-resources-socket={pod_resources_socket(cluster.state_dir, spec.name)}",
     ]
     if spec.topology_policy is not NumaPolicy.NONE and spec.numa_nodes == 0:
@@ -240,9 +238,9 @@ def wait_nodes_ready(cluster: Cluster, specs: list[NodeSpec], *, timeout_s: floa
             node = _get_json(f"{cluster.api_url}/api/v1/nodes/{name}", ctx)
             if node is None:
                 continue
-            alloc = node.get("status", {}).get("allocatable", {}).get(RESOURCE)
+            alloc = node.get("status", {}).get("allocatable", {}).get(DEFAULT_RESOURCE)
             annotations = node.get("metadata", {}).get("annotations", {})
-            if alloc == str(spec.gpus) and INVENTORY_ANNOTATION in annotations:
+            if alloc == str(spec.gpus) and Keys().gpus in annotations:
                 del pending[name]
         if not pending:
             return

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from handoff.wire import DEFAULT_PREFIX, DEFAULT_RESOURCE
+
 ALLOCATED = "sim.nodelock.io/allocated"
 LIVE_PHASES = ("Pending", "Running", "Unknown")
 
@@ -81,8 +83,8 @@ def allocated(pod: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 def check_pods(
     pods: Sequence[Mapping[str, Any]],
     *,
-    resource: str = "nvidia.com/gpu",
-    prefix: str = "nodelock.io/",
+    resource: str = DEFAULT_RESOURCE,
+    prefix: str = DEFAULT_PREFIX,
     require_admitted: bool = True,
 ) -> Findings:
     """Check S1, S2 and (when ``require_admitted``) L1 over a snapshot of pods."""

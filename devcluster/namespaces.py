@@ -6,8 +6,8 @@ import asyncio
 import time
 
 from devcluster.errors import DevclusterError
-from lockd.errors import NotFound
-from lockd.kube import KubeClient, namespace_path
+from kube.client import KubeClient, namespace_path
+from kube.errors import NotFound
 
 
 async def create_namespace(kube: KubeClient, name: str, *, timeout_s: float = 30.0) -> str:

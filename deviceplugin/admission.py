@@ -54,9 +54,10 @@ from deviceplugin.devices import DeviceState
 from deviceplugin.metrics import PluginMetrics, ReleaseResult
 from deviceplugin.podwatch import NodePods
 from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
-from lockd import failpoints
-from lockd.errors import ApiError, ApiUnavailable, LockLost, NotFound, StaleToken
-from lockd.kube import KubeClient, pod_path
+from kube import failpoints
+from kube.client import KubeClient, pod_path
+from kube.errors import ApiError, ApiUnavailable, NotFound
+from lockd.errors import LockLost, StaleToken
 from lockd.locks import NodeLocks
 from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView, NodeName, Outcome
 

@@ -14,7 +14,6 @@ from deviceplugin.endpoint import KUBELET_SOCKET
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.nvml import add_flags as add_nvml_flags
 from deviceplugin.plugin import (
-    DEFAULT_LEASE_DURATION_S,
     DEFAULT_PLUGIN_DIR,
     DEFAULT_SOCKET,
     DEFAULT_STATE_DIR,
@@ -23,9 +22,9 @@ from deviceplugin.plugin import (
 )
 from deviceplugin.simulated import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, SimSpec, SimulatedBackend
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
-from lockd.kube import KubeClient
+from kube.client import KubeClient
+from kube.process import configure_logging, run_until_signalled
 from lockd.model import NodeName
-from lockd.process import configure_logging, run_until_signalled
 
 
 class ConfigError(Exception):
@@ -138,13 +137,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="when kubelet picks other devices than the assignment: refuse (default: the pod "
         "fails admission and is recreated) or serve the assignment anyway",
     )
-    p.add_argument(
-        "--lease-duration",
-        type=int,
-        default=DEFAULT_LEASE_DURATION_S,
-        metavar="SECONDS",
-        help=f"node lock duration used to judge expiry (default {DEFAULT_LEASE_DURATION_S})",
-    )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
 
@@ -155,8 +147,6 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         raise ConfigError("--node-name is required (or set $NODE_NAME)")
     if "/" in args.socket_name or not args.socket_name:
         raise ConfigError(f"--socket-name {args.socket_name!r} must be a plain file name")
-    if args.lease_duration <= 0:
-        raise ConfigError("--lease-duration must be positive")
     if not 0 <= args.metrics_port <= 65535:
         raise ConfigError("--metrics-port must be a port number (0 = off)")
     return PluginConfig(
@@ -167,7 +157,6 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         lock_namespace=args.lock_namespace,
         prefix=args.annotation_prefix,
         state_dir=args.state_dir,
-        lease_duration_s=args.lease_duration,
         mode=DeviceMode(args.device_mode),
         policy=MismatchPolicy(args.mismatch_policy),
     )

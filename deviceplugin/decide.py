@@ -38,8 +38,10 @@ from typing import Any
 
 from handoff.holder import HolderState
 from handoff.holder import holder_status as handoff_status
+from handoff.request import container_needs
 from handoff.wire import (
     DEFAULT_RESOURCE,
+    LEASE_ASSIGNMENT,
     MAX_DEVICES_PER_CONTAINER,
     Assignment,
     ContainerName,
@@ -52,8 +54,6 @@ from handoff.wire import (
     valid_device_id,
 )
 from lockd.model import FencingToken, Holder, HolderKey, NodeLockView, NodeName
-
-ASSIGNMENT_DATA_KEY = "assignment"  # the Lease's copy: Holder.data["assignment"]
 
 PodJSON = Mapping[str, Any]
 
@@ -209,30 +209,13 @@ def _holder_name(holder: Holder) -> str:
 
 
 def gpu_containers(pod: PodJSON, resource: str) -> list[tuple[ContainerName, int]]:
-    """The pod's containers that request ``resource``, init containers first, in spec order.
+    """The pod's containers that ask for ``resource``, init containers first, in spec order.
 
-    The count is the container's limit (kubelet's source), else its request.  Raises
-    ``ValueError`` for a count that is not a whole number.
+    The count is read by ``handoff.request`` (the extender's parser): the container's limit,
+    kubelet's source, else its request.  Raises ``BadPod`` (a ``ValueError``) for a malformed pod
+    or a count that is not a whole number.
     """
-    spec = pod.get("spec") or {}
-    out: list[tuple[ContainerName, int]] = []
-    for group in ("initContainers", "containers"):
-        for container in spec.get(group) or []:
-            resources = container.get("resources") or {}
-            raw = (resources.get("limits") or {}).get(resource)
-            if raw is None:
-                raw = (resources.get("requests") or {}).get(resource)
-            if raw is None:
-                continue
-            text = str(raw)
-            if not text.isdigit():
-                raise ValueError(
-                    f"container {container.get('name')!r} requests {resource}={text!r}, "
-                    "not a whole number"
-                )
-            if int(text) > 0:
-                out.append((ContainerName(str(container.get("name", ""))), int(text)))
-    return out
+    return [(c.name, c.count) for c in container_needs(pod, resource) if c.count > 0]
 
 
 def reusing_init_containers(pod: PodJSON) -> frozenset[ContainerName]:
@@ -354,7 +337,7 @@ def _verify(
         )
     try:
         leased = parse_assignment(
-            holder.data.get(ASSIGNMENT_DATA_KEY), key=f"{keys.assignment} (on the Lease)"
+            holder.data.get(LEASE_ASSIGNMENT), key=f"{keys.assignment} (on the Lease)"
         )
         own = parse_assignment(annotations.get(keys.assignment), key=keys.assignment)
     except MalformedAnnotation as exc:
@@ -624,8 +607,3 @@ def handoff_abandoned(pod: PodJSON | None, progress: HandoffProgress, node: Node
     admits a pod being deleted before stopping it), and so may one of phase Unknown: False.
     """
     return not handoff_status(pod, uid=progress.uid, node=node).in_handoff
-
-
-def known_devices(devices: Collection[DeviceID]) -> dict[DeviceID, bool]:
-    """An all-healthy device map, for callers and tests that do not track health."""
-    return dict.fromkeys(devices, True)

@@ -44,9 +44,6 @@ class DeviceState:
         """Device ID -> healthy."""
         return {g.id: g.healthy for g in self._gpus}
 
-    def by_id(self) -> dict[DeviceID, GPU]:
-        return {g.id: g for g in self._gpus}
-
     async def update(self, gpus: Sequence[GPU]) -> bool:
         """Replace the inventory; returns whether it changed (and woke the waiters)."""
         new = _sorted(gpus)

@@ -14,8 +14,8 @@ import logging
 from deviceplugin.devices import DeviceState
 from deviceplugin.metrics import PluginMetrics
 from handoff.wire import Keys, format_inventory
-from lockd.errors import ApiError, ApiUnavailable
-from lockd.kube import KubeClient, node_path
+from kube.client import KubeClient, node_path
+from kube.errors import ApiError, ApiUnavailable
 from lockd.model import NodeName
 
 BACKOFF_S = (0.5, 10.0)

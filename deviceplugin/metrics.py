@@ -1,7 +1,7 @@
 """Prometheus metrics of the device plugin (names and meaning: docs/metrics.md, ``deviceplugin``).
 
 Every metric lives in the plugin's own registry (several plugins can share a test process) and is
-prefixed ``nodelock_deviceplugin_``, besides ``nodelock_build_info`` (``lockd.build``). Labels are
+prefixed ``nodelock_deviceplugin_``, besides ``nodelock_build_info`` (``kube.build``). Labels are
 bounded enums, never a pod name or UID; the node is the scrape target's own label. Every labelled
 series exists at 0 from the start (all refusal reasons included), so queries return data before the
 first event.
@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from deviceplugin.decide import RefusalKind
 from handoff.wire import GPU
-from lockd.build import register_build_info
+from kube.build import register_build_info
 from lockd.model import Outcome
 
 PREFIX = "nodelock_deviceplugin_"

@@ -28,7 +28,7 @@ from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podwatch import NodePods
 from deviceplugin.servicer import DevicePluginServicer
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
-from lockd.kube import KubeClient
+from kube.client import KubeClient
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from lockd.model import NodeName
@@ -36,7 +36,6 @@ from lockd.model import NodeName
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_SOCKET = "nodelock-gpu.sock"
 DEFAULT_STATE_DIR = Path("/var/lib/nodelock")
-DEFAULT_LEASE_DURATION_S = 15
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,6 @@ class PluginConfig:
     lock_namespace: str = DEFAULT_LOCK_NAMESPACE
     prefix: str = DEFAULT_PREFIX
     state_dir: Path = DEFAULT_STATE_DIR
-    lease_duration_s: int = DEFAULT_LEASE_DURATION_S
     mode: DeviceMode = DeviceMode.DEVICE_NODES
     policy: MismatchPolicy = MismatchPolicy.REFUSE
     poll_s: float = 0.2
@@ -81,7 +79,6 @@ class DevicePlugin:
             kube,
             namespace=config.lock_namespace,
             prefix=config.prefix,
-            duration_s=config.lease_duration_s,
             metrics=LockMetrics(registry=self.metrics.registry),
         )
         self.state = DeviceState()

@@ -16,10 +16,16 @@ from dataclasses import dataclass
 from typing import Any, NewType
 
 from handoff.topology import NO_TOPO, Topo, format_topo, parse_topo
+from lockd.model import FencingToken
 
-DEFAULT_PREFIX = "nodelock.io/"
-DEFAULT_RESOURCE = "nvidia.com/gpu"
-DEFAULT_LOCK_NAMESPACE = "nodelock-system"
+DEFAULT_PREFIX = "nodelock.io/"  # the annotation prefix of pods, nodes and Leases
+DEFAULT_RESOURCE = "nvidia.com/gpu"  # the extended resource the device plugin advertises
+DEFAULT_LOCK_NAMESPACE = "nodelock-system"  # where the node locks (Leases) live
+
+# The key of the assignment in a node lock's holder data (``Holder.data``): on the Lease it is the
+# annotation ``<prefix>assignment``, the same key as the pod's (``Keys.assignment``).  The extender
+# writes it when it takes the lock; the device plugin serves it.
+LEASE_ASSIGNMENT = "assignment"
 
 DeviceID = NewType("DeviceID", str)
 ContainerName = NewType("ContainerName", str)
@@ -56,6 +62,7 @@ class Keys:
 
     @property
     def gpus(self) -> str:
+        """Node annotation: the node's GPU inventory (``format_inventory``)."""
         return f"{self.prefix}gpus"
 
     @property
@@ -131,13 +138,18 @@ def valid_device_id(dev: str) -> bool:
     return 0 < len(dev) <= MAX_DEVICE_ID_LEN and _DEVICE_ID.match(dev) is not None
 
 
-def parse_token(raw: str | None, *, key: str = Keys().token) -> int:
+def format_token(token: FencingToken) -> str:
+    """Serialize a fencing token for the pod's token annotation (decimal)."""
+    return str(int(token))
+
+
+def parse_token(raw: str | None, *, key: str = Keys().token) -> FencingToken:
     """Parse a fencing-token annotation (a non-negative decimal integer)."""
     if raw is None:
         raise MalformedAnnotation(f"annotation {key} is missing")
     if not raw.isdigit() or len(raw) > 18:
         raise MalformedAnnotation(f"annotation {key} must be a non-negative integer, got {raw!r}")
-    return int(raw)
+    return FencingToken(int(raw))
 
 
 @dataclass(frozen=True)

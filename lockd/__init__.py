@@ -1,20 +1,8 @@
 """Node locks as ``coordination.k8s.io/v1`` Lease objects, with fencing tokens and expiry judged on
-the local clock.  Knows nothing about GPUs; see ``lockd.locks`` for the guarantees."""
+the local clock.  Knows nothing about GPUs; talks to the API server through ``kube``.  See
+``lockd.locks`` for the guarantees."""
 
-from lockd.errors import (
-    ApiError,
-    ApiUnavailable,
-    Conflict,
-    Forbidden,
-    Gone,
-    Invalid,
-    LockError,
-    LockHeld,
-    LockLost,
-    NotFound,
-    StaleToken,
-)
-from lockd.kube import KubeClient
+from lockd.errors import LockError, LockHeld, LockLost, StaleToken
 from lockd.lease import LeaseFormat, MalformedLease
 from lockd.locks import NodeLocks, TakeoverCheck
 from lockd.metrics import AcquireResult, LockMetrics
@@ -33,17 +21,10 @@ from lockd.model import (
 
 __all__ = [
     "AcquireResult",
-    "ApiError",
-    "ApiUnavailable",
-    "Conflict",
     "FencingToken",
-    "Forbidden",
-    "Gone",
     "HeldLock",
     "Holder",
     "HolderKey",
-    "Invalid",
-    "KubeClient",
     "LastHandoff",
     "LeaseFormat",
     "LockError",
@@ -55,7 +36,6 @@ __all__ = [
     "NodeLockView",
     "NodeLocks",
     "NodeName",
-    "NotFound",
     "Outcome",
     "StaleToken",
     "TakeoverCheck",

@@ -1,62 +1,11 @@
-"""Errors a lock caller can act on, each mapped from the wire with its cause chained.
+"""Errors a lock caller can act on.
 
-``ApiError`` and its subclasses describe what the Kubernetes API server said; ``LockError`` and
-its subclasses describe what that means for a node lock.  A 409 on a conditional write is always
-turned into ``LockHeld``/``LockLost``/``StaleToken`` by the caller, never retried blindly.
+``LockError`` and its subclasses describe what an API answer (``kube.errors``) means for a node
+lock.  A 409 on a conditional write is always turned into ``LockHeld``/``LockLost``/``StaleToken``
+by the caller, never retried blindly.
 """
 
 from __future__ import annotations
-
-
-class ApiError(Exception):
-    """The API server answered a request with an error status."""
-
-    user_facing = True
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-
-class NotFound(ApiError):
-    """404: the object does not exist."""
-
-
-class Conflict(ApiError):
-    """409: the object changed since it was read, or already exists."""
-
-
-class Gone(ApiError):
-    """410: the resourceVersion asked for is too old (a watch must relist)."""
-
-
-class Invalid(ApiError):
-    """422 or 400: the server rejected the object as malformed."""
-
-
-class Forbidden(ApiError):
-    """403: the caller's identity may not do this."""
-
-
-class ApiUnavailable(Exception):
-    """The API server could not be reached, timed out, or answered 5xx/429."""
-
-    user_facing = True
-
-
-def api_error(status: int, reason: str, message: str) -> ApiError:
-    """Map an HTTP error status to the most specific ``ApiError`` subclass."""
-    cls: type[ApiError] = {
-        404: NotFound,
-        409: Conflict,
-        410: Gone,
-        422: Invalid,
-        400: Invalid,
-        403: Forbidden,
-    }.get(status, ApiError)
-    return cls(status, reason, message)
 
 
 class LockError(Exception):

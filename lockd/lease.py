@@ -57,10 +57,13 @@ class MalformedLease(ValueError):
 
 @dataclass(frozen=True)
 class LeaseFormat:
-    """Where node locks live and under which annotation prefix their data is kept."""
+    """Where node locks live and under which annotation prefix their data is kept.
 
-    namespace: str = "nodelock-system"
-    prefix: str = "nodelock.io/"
+    Both are the caller's: the lock library has no defaults of its own (nodelock's are in
+    ``handoff.wire``: ``DEFAULT_LOCK_NAMESPACE``, ``DEFAULT_PREFIX``)."""
+
+    namespace: str
+    prefix: str
 
     def key(self, name: str) -> str:
         """The annotation key of ``name`` under the prefix."""

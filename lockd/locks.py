@@ -22,15 +22,17 @@ watch's delay (a lock released a moment ago may still be reported held).
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import collections
 import logging
-import random
+import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from kube.client import KubeClient, lease_path
+from kube.errors import Conflict, NotFound
+from kube.reflector import Reflector
 from lockd.decide import (
     AskTakeover,
     Create,
@@ -43,8 +45,7 @@ from lockd.decide import (
     decide_release,
     decide_renew,
 )
-from lockd.errors import Conflict, Gone, LockHeld, LockLost, NotFound, StaleToken
-from lockd.kube import KubeClient, lease_path
+from lockd.errors import LockHeld, LockLost, StaleToken
 from lockd.lease import LABEL_SELECTOR, LeaseFormat, MalformedLease
 from lockd.metrics import LockMetrics, Operation
 from lockd.microtime import microtime_from_epoch
@@ -57,10 +58,33 @@ OnChange = Callable[[NodeLockView | None, NodeName], None]
 
 MAX_WRITES = 2
 WATCH_TIMEOUT_S = 300
-BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 10.0
 
 log = logging.getLogger(__name__)
+
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_NAMESPACE = re.compile(rf"^{_DNS_LABEL}$")
+_PREFIX = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*/$")
+MAX_DURATION_S = 2**31 - 1  # spec.leaseDurationSeconds is an int32
+
+
+def check_config(*, namespace: str, prefix: str, duration_s: int) -> None:
+    """Refuse a configuration no Lease could carry, with a message naming the value, as client-go
+    validates its leader elector's: ``namespace`` a DNS label (≤ 63 characters), ``prefix`` a DNS
+    subdomain (≤ 253 characters) followed by ``/``, ``duration_s`` a whole number of seconds from
+    1 to 2**31 - 1.  Raises ``ValueError``."""
+    if not isinstance(namespace, str) or len(namespace) > 63 or not _NAMESPACE.match(namespace):
+        raise ValueError(f"lock namespace {namespace!r} is not a Kubernetes namespace name")
+    if not isinstance(prefix, str) or len(prefix) > 254 or not _PREFIX.match(prefix):
+        raise ValueError(
+            f"annotation prefix {prefix!r} must be a DNS subdomain followed by '/', "
+            "e.g. nodelock.io/"
+        )
+    if isinstance(duration_s, bool) or not isinstance(duration_s, int):
+        raise ValueError(f"lock duration {duration_s!r} must be a whole number of seconds")
+    if not 1 <= duration_s <= MAX_DURATION_S:
+        raise ValueError(f"lock duration {duration_s}s must be from 1 to {MAX_DURATION_S} seconds")
 
 
 class NodeLocks:
@@ -75,13 +99,14 @@ class NodeLocks:
         self,
         kube: KubeClient,
         *,
-        namespace: str = "nodelock-system",
-        prefix: str = "nodelock.io/",
+        namespace: str,
+        prefix: str,
         duration_s: int = 15,
         clock: Callable[[], float] = time.monotonic,
         metrics: LockMetrics | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        check_config(namespace=namespace, prefix=prefix, duration_s=duration_s)
         self._kube = kube
         self.format = LeaseFormat(namespace=namespace, prefix=prefix)
         self.duration_s = duration_s
@@ -374,70 +399,67 @@ class NodeLocks:
     ) -> None:
         """List and watch the node locks (all, or only ``node``) until cancelled.
 
-        Relists on 410 Gone, retries connection errors with capped exponential backoff, and
-        calls ``on_change(view, node)`` for every change (``view`` None when a Lease is deleted).
-        While the watch is established, refusals from this process's observations need no
-        request.
+        Runs the list-then-watch loop of ``kube.reflector``: relists on 410 Gone and after any
+        error, retries connection errors with capped exponential backoff, and calls
+        ``on_change(view, node)`` for every change (``view`` None when a Lease is deleted).
+        While the watch is established (from a successful list until the next error), refusals
+        from this process's observations need no request.
         """
-        field_selector = f"metadata.name={node}" if node is not None else None
-        backoff = BACKOFF_START_S
-        while True:
-            live = False
-            try:
-                answer = await self._kube.list(
-                    self._path(), label_selector=LABEL_SELECTOR, field_selector=field_selector
-                )
-                known = set(self._obs.nodes()) if node is None else {node}
-                views = self._take_list(answer, node)
+        live = False
+
+        def replace(items: builtins.list[JSON]) -> None:
+            nonlocal live
+            known = set(self._obs.nodes()) if node is None else {node}
+            views = self._take_list({"items": items}, node)
+            if not live:
                 self._set_live(node, +1)
                 live = True
-                if on_change is not None:
-                    for view in views:
-                        on_change(view, view.node)
-                    for gone in sorted(known - {v.node for v in views}):
-                        on_change(None, gone)
-                backoff = BACKOFF_START_S
-                version = str(answer.get("metadata", {}).get("resourceVersion", ""))
-                while True:
-                    version = await self._follow(version, field_selector, on_change)
-            except Gone:
-                log.info("lease watch expired (410); relisting")
-            except Exception as exc:  # keep watching whatever went wrong; cancellation ends it
-                log.warning("lease watch failed, retrying in %.1fs: %s", backoff, exc)
-                await asyncio.sleep(backoff * (0.5 + random.random()))
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
-            finally:
-                if live:
-                    self._set_live(node, -1)
+            if on_change is not None:
+                for view in views:
+                    on_change(view, view.node)
+                for gone in sorted(known - {v.node for v in views}):
+                    on_change(None, gone)
 
-    async def _follow(
-        self, version: str, field_selector: str | None, on_change: OnChange | None
-    ) -> str:
-        async for event in self._kube.watch(
-            self._path(),
-            resource_version=version,
-            label_selector=LABEL_SELECTOR,
-            field_selector=field_selector,
-            timeout_seconds=WATCH_TIMEOUT_S,
-        ):
-            meta = event.object.get("metadata") or {}
-            version = str(meta.get("resourceVersion", version))
-            if event.type == "BOOKMARK":
-                continue
-            name = NodeName(str(meta.get("name", "")))
-            if event.type == "DELETED":
+        def apply(kind: str, lease: Mapping[str, Any]) -> None:
+            name = NodeName(str((lease.get("metadata") or {}).get("name", "")))
+            if kind == "DELETED":
                 self._obs.forget(name)
                 if on_change is not None:
                     on_change(None, name)
-                continue
+                return
             try:
-                view = self.observe(event.object)
+                view = self.observe(dict(lease))
             except MalformedLease as exc:
                 log.warning("ignoring malformed Lease %s: %s", name, exc)
-                continue
+                return
             if on_change is not None:
                 on_change(view, name)
-        return version
+
+        def broken() -> None:
+            nonlocal live
+            if live:
+                self._set_live(node, -1)
+                live = False
+
+        reflector = Reflector(
+            self._kube,
+            self._path(),
+            name="lease watch",
+            replace=replace,
+            apply=apply,
+            alive=lambda: None,
+            on_broken=broken,
+            relist_when_silent=False,
+            relist_after_error=True,
+            field_selector=f"metadata.name={node}" if node is not None else None,
+            label_selector=LABEL_SELECTOR,
+            watch_timeout_s=WATCH_TIMEOUT_S,
+            max_backoff_s=BACKOFF_MAX_S,
+        )
+        try:
+            await reflector.run()
+        finally:
+            broken()
 
     def _set_live(self, node: NodeName | None, delta: int) -> None:
         if node is None:

@@ -51,8 +51,8 @@ from handoff.audit import (
     table,
 )
 from handoff.wire import DEFAULT_RESOURCE, Keys, MalformedAnnotation, parse_inventory
-from lockd.errors import NotFound
-from lockd.kube import KubeClient, node_path, pod_path
+from kube.client import KubeClient, node_path, pod_path
+from kube.errors import NotFound
 
 DEFAULT_SECOND_LOOK_S = 1.0
 

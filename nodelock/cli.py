@@ -14,7 +14,7 @@ What this module adds to every subcommand, over the whole argparse tree:
   run has that flag.  Not settable this way: ``--help``, ``--version`` and ``--yes`` (a
   confirmation is given per command, never left lying in a shell's environment).
 - A command with ``--log-level`` also gets ``--log-format text|json``; both are validated and
-  logging is configured (``lockd.process.configure_logging``) before the command runs.
+  logging is configured (``kube.process.configure_logging``) before the command runs.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Any, NoReturn
 
 from devcluster import cli as devcluster_cli
 from deviceplugin import cli as deviceplugin_cli
-from lockd import cli as lockd_cli
-from lockd.build import build_info
-from lockd.process import LOG_LEVELS, LogConfigError, LogFormat, configure_logging
+from kube.build import build_info
+from kube.process import LOG_LEVELS, LogConfigError, LogFormat, configure_logging
 from nodelock import audit, demo
+from nodelock import locks as locks_cli
 from scheduler_ext import cli as extender_cli
 
 ENV_PREFIX = "NODELOCK_"
@@ -219,7 +219,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     devcluster_cli.register(sub)
-    lockd_cli.register(sub)
+    locks_cli.register(sub)
     extender_cli.register(sub)
     deviceplugin_cli.register(sub)
     demo.register(sub)

@@ -15,23 +15,39 @@ import re
 import shutil
 import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from devcluster.binaries import ensure_control_plane, ensure_simkubelet
-from devcluster.cluster import LOCK_NAMESPACE, Cluster
+from devcluster.cluster import Cluster
 from devcluster.gpunodes import up_gpu_cluster
-from devcluster.invariants import Findings, check_locks_free, check_pods
+from devcluster.invariants import check_locks_free, check_pods
 from devcluster.namespaces import create_namespace
-from lockd.kube import JSON, KubeClient, lease_path, pod_path
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_RESOURCE
+from kube.client import JSON, KubeClient
 from nodelock import htmlreport
 from nodelock.audit import audit_devcluster
+from nodelock.measure import (
+    BACKGROUND_S,
+    HANDOFF_WRITES,
+    Timeline,
+    api_requests,
+    background_requests,
+    follow,
+    histogram,
+    metric_samples,
+    metric_sum,
+    net_of_background,
+    pod_key,
+    quantile,
+    scrape,
+    watch_leases,
+    watch_pods,
+)
 
-RESOURCE = "nvidia.com/gpu"
 NAMESPACE = "demo"
 RUN_SECONDS = "sim.nodelock.io/run-seconds"
 WAVE_AT_S = (0.0, 2.0, 5.0)  # training Jobs, then Deployments, then the burst
@@ -77,7 +93,7 @@ def _pod_template(w: Workload) -> JSON:
     container: JSON = {
         "name": "main",
         "image": "registry.invalid/nodelock/sim:never-pulled",
-        "resources": {"limits": {RESOURCE: str(w.gpus)}},
+        "resources": {"limits": {DEFAULT_RESOURCE: str(w.gpus)}},
     }
     spec: JSON = {"containers": [container], "terminationGracePeriodSeconds": 0}
     if w.init_gpus:
@@ -85,7 +101,7 @@ def _pod_template(w: Workload) -> JSON:
             {
                 "name": "prepare",
                 "image": "registry.invalid/nodelock/sim:never-pulled",
-                "resources": {"limits": {RESOURCE: str(w.init_gpus)}},
+                "resources": {"limits": {DEFAULT_RESOURCE: str(w.init_gpus)}},
             }
         ]
     if w.kind == "Job":
@@ -120,106 +136,12 @@ def manifest(w: Workload) -> tuple[str, JSON]:
     }
 
 
-@dataclass
-class Timeline:
-    """What the demo saw, on its own clock."""
-
-    start: float = field(default_factory=time.monotonic)
-    first_seen: dict[str, float] = field(default_factory=dict)
-    bound: dict[str, float] = field(default_factory=dict)
-    running: dict[str, float] = field(default_factory=dict)
-    lock_since: dict[str, tuple[str, float]] = field(default_factory=dict)  # node -> holder, t
-    holds: list[tuple[str, str, float, float]] = field(default_factory=list)  # node, holder, t0, t1
-    pods: dict[str, JSON] = field(default_factory=dict)
-    leases: dict[str, JSON] = field(default_factory=dict)
-    contention: list[tuple[str, str, float]] = field(default_factory=list)  # node, pod, t
-    violations: Findings = field(default_factory=Findings)
-
-    def now(self) -> float:
-        return time.monotonic() - self.start
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    idx = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
-    return ordered[idx]
-
-
 def _ms(values: Sequence[float], q: float) -> str:
-    v = _quantile(values, q)
+    v = quantile(values, q)
     return "n/a" if math.isnan(v) else f"{v * 1000:.0f} ms"
 
 
-async def _watch_pods(kube: KubeClient, tl: Timeline) -> None:
-    rv = None
-    while True:
-        try:
-            if rv is None:
-                listing = await kube.list(pod_path(NAMESPACE))
-                for p in listing["items"]:
-                    _on_pod(tl, p)
-                rv = listing["metadata"]["resourceVersion"]
-            async for ev in kube.watch(pod_path(NAMESPACE), resource_version=rv):
-                if ev.type == "BOOKMARK":
-                    rv = ev.object["metadata"]["resourceVersion"]
-                    continue
-                rv = ev.object["metadata"]["resourceVersion"]
-                if ev.type == "DELETED":
-                    tl.pods.pop(_pod_key(ev.object), None)
-                else:
-                    _on_pod(tl, ev.object)
-        except Exception:  # relist on any watch failure (410, connection)
-            rv = None
-            await asyncio.sleep(0.5)
-
-
-def _pod_key(p: Mapping[str, Any]) -> str:
-    return f"{p['metadata']['namespace']}/{p['metadata']['name']}"
-
-
-def _on_pod(tl: Timeline, p: JSON) -> None:
-    key = _pod_key(p)
-    t = tl.now()
-    tl.pods[key] = p
-    tl.first_seen.setdefault(key, t)
-    if p.get("spec", {}).get("nodeName"):
-        tl.bound.setdefault(key, t)
-    if p.get("status", {}).get("phase") in ("Running", "Succeeded"):
-        tl.running.setdefault(key, t)
-
-
-async def _watch_leases(kube: KubeClient, tl: Timeline) -> None:
-    rv = None
-    while True:
-        try:
-            if rv is None:
-                listing = await kube.list(lease_path(LOCK_NAMESPACE))
-                for lease in listing["items"]:
-                    _on_lease(tl, lease)
-                rv = listing["metadata"]["resourceVersion"]
-            async for ev in kube.watch(lease_path(LOCK_NAMESPACE), resource_version=rv):
-                rv = ev.object["metadata"]["resourceVersion"]
-                if ev.type in ("ADDED", "MODIFIED"):
-                    _on_lease(tl, ev.object)
-        except Exception:
-            rv = None
-            await asyncio.sleep(0.5)
-
-
-def _on_lease(tl: Timeline, lease: JSON) -> None:
-    node = lease["metadata"]["name"]
-    tl.leases[node] = lease
-    holder = lease.get("spec", {}).get("holderIdentity") or ""
-    t = tl.now()
-    prev = tl.lock_since.get(node)
-    if prev and prev[0] != holder:
-        if prev[0]:
-            tl.holds.append((node, prev[0], prev[1], t))
-        tl.lock_since[node] = (holder, t)
-    elif not prev:
-        tl.lock_since[node] = (holder, t)
+TARGET_S = 1.5  # the burst target: creation -> running p99 and lock waits p99
 
 
 _LOCK_HELD = re.compile(r"node (\S+): lock held by")
@@ -227,24 +149,19 @@ _LOCK_HELD = re.compile(r"node (\S+): lock held by")
 
 async def _watch_events(kube: KubeClient, tl: Timeline) -> None:
     """Contention as kube-scheduler reports it: a failed bind whose reason is a held lock."""
+
+    def apply(kind: str, event: Mapping[str, Any]) -> None:
+        if kind not in ("ADDED", "MODIFIED"):
+            return
+        m = _LOCK_HELD.search(str(event.get("message", "")))
+        if m:
+            obj = event.get("involvedObject", {})
+            pod = f"{obj.get('namespace')}/{obj.get('name')}"
+            tl.contention.append((m.group(1), pod, tl.now()))
+
     path = f"/api/v1/namespaces/{NAMESPACE}/events"
-    rv = None
-    while True:
-        try:
-            if rv is None:
-                rv = (await kube.list(path))["metadata"]["resourceVersion"]
-            async for ev in kube.watch(path, resource_version=rv):
-                rv = ev.object["metadata"]["resourceVersion"]
-                if ev.type not in ("ADDED", "MODIFIED"):
-                    continue
-                m = _LOCK_HELD.search(str(ev.object.get("message", "")))
-                if m:
-                    obj = ev.object.get("involvedObject", {})
-                    pod = f"{obj.get('namespace')}/{obj.get('name')}"
-                    tl.contention.append((m.group(1), pod, tl.now()))
-        except Exception:
-            rv = None
-            await asyncio.sleep(0.5)
+    # events already there when the demo starts (or relists) are not its contention
+    await follow(kube, path, "demo events", lambda _: None, apply)
 
 
 def _last_event(tl: Timeline) -> float:
@@ -278,123 +195,10 @@ def _gpu_pods(tl: Timeline) -> list[JSON]:
     for p in tl.pods.values():
         spec = p.get("spec", {})
         for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
-            if RESOURCE in c.get("resources", {}).get("limits", {}):
+            if DEFAULT_RESOURCE in c.get("resources", {}).get("limits", {}):
                 out.append(p)
                 break
     return out
-
-
-def _scrape(url: str) -> str:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            text: str = resp.read().decode()
-            return text
-    except OSError:
-        return ""
-
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
-def metric_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Parse Prometheus text exposition into (name, labels, value) samples."""
-    out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
-        try:
-            out.append((m.group(1), labels, float(m.group(3))))
-        except ValueError:
-            continue
-    return out
-
-
-def metric_sum(
-    samples: Sequence[tuple[str, dict[str, str], float]], name: str, **match: str
-) -> float:
-    return sum(
-        v
-        for n, labels, v in samples
-        if n == name and all(labels.get(k) == w for k, w in match.items())
-    )
-
-
-BACKGROUND_S = 5.0
-TARGET_S = 1.5  # the burst target: creation -> running p99 and lock waits p99
-
-
-@dataclass(frozen=True)
-class Histogram:
-    """One Prometheus histogram's cumulative buckets (upper bound -> count) and total count."""
-
-    buckets: tuple[tuple[float, float], ...]
-    count: float
-
-    def at_most(self, bound: float) -> float:
-        """Observations <= ``bound`` (``bound`` must be a bucket edge)."""
-        return next((c for le, c in self.buckets if le == bound), 0.0)
-
-    def quantile(self, q: float) -> float:
-        """``histogram_quantile``: linear within the bucket holding the q-th observation."""
-        if self.count <= 0:
-            return math.nan
-        rank = q * self.count
-        lower, below = 0.0, 0.0
-        for le, cumulative in self.buckets:
-            if cumulative >= rank:
-                if math.isinf(le):
-                    return lower
-                if cumulative == below:
-                    return le
-                return lower + (le - lower) * (rank - below) / (cumulative - below)
-            lower, below = le, cumulative
-        return lower
-
-
-def histogram(samples: Sequence[tuple[str, dict[str, str], float]], name: str) -> Histogram:
-    """Sum ``name`` over every series of the scrape(s) in ``samples``."""
-    buckets: dict[float, float] = {}
-    for metric, labels, value in samples:
-        if metric == f"{name}_bucket" and "le" in labels:
-            le = float(labels["le"])
-            buckets[le] = buckets.get(le, 0.0) + value
-    return Histogram(tuple(sorted(buckets.items())), metric_sum(samples, f"{name}_count"))
-
-
-HANDOFF_WRITES = (("POST", "leases"), ("PUT", "leases"), ("POST", "pods/binding"))
-
-
-async def background_requests(kube: KubeClient, *, seconds: float) -> Counter[tuple[str, str]]:
-    """What the idle cluster sends in ``seconds`` (node heartbeats renew their Leases too)."""
-    first = await _api_requests(kube)
-    await asyncio.sleep(seconds)
-    return await _api_requests(kube) - first
-
-
-def net_of_background(
-    counts: Counter[tuple[str, str]], background: Counter[tuple[str, str]], periods: float
-) -> Counter[tuple[str, str]]:
-    """``counts`` less the idle background over the same time (never below zero)."""
-    out: Counter[tuple[str, str]] = Counter()
-    for key, value in counts.items():
-        out[key] = max(0, round(value - background.get(key, 0) * periods))
-    return +out
-
-
-async def _api_requests(kube: KubeClient) -> Counter[tuple[str, str]]:
-    text = await kube.request_text("GET", "/metrics")
-    counts: Counter[tuple[str, str]] = Counter()
-    for name, labels, v in metric_samples(text):
-        if name == "apiserver_request_total":
-            res = labels.get("resource", "")
-            if labels.get("subresource"):
-                res += "/" + labels["subresource"]
-            counts[(labels.get("verb", ""), res)] += int(v)
-    return counts
 
 
 def _progress_line(tl: Timeline, total: int) -> str:
@@ -454,12 +258,12 @@ async def run_workload(
     async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
         await create_namespace(kube, NAMESPACE)
         background = await background_requests(kube, seconds=BACKGROUND_S)
-        before = await _api_requests(kube)
+        before = await api_requests(kube)
         run_started = time.monotonic()
         tl = Timeline()
         tasks = [
-            asyncio.create_task(_watch_pods(kube, tl)),
-            asyncio.create_task(_watch_leases(kube, tl)),
+            asyncio.create_task(watch_pods(kube, tl, NAMESPACE)),
+            asyncio.create_task(watch_leases(kube, tl)),
             asyncio.create_task(_watch_events(kube, tl)),
         ]
         total = _expected_pods(workloads)
@@ -503,9 +307,9 @@ async def run_workload(
             if tty:
                 print("", file=out)
             print(_progress_line(tl, total), file=out)
-            after = await _api_requests(kube)
-            extender_text = _scrape(extender_metrics)
-            leases_text = cluster.kubectl("get", "leases", "-n", LOCK_NAMESPACE)
+            after = await api_requests(kube)
+            extender_text = scrape(extender_metrics)
+            leases_text = cluster.kubectl("get", "leases", "-n", DEFAULT_LOCK_NAMESPACE)
         finally:
             for t in tasks:
                 t.cancel()
@@ -530,7 +334,7 @@ def report(
     final.s1 = sorted(set(final.s1) | set(tl.violations.s1))
     final.s2 = sorted(set(final.s2) | set(tl.violations.s2))
     check_locks_free(tl.leases.values(), final)
-    placed = [k for k in tl.running if k in {_pod_key(p) for p in pods}]
+    placed = [k for k in tl.running if k in {pod_key(p) for p in pods}]
     to_running = [tl.running[k] - tl.first_seen[k] for k in placed if k in tl.first_seen]
     holds = [t1 - t0 for _, _, t0, t1 in tl.holds]
     samples = extra["extender_metrics"]
@@ -583,7 +387,7 @@ def report(
         "joining its node's queue -> taking the lock, from the extender's histogram (quantiles "
         "interpolated within buckets, as Prometheus does)"
     )
-    p99_running = _quantile(to_running, 0.99)
+    p99_running = quantile(to_running, 0.99)
     verdict = "met" if p99_running <= TARGET_S and waits.quantile(0.99) <= TARGET_S else "MISSED"
     lines.append(
         f"  target: creation -> running p99 and lock waits p99 each <= {TARGET_S:g} s: {verdict}"
@@ -597,7 +401,7 @@ def report(
         verdict = "PASS" if not found else f"FAIL ({len(found)})"
         lines.append(f"  {name} {desc:<45} {verdict}")
         lines.extend(f"      {v}" for v in found[:5])
-    lines.append(f"\n$ kubectl get leases -n {LOCK_NAMESPACE}")
+    lines.append(f"\n$ kubectl get leases -n {DEFAULT_LOCK_NAMESPACE}")
     lines.append(str(extra["leases_text"]).rstrip())
     return "\n".join(lines), summary
 
@@ -664,7 +468,10 @@ def _main(args: argparse.Namespace) -> int:
     if args.keep:
         print("\nThe cluster is still running. Look around:")
         print(f"  export KUBECONFIG={cluster.kubeconfig} PATH={binaries.directory}:$PATH")
-        print(f"  kubectl get pods -n {NAMESPACE} -o wide; kubectl get leases -n {LOCK_NAMESPACE}")
+        print(
+            f"  kubectl get pods -n {NAMESPACE} -o wide;"
+            f" kubectl get leases -n {DEFAULT_LOCK_NAMESPACE}"
+        )
         print("  .venv/bin/nodelock locks")
         print(f"  curl {cluster.settings()['extender']['url']}/metrics")
         print(f"Stop it with: .venv/bin/nodelock devcluster down --state-dir {cluster.state_dir}")

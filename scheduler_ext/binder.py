@@ -41,10 +41,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from handoff.wire import Assignment, format_assignment
-from lockd import failpoints
-from lockd.errors import ApiError, ApiUnavailable, Conflict, LockError, LockHeld, NotFound
-from lockd.kube import KubeClient, pod_path
+from handoff.wire import LEASE_ASSIGNMENT, Assignment, format_assignment, format_token
+from kube import failpoints
+from kube.client import KubeClient, pod_path
+from kube.errors import ApiError, ApiUnavailable, Conflict, NotFound
+from lockd.errors import LockError, LockHeld
 from lockd.locks import NodeLocks
 from lockd.microtime import now_microtime
 from lockd.model import HeldLock, Holder, HolderKey, LockRecord, NodeName, Outcome
@@ -55,7 +56,7 @@ from scheduler_ext.need import PodNeed
 from scheduler_ext.protocol import BindingArgs
 from scheduler_ext.state import BadObject, PodState, pod_state
 from scheduler_ext.takeover import DEFAULT_REQUEST_TIMEOUT_S, binding_may_still_land, judge
-from scheduler_ext.verbs import ASSIGNMENT_DATA, with_lock_holder
+from scheduler_ext.verbs import with_lock_holder
 from scheduler_ext.waiting import BindQueues, WaitRefused
 
 log = logging.getLogger(__name__)
@@ -266,7 +267,7 @@ class Binder:
             held, assignment = await self._confirm(held, args, need, assignment)
             annotations = {
                 self._cache.keys.assignment: format_assignment(assignment),
-                self._cache.keys.token: str(held.token),
+                self._cache.keys.token: format_token(held.token),
                 self._cache.keys.bound_at: now_microtime(),
             }
             left = self._duration_s / 3 - (self._clock() - acquired_at)
@@ -352,7 +353,7 @@ class Binder:
         return Holder(
             key=HolderKey(args.key),
             uid=args.pod_uid,
-            data={ASSIGNMENT_DATA: format_assignment(assignment)},
+            data={LEASE_ASSIGNMENT: format_assignment(assignment)},
         )
 
     async def _release(self, held: HeldLock, args: BindingArgs) -> None:

@@ -30,10 +30,10 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from handoff.wire import DeviceID, Keys
-from lockd.model import HolderKey, NodeName
+from handoff.request import BadPod
+from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
+from lockd.model import NodeName
 from scheduler_ext.choose import NodeGPUs
-from scheduler_ext.need import BadPod
 from scheduler_ext.state import BadObject, NodeState, PodState, node_state, pod_state
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,9 @@ JSON = dict[str, Any]
 TOMBSTONES = 50_000  # deleted pod UIDs remembered for the bind's confirm step
 
 
-def node_gpus(
-    node: NodeState, pods: Iterable[PodState], *, extra_taken: Iterable[DeviceID] = ()
-) -> NodeGPUs:
+def node_gpus(node: NodeState, pods: Iterable[PodState]) -> NodeGPUs:
     """A node's GPU picture from its state and the pods bound to it (pure)."""
-    taken: set[DeviceID] = set(extra_taken)
+    taken: set[DeviceID] = set()
     unattributed = 0
     for pod in pods:
         if not pod.holds_gpus:
@@ -78,7 +76,7 @@ class ClusterCache:
         self,
         *,
         keys: Keys | None = None,
-        resource: str = "nvidia.com/gpu",
+        resource: str = DEFAULT_RESOURCE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.keys = keys or Keys()
@@ -86,7 +84,6 @@ class ClusterCache:
         self._clock = clock
         self._nodes: dict[NodeName, NodeState] = {}
         self._pods: dict[str, PodState] = {}  # by UID
-        self._by_key: dict[HolderKey, str] = {}  # namespace/name -> UID
         self._on_node: dict[NodeName, set[str]] = {}  # node -> UIDs of pods bound to it
         self._gpus: dict[NodeName, NodeGPUs] = {}  # every known node's picture, kept current
         self._stale: set[NodeName] = set()  # pictures the write in progress invalidated
@@ -112,10 +109,6 @@ class ClusterCache:
 
     def pod(self, uid: str) -> PodState | None:
         return self._pods.get(uid)
-
-    def pod_by_key(self, key: HolderKey) -> PodState | None:
-        uid = self._by_key.get(key)
-        return self._pods.get(uid) if uid is not None else None
 
     def pending_demand(self) -> tuple[int, int]:
         """(GPUs, the largest pod's GPUs) asked for by the pods not bound yet and not terminal:
@@ -255,8 +248,6 @@ class ClusterCache:
             self._pending_sizes[size] -= 1
             if not self._pending_sizes[size]:
                 del self._pending_sizes[size]
-        if self._by_key.get(pod.key) == pod.uid:
-            del self._by_key[pod.key]
         if pod.node is not None:
             on = self._on_node.get(pod.node)
             if on is not None:
@@ -270,7 +261,6 @@ class ClusterCache:
         if size:
             self._pending_gpus += size
             self._pending_sizes[size] += 1
-        self._by_key[pod.key] = pod.uid
         if pod.node is not None:
             self._on_node.setdefault(pod.node, set()).add(pod.uid)
             self._stale.add(pod.node)
@@ -300,7 +290,6 @@ class ClusterCache:
         """Take a full LIST of pods; pods missing from it count as deleted."""
         before = set(self._pods)
         self._pods.clear()
-        self._by_key.clear()
         self._on_node.clear()
         self._pending_sizes.clear()
         self._pending_gpus = 0

@@ -6,8 +6,8 @@ import argparse
 import asyncio
 
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
-from lockd.kube import KubeClient
-from lockd.process import configure_logging, run_until_signalled
+from kube.client import KubeClient
+from kube.process import configure_logging, run_until_signalled
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
 from scheduler_ext.choose import Policy
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S

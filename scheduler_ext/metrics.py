@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from lockd.build import register_build_info
+from kube.build import register_build_info
 from lockd.metrics import WAIT_BUCKETS
 from lockd.model import NodeName
 from scheduler_ext.cache import ClusterCache

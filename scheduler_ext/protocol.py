@@ -36,10 +36,6 @@ class ExtenderArgs:
     node_names: tuple[NodeName, ...]
     nodes: tuple[JSON, ...] | None
 
-    @property
-    def node_cache_capable(self) -> bool:
-        return self.nodes is None
-
 
 @dataclass(frozen=True)
 class BindingArgs:

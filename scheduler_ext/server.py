@@ -23,13 +23,14 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from handoff.request import BadPod
 from lockd.locks import NodeLocks
 from lockd.model import NodeName
 from scheduler_ext.binder import Binder
 from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import NodeGPUs, Policy, burst_fills_anyway
 from scheduler_ext.metrics import ExtenderMetrics, Result, Verb
-from scheduler_ext.need import BadPod, PodNeed, pod_need
+from scheduler_ext.need import PodNeed, pod_need
 from scheduler_ext.promises import Promises
 from scheduler_ext.protocol import (
     BadRequest,
@@ -98,10 +99,7 @@ class Endpoints:
     # ---- helpers ----------------------------------------------------------------------------
 
     async def _body(self, request: web.Request) -> object:
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise
+        raw = await request.read()  # HTTPRequestEntityTooLarge past the size limit
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:  # also bad UTF-8 and nesting past 1,024 levels

@@ -19,7 +19,8 @@ from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
-from lockd.kube import KubeClient, node_path, pod_path
+from kube.client import KubeClient, node_path, pod_path
+from kube.reflector import Reflector
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from scheduler_ext.binder import CONFIRM_WAIT_S, DEFAULT_WAIT_BUDGET_S, Binder
@@ -27,7 +28,6 @@ from scheduler_ext.cache import ClusterCache
 from scheduler_ext.choose import Policy
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, check_bind_timing
 from scheduler_ext.metrics import ExtenderMetrics
-from scheduler_ext.reflector import Reflector
 from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES, Endpoints, ServerOptions, make_app
 from scheduler_ext.takeover import DEFAULT_REQUEST_TIMEOUT_S
 

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from handoff.holder import PodFacts, pod_facts
+from handoff.request import BadPod, parse_quantity
 from handoff.topology import NumaPolicy
 from handoff.wire import (
     GPU,
@@ -24,8 +25,8 @@ from handoff.wire import (
     parse_inventory,
     parse_token,
 )
-from lockd.model import HolderKey, NodeName
-from scheduler_ext.need import BadPod, PodNeed, parse_quantity, pod_need
+from lockd.model import FencingToken, HolderKey, NodeName
+from scheduler_ext.need import PodNeed, pod_need
 
 
 class BadObject(ValueError):
@@ -59,7 +60,7 @@ class PodState:
     need_error: str | None
     assignment: Assignment | None
     assignment_error: str | None
-    token: int | None
+    token: FencingToken | None
     resource_version: str
 
     @property
@@ -130,7 +131,7 @@ def pod_state(obj: Mapping[str, Any], *, keys: Keys, resource: str) -> PodState:
             assignment = parse_assignment(str(raw), key=keys.assignment)
         except MalformedAnnotation as exc:
             assignment_error = str(exc)
-    token: int | None = None
+    token: FencingToken | None = None
     raw_token = annotations.get(keys.token)
     if raw_token is not None:
         try:

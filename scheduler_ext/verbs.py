@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from itertools import compress
 from typing import cast
 
-from handoff.wire import Keys, MalformedAnnotation, parse_assignment
+from handoff.wire import LEASE_ASSIGNMENT, Keys, MalformedAnnotation, parse_assignment
 from lockd.model import Holder, NodeLockView, NodeName
 from scheduler_ext.choose import (
     Fit,
@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_NODE = "node is not (yet) in the GPU extender's cache"
 DEFAULT_KEYS = Keys()
-ASSIGNMENT_DATA = "assignment"  # Holder.data key: the Lease annotation <prefix>assignment
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ def with_holder(
         return gpus
     if finished is not None and finished(holder.uid):
         return gpus
-    raw = holder.data.get(ASSIGNMENT_DATA)
+    raw = holder.data.get(LEASE_ASSIGNMENT)
     if raw is None:
         return gpus
     try:

@@ -18,7 +18,7 @@ import pytest
 from devcluster.binaries import ensure_control_plane
 from devcluster.cluster import Cluster
 from devcluster.namespaces import create_namespace
-from lockd.kube import KubeClient, namespace_path
+from kube.client import KubeClient, namespace_path
 
 _MARKS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
 

@@ -18,7 +18,7 @@ import pytest
 from devcluster.binaries import ensure_control_plane
 from devcluster.cluster import Cluster
 from devcluster.gpunodes import up_gpu_cluster
-from lockd.kube import KubeClient
+from kube.client import KubeClient
 from tests.e2e.kit import LEASE_S, GPUCluster, assert_no_violations
 
 
@@ -34,7 +34,6 @@ def gpu_cluster() -> Iterator[GPUCluster]:
             gpus_per_node=4,
             extender_replicas=2,
             extender_args=[f"--lease-duration={LEASE_S}"],
-            plugin_args=[f"--lease-duration={LEASE_S}"],
         )
         yield GPUCluster(cluster, [s.name for s in specs])
     finally:

@@ -12,11 +12,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from devcluster.cluster import LOCK_NAMESPACE, Cluster
+from devcluster.cluster import Cluster
 from devcluster.invariants import allocated, check_pods
 from devcluster.namespaces import create_namespace
-from lockd.errors import NotFound
-from lockd.kube import JSON, KubeClient, lease_path, namespace_path, pod_path
+from handoff.wire import DEFAULT_LOCK_NAMESPACE
+from kube.client import JSON, KubeClient, lease_path, namespace_path, pod_path
+from kube.errors import NotFound
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
 from scheduler_ext.metrics import LATENCY_BUCKETS
 
@@ -119,7 +120,7 @@ class GPUCluster:
         raise AssertionError(f"{name} still exists after {timeout_s}s")
 
     async def lease(self, node: str) -> JSON:
-        return await self.kube.get(lease_path(LOCK_NAMESPACE, node))
+        return await self.kube.get(lease_path(DEFAULT_LOCK_NAMESPACE, node))
 
     async def wait_holder(self, node: str, holder: str | None, *, timeout_s: float = 60.0) -> JSON:
         """Wait until ``node``'s lock is held by ``holder`` (``None``: free)."""
@@ -189,7 +190,7 @@ def kubelet_devices(pod: Mapping[str, Any]) -> dict[str, list[str]]:
 
 
 async def held_locks(kube: KubeClient) -> dict[str, str]:
-    leases = (await kube.list(lease_path(LOCK_NAMESPACE)))["items"]
+    leases = (await kube.list(lease_path(DEFAULT_LOCK_NAMESPACE)))["items"]
     return {
         le["metadata"]["name"]: le["spec"]["holderIdentity"]
         for le in leases
@@ -207,7 +208,7 @@ async def assert_no_violations(kube: KubeClient) -> None:
 
 async def metric_value(url: str, name: str, **labels: str) -> float:
     """Sum of a metric's samples with these labels, scraped from ``url``."""
-    from nodelock.demo import metric_samples, metric_sum
+    from nodelock.measure import metric_samples, metric_sum
 
     def fetch() -> str:
         import urllib.request

@@ -16,7 +16,7 @@ from devcluster.gpunodes import kubelet_checkpoint, nodelock_command, pod_resour
 from deviceplugin.kubeletview import list_pod_resources
 from deviceplugin.simulated import simulated_id
 from handoff.audit import Kind
-from lockd.kube import JSON, pod_path
+from kube.client import JSON, pod_path
 from nodelock.audit import AuditResult, audit, devcluster_sources
 from proto import deviceplugin_v1beta1_pb2 as dp_pb
 from proto import podresources_v1_pb2 as pr_pb

@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections import defaultdict
 
-from lockd.kube import pod_path
+from kube.client import pod_path
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
 from tests.e2e.kit import (
     GPUCluster,

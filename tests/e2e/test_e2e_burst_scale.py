@@ -28,11 +28,12 @@ from pathlib import Path
 import pytest
 
 from devcluster.binaries import ensure_control_plane
-from devcluster.cluster import LOCK_NAMESPACE, Cluster
+from devcluster.cluster import Cluster
 from devcluster.gpunodes import up_gpu_cluster
 from devcluster.invariants import check_pods
 from deviceplugin.simulated import simulated_id
-from lockd.kube import JSON, KubeClient, lease_path, pod_path
+from handoff.wire import DEFAULT_LOCK_NAMESPACE as LOCK_NAMESPACE
+from kube.client import JSON, KubeClient, lease_path, pod_path
 from nodelock.audit import audit, devcluster_sources
 from tests.e2e.kit import (
     GPUCluster,

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from lockd.errors import Forbidden, NotFound
-from lockd.kube import pod_path
+from kube.client import pod_path
+from kube.errors import Forbidden, NotFound
 from tests.e2e.kit import (
     BYPASS,
     LEASE_S,

@@ -23,7 +23,7 @@ from devcluster.cluster import Cluster
 from devcluster.gpunodes import NodeSpec, start_extender, start_node, wait_nodes_ready
 from handoff.topology import Link, NumaPolicy, set_link
 from handoff.wire import GPU, parse_inventory
-from lockd.kube import KubeClient, node_path, pod_path
+from kube.client import KubeClient, node_path, pod_path
 from tests.e2e.kit import (
     GPUCluster,
     assert_no_violations,

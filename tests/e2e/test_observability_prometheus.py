@@ -38,8 +38,8 @@ from prometheus_client import CollectorRegistry
 
 from dashboards import build
 from dashboards.promql import dashboard_queries, operands, substitute, variable_queries
-from devcluster.cluster import LOCK_NAMESPACE
 from devcluster.processes import free_port
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from lockd.model import Holder, HolderKey, NodeName, Outcome
@@ -221,7 +221,8 @@ async def test_every_dashboard_query_and_alert_returns_data(
         # past its duration, so that the stuck-lock series (unchanged seconds, expired) exist.
         locks = NodeLocks(
             e2e.kube,
-            namespace=LOCK_NAMESPACE,
+            namespace=DEFAULT_LOCK_NAMESPACE,
+            prefix=DEFAULT_PREFIX,
             duration_s=LEASE_S,
             metrics=LockMetrics(registry=CollectorRegistry()),  # the test's own, not scraped
         )

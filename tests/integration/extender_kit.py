@@ -17,9 +17,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from handoff.wire import GPU, DeviceID, format_inventory, parse_assignment
-from lockd.errors import LockError, NotFound
-from lockd.kube import KubeClient, node_path, pod_path
+from handoff.wire import DEFAULT_PREFIX, GPU, DeviceID, format_inventory, parse_assignment
+from kube.client import KubeClient, node_path, pod_path
+from kube.errors import NotFound
+from lockd.errors import LockError
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from lockd.model import HeldLock, NodeName, Outcome
@@ -178,6 +179,7 @@ async def running_extender(
 
 def new_locks(kube: KubeClient, namespace: str, **kw: Any) -> NodeLocks:
     """A ``NodeLocks`` of its own (another process, as far as lock state goes)."""
+    kw.setdefault("prefix", DEFAULT_PREFIX)
     return NodeLocks(
         kube, namespace=namespace, metrics=LockMetrics(registry=CollectorRegistry()), **kw
     )

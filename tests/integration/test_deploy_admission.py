@@ -24,10 +24,10 @@ from devcluster.cluster import Cluster
 from devcluster.helm import ensure_helm
 from devcluster.pki import SCHEDULER
 from handoff.wire import Keys
-from lockd.cli import run_locks
-from lockd.errors import Forbidden, NotFound
-from lockd.kube import KubeClient, PatchType, lease_path, namespace_path, node_path, pod_path
+from kube.client import KubeClient, PatchType, lease_path, namespace_path, node_path, pod_path
+from kube.errors import Forbidden, NotFound
 from lockd.model import Holder, HolderKey, NodeName, Outcome
+from nodelock.locks import run_locks
 from tests.integration.deploy_kit import (
     JSON,
     TestRelease,

@@ -18,7 +18,7 @@ import pytest
 
 from devcluster.cluster import Cluster
 from devcluster.helm import ensure_helm
-from lockd.kube import KubeClient
+from kube.client import KubeClient
 from tests.integration.deploy_kit import TestRelease, eventually, token
 
 SAR_PATH = "/apis/authorization.k8s.io/v1/subjectaccessreviews"

@@ -29,7 +29,7 @@ from devcluster.gpunodes import nodelock_command
 from devcluster.helm import ensure_helm
 from devcluster.pki import ADMIN
 from handoff.wire import ContainerName, Keys, parse_assignment
-from lockd.kube import KubeClient, lease_path, node_path, pod_path
+from kube.client import KubeClient, lease_path, node_path, pod_path
 from tests.integration.deploy_kit import JSON, TestRelease, token, token_kubeconfig
 from tests.integration.extender_kit import create_gpu_node, device_ids, pod_body, wait_for
 

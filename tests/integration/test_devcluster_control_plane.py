@@ -8,8 +8,8 @@ import json
 import pytest
 
 from devcluster.cluster import Cluster
-from lockd.errors import Conflict
-from lockd.kube import KubeClient, lease_path, node_path, pod_path
+from kube.client import KubeClient, lease_path, node_path, pod_path
+from kube.errors import Conflict
 
 
 async def test_lease_with_stale_resource_version_gets_409(kube: KubeClient, namespace: str) -> None:

@@ -20,8 +20,8 @@ import pytest
 from devcluster.cluster import Cluster
 from deviceplugin.simulated import simulated_id
 from handoff.wire import parse_inventory
-from lockd import KubeClient, NotFound
-from lockd.kube import node_path
+from kube import KubeClient, NotFound
+from kube.client import node_path
 from proto import deviceplugin_v1beta1_pb2 as pb
 from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 

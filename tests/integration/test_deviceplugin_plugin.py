@@ -29,25 +29,25 @@ from deviceplugin.checkpoint import Checkpoint, PendingRelease
 from deviceplugin.plugin import DevicePlugin, PluginConfig
 from deviceplugin.simulated import SimSpec, SimulatedBackend, simulated_id
 from handoff.wire import (
+    DEFAULT_PREFIX,
     ContainerName,
     DeviceID,
     format_assignment,
     format_inventory,
     parse_inventory,
 )
+from kube import KubeClient, NotFound
+from kube.client import node_path, pod_path
 from lockd import (
     HeldLock,
     Holder,
     HolderKey,
-    KubeClient,
     LockMetrics,
     NodeLocks,
     NodeLockView,
     NodeName,
-    NotFound,
     Outcome,
 )
-from lockd.kube import node_path, pod_path
 from proto import deviceplugin_v1beta1_pb2 as pb
 from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -86,7 +86,12 @@ async def env(kube: KubeClient, namespace: str) -> AsyncIterator[Env]:
     await kube.create(node_path(), {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
     # unix socket paths must stay short (108 bytes), so not under pytest's tmp_path
     root = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
-    locks = NodeLocks(kube, namespace=namespace, metrics=LockMetrics(registry=CollectorRegistry()))
+    locks = NodeLocks(
+        kube,
+        namespace=namespace,
+        metrics=LockMetrics(registry=CollectorRegistry()),
+        prefix=DEFAULT_PREFIX,
+    )
     try:
         yield Env(kube, namespace, node, root / "plugins", root / "state", locks)
     finally:

@@ -18,7 +18,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from devcluster.cluster import Cluster
-from lockd.kube import KubeClient, node_path, pod_path
+from kube.client import KubeClient, node_path, pod_path
 from lockd.metrics import LockMetrics
 from lockd.model import Holder, HolderKey, NodeName
 from scheduler_ext.binder import Binder

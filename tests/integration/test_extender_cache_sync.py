@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from lockd.kube import KubeClient, node_path, pod_path
+from kube.client import KubeClient, node_path, pod_path
+from kube.reflector import Reflector
 from lockd.model import NodeName
 from scheduler_ext.cache import ClusterCache
-from scheduler_ext.reflector import Reflector
 from scheduler_ext.service import Extender
 from tests.integration.extender_kit import (
     create_gpu_node,
@@ -101,6 +101,17 @@ async def _free(cache: ClusterCache, node: str, n: int) -> bool:
 async def test_watch_that_brings_nothing_relists(kube: KubeClient, namespace: str) -> None:
     cache = ClusterCache()
     relists: list[int] = []
+
+    def relisted() -> None:
+        relists.append(1)
+        if len(relists) == 1:
+            # a pod deleted while "the stream was down" must disappear with the next relist
+            cache.apply_pod(
+                "ADDED", {"metadata": {"name": "ghost", "namespace": namespace, "uid": "g"}}
+            )
+            # a version the server has not reached: it answers nothing (no error, no bookmark)
+            reflector.resource_version = "999999999"
+
     reflector = Reflector(
         kube,
         pod_path(namespace),
@@ -108,16 +119,10 @@ async def test_watch_that_brings_nothing_relists(kube: KubeClient, namespace: st
         replace=cache.replace_pods,
         apply=cache.apply_pod,
         alive=lambda: cache.mark_alive("pods"),
-        on_relist=lambda: relists.append(1),
+        on_relist=relisted,
         watch_timeout_s=2,
     )
-    await reflector.relist()
-    assert len(relists) == 1
-    # a pod deleted while "the stream was down" must disappear with the relist
-    cache.apply_pod("ADDED", {"metadata": {"name": "ghost", "namespace": namespace, "uid": "g"}})
-    # a version the server has not reached: it answers nothing (no error, no bookmark)
-    reflector.resource_version = "999999999"
-    task = asyncio.create_task(reflector.run(list_first=False))
+    task = asyncio.create_task(reflector.run())
     try:
         await wait_for(lambda: _async(len(relists) >= 2), timeout_s=30)
         await wait_for(lambda: _async(cache.is_gone("g")), timeout_s=30)

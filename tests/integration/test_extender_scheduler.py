@@ -21,8 +21,8 @@ from devcluster import lb
 from devcluster.cluster import Cluster
 from devcluster.pki import PKI, SCHEDULER
 from devcluster.processes import free_port
-from lockd.errors import NotFound
-from lockd.kube import KubeClient, namespace_path, pod_path
+from kube.client import KubeClient, namespace_path, pod_path
+from kube.errors import NotFound
 from lockd.model import NodeName
 from scheduler_ext.config import ExtenderTLS, extender_entry
 from scheduler_ext.metrics import Verb

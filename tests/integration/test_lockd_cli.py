@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from devcluster.cluster import Cluster
-from lockd import Holder, HolderKey, KubeClient, NodeLocks, NodeName, Outcome
-from lockd.cli import NEEDS_FORCE, CliError, run_locks
-from lockd.kube import lease_path, pod_path
+from handoff.wire import DEFAULT_PREFIX
+from kube import KubeClient
+from kube.client import lease_path, pod_path
+from lockd import Holder, HolderKey, NodeLocks, NodeName, Outcome
+from nodelock.locks import NEEDS_FORCE, CliError, run_locks
 
 NODE = NodeName("gpu-cli-1")
 
@@ -47,7 +49,9 @@ async def stuck_lock(kube: KubeClient, namespace: str) -> tuple[NodeLocks, Holde
         },
     )
     holder = Holder(HolderKey(f"{namespace}/stuck"), pod["metadata"]["uid"], {"assignment": "{}"})
-    an_hour_ago = NodeLocks(kube, namespace=namespace, wall_clock=lambda: 1_714_564_800.0)
+    an_hour_ago = NodeLocks(
+        kube, namespace=namespace, wall_clock=lambda: 1_714_564_800.0, prefix=DEFAULT_PREFIX
+    )
     await an_hour_ago.acquire(NODE, holder)
     return an_hour_ago, holder
 
@@ -143,7 +147,9 @@ async def test_break_of_a_young_lock_whose_holder_is_not_bound_needs_force(
 ) -> None:
     """The binding of a holder that is not bound yet may still land while its lock is young."""
     holder = await unbound_holder(kube, namespace, "binding")
-    await NodeLocks(kube, namespace=namespace).acquire(NODE, holder)  # just now
+    await NodeLocks(kube, namespace=namespace, prefix=DEFAULT_PREFIX).acquire(
+        NODE, holder
+    )  # just now
 
     code, out, err = await run(args(cluster, namespace, "break", node=NODE, yes=True))
     assert code == NEEDS_FORCE
@@ -165,7 +171,9 @@ async def test_break_of_an_old_lock_whose_holder_is_not_bound_needs_no_force(
     cluster: Cluster, kube: KubeClient, namespace: str
 ) -> None:
     holder = await unbound_holder(kube, namespace, "gave-up")
-    an_hour_ago = NodeLocks(kube, namespace=namespace, wall_clock=lambda: 1_714_564_800.0)
+    an_hour_ago = NodeLocks(
+        kube, namespace=namespace, wall_clock=lambda: 1_714_564_800.0, prefix=DEFAULT_PREFIX
+    )
     await an_hour_ago.acquire(NODE, holder)
 
     code, out, err = await run(args(cluster, namespace, "break", node=NODE, yes=True))

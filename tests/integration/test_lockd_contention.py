@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from devcluster.cluster import Cluster
+from handoff.wire import DEFAULT_PREFIX
+from kube import KubeClient
+from kube.client import lease_path
 from lockd import (
     Holder,
     HolderKey,
-    KubeClient,
     LockHeld,
     LockMetrics,
     NodeLocks,
@@ -27,7 +29,6 @@ from lockd import (
     NodeName,
     Outcome,
 )
-from lockd.kube import lease_path
 
 NODE = NodeName("contended")
 CONTENDERS = 8
@@ -86,7 +87,15 @@ async def test_contenders_exclude_each_other_and_tokens_strictly_increase(
     try:
         contenders = [
             contender(
-                i, NodeLocks(client, namespace=namespace, duration_s=60, metrics=metrics), shared
+                i,
+                NodeLocks(
+                    client,
+                    namespace=namespace,
+                    duration_s=60,
+                    metrics=metrics,
+                    prefix=DEFAULT_PREFIX,
+                ),
+                shared,
             )
             for i, client in enumerate(clients)
         ]

@@ -10,22 +10,22 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from devcluster.cluster import Cluster
+from handoff.wire import DEFAULT_PREFIX
+from kube import KubeClient, NotFound
+from kube.client import lease_path, pod_path
 from lockd import (
     HeldLock,
     Holder,
     HolderKey,
-    KubeClient,
     LockHeld,
     LockLost,
     LockMetrics,
     LockRecord,
     NodeLocks,
     NodeName,
-    NotFound,
     Outcome,
     StaleToken,
 )
-from lockd.kube import lease_path, pod_path
 
 NODE = NodeName("gpu-node-1")
 A = Holder(HolderKey("team/train-0"), "uid-a", {"assignment": '{"main":["GPU-0"]}'})
@@ -56,6 +56,7 @@ def make_locks(kube: KubeClient, namespace: str, registry: CollectorRegistry) ->
 
     def make(**kw: Any) -> NodeLocks:
         kw.setdefault("namespace", namespace)
+        kw.setdefault("prefix", DEFAULT_PREFIX)
         kw.setdefault("metrics", metrics)
         return NodeLocks(kw.pop("client", kube), **kw)
 
@@ -218,7 +219,7 @@ async def test_clock_skew_only_observed_time_counts(
     make_locks: LocksFactory, kube: KubeClient, namespace: str, renew_time: str
 ) -> None:
     """A Lease written by a holder with a wildly wrong clock is judged by observed time only."""
-    skewed = NodeLocks(kube, namespace=namespace, wall_clock=lambda: 0.0)
+    skewed = NodeLocks(kube, namespace=namespace, wall_clock=lambda: 0.0, prefix=DEFAULT_PREFIX)
     body = skewed.format.new_lease(NODE, A, duration_s=10, now=renew_time)
     await kube.create(lease_path(namespace), body)
     clock = FakeClock()

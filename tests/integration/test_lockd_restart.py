@@ -12,17 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from devcluster.cluster import Cluster
-from lockd import (
-    ApiUnavailable,
-    Holder,
-    HolderKey,
-    KubeClient,
-    LockMetrics,
-    NodeLocks,
-    NodeLockView,
-    NodeName,
-    Outcome,
-)
+from handoff.wire import DEFAULT_PREFIX
+from kube import ApiUnavailable, KubeClient
+from lockd import Holder, HolderKey, LockMetrics, NodeLocks, NodeLockView, NodeName, Outcome
 
 NODE = NodeName("restart-node")
 A = Holder(HolderKey("team/a"), "uid-a", {"assignment": '{"c":["GPU-0"]}'})
@@ -35,8 +27,8 @@ async def test_lock_and_token_survive_an_apiserver_crash(
 ) -> None:
     metrics = LockMetrics(registry=CollectorRegistry())
     other = await KubeClient.connect(str(cluster.kubeconfig), timeout_s=3.0)
-    holder_side = NodeLocks(kube, namespace=namespace, metrics=metrics)
-    watcher = NodeLocks(other, namespace=namespace, metrics=metrics)
+    holder_side = NodeLocks(kube, namespace=namespace, metrics=metrics, prefix=DEFAULT_PREFIX)
+    watcher = NodeLocks(other, namespace=namespace, metrics=metrics, prefix=DEFAULT_PREFIX)
     seen: list[NodeLockView | None] = []
     watching = asyncio.create_task(watcher.watch(node=NODE, on_change=lambda v, _: seen.append(v)))
     try:

@@ -28,8 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from handoff.wire import Assignment, format_assignment
-from lockd.errors import ApiUnavailable, Conflict, LockError, LockHeld, NotFound
+from handoff.wire import LEASE_ASSIGNMENT, Assignment, format_assignment
+from kube.errors import ApiUnavailable, Conflict, NotFound
+from lockd.errors import LockError, LockHeld
 from lockd.model import HeldLock, Holder, HolderKey, LockRecord, NodeName, Outcome
 from scheduler_ext.binder import MIN_BINDING_BUDGET_S, PROVEN_OUTCOMES
 from scheduler_ext.cache import ClusterCache, node_gpus
@@ -37,7 +38,7 @@ from scheduler_ext.choose import Fit, NodeGPUs, NoFit, Policy, choose, conflicts
 from scheduler_ext.need import PodNeed
 from scheduler_ext.state import PodState, pod_state
 from scheduler_ext.takeover import judge
-from scheduler_ext.verbs import ASSIGNMENT_DATA, filter_nodes, prioritize_nodes, with_lock_holder
+from scheduler_ext.verbs import filter_nodes, prioritize_nodes, with_lock_holder
 from tests.model.locks import DURATION_S, Clock, LockClient
 from tests.model.world import JSON, KEYS, RESOURCE, BindingRequest, Event, Kind, Store, Watch
 
@@ -206,7 +207,7 @@ class Replica:
         return Holder(
             key=HolderKey(task.pod_key),
             uid=task.uid,
-            data={ASSIGNMENT_DATA: format_assignment(assignment)},
+            data={LEASE_ASSIGNMENT: format_assignment(assignment)},
         )
 
     def begin(self, task: BindTask, *, hand_edits: int) -> str:

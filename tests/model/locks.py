@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from handoff.wire import DEFAULT_PREFIX
+from kube.errors import ApiUnavailable, Conflict, NotFound
 from lockd.decide import (
     AskTakeover,
     Create,
@@ -32,14 +34,14 @@ from lockd.decide import (
     decide_release,
     decide_renew,
 )
-from lockd.errors import ApiUnavailable, Conflict, LockHeld, LockLost, NotFound
+from lockd.errors import LockHeld, LockLost
 from lockd.lease import LeaseFormat
 from lockd.microtime import microtime_from_epoch
 from lockd.model import FencingToken, HeldLock, Holder, LockRecord, NodeLockView, NodeName, Outcome
 from lockd.observed import Observations, Seen
 from tests.model.world import JSON, LEASE_NAMESPACE, Event, Store
 
-FMT = LeaseFormat(namespace=LEASE_NAMESPACE)
+FMT = LeaseFormat(namespace=LEASE_NAMESPACE, prefix=DEFAULT_PREFIX)
 DURATION_S = 15
 MAX_WRITES = 2
 EPOCH = 1_764_547_200.0  # 2025-12-01T00:00:00Z, the model's time 0 on a clock without skew

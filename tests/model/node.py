@@ -41,7 +41,8 @@ from deviceplugin.decide import (
     handoff_abandoned,
 )
 from handoff.wire import ContainerName, DeviceID
-from lockd.errors import ApiUnavailable, LockLost, StaleToken
+from kube.errors import ApiUnavailable
+from lockd.errors import LockLost, StaleToken
 from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView, NodeName, Outcome
 from tests.model.locks import Clock, LockClient
 from tests.model.world import JSON, KEYS, RESOURCE, Event, Kind, Store, Watch, gpu_id

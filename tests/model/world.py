@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handoff.wire import GPU, DeviceID, Keys, format_inventory
-from lockd.errors import Conflict, NotFound
+from kube.errors import Conflict, NotFound
 from lockd.model import NodeName
 
 JSON = dict[str, Any]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from lockd.build import BuildInfo, build_info, git_commit, register_build_info
+from kube.build import BuildInfo, build_info, git_commit, register_build_info
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from nodelock.demo import histogram, metric_samples
+from nodelock.measure import histogram, metric_samples
 
 SCRAPE = """\
 # TYPE nodelock_extender_bind_queue_wait_seconds histogram

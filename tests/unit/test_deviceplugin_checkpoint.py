@@ -20,14 +20,13 @@ from deviceplugin.decide import (
     Context,
     HandoffProgress,
     decide_allocate,
-    known_devices,
 )
 from handoff.wire import ContainerName, DeviceID, format_assignment
 from lockd.model import FencingToken, Holder, HolderKey, LockRecord, NodeLockView, NodeName, Outcome
 
 NODE = NodeName("n1")
 GPUS = [DeviceID(f"GPU-{i}") for i in range(4)]
-CTX = Context(node=NODE, devices=known_devices(GPUS))
+CTX = Context(node=NODE, devices=dict.fromkeys(GPUS, True))
 ASSIGNMENT = {ContainerName("a"): [GPUS[0]], ContainerName("b"): [GPUS[1], GPUS[2]]}
 HOLDER = Holder(HolderKey("ns/p"), "uid-1", {"assignment": format_assignment(ASSIGNMENT)})
 VIEW = NodeLockView(

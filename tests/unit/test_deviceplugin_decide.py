@@ -21,7 +21,6 @@ from deviceplugin.decide import (
     gpu_containers,
     handoff_abandoned,
     hint,
-    known_devices,
 )
 from handoff.wire import ContainerName, DeviceID, format_assignment
 from lockd.model import (
@@ -36,7 +35,7 @@ from lockd.model import (
 
 NODE = NodeName("n1")
 GPUS = [DeviceID(f"GPU-{i:02d}") for i in range(8)]
-CTX = Context(node=NODE, devices=known_devices(GPUS))
+CTX = Context(node=NODE, devices=dict.fromkeys(GPUS, True))
 UID = "uid-1"
 TOKEN = FencingToken(7)
 C = ContainerName
@@ -359,7 +358,7 @@ def test_all_containers_already_served() -> None:
 
 
 def test_unhealthy_assigned_device() -> None:
-    ctx = Context(node=NODE, devices={**known_devices(GPUS), GPUS[3]: False})
+    ctx = Context(node=NODE, devices={**dict.fromkeys(GPUS, True), GPUS[3]: False})
     r = refused(decide_allocate(lease(ONE), ONE_POD, ids(3), None, ctx), RefusalKind.UNHEALTHY)
     assert r.release is None
 

@@ -19,14 +19,13 @@ from deviceplugin.decide import (
     MismatchPolicy,
     decide_allocate,
     decide_preferred,
-    known_devices,
 )
 from handoff.wire import ContainerName, DeviceID, format_assignment
 from lockd.model import FencingToken, Holder, HolderKey, LockRecord, NodeLockView, NodeName
 
 NODE = NodeName("n1")
 GPUS = [DeviceID(f"GPU-{i}") for i in range(8)]
-CTX = Context(node=NODE, devices=known_devices(GPUS))
+CTX = Context(node=NODE, devices=dict.fromkeys(GPUS, True))
 TOKEN = FencingToken(3)
 Plan = list[tuple[str, list[DeviceID]]]
 

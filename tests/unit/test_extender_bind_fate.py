@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from lockd.errors import ApiError, ApiUnavailable, LockLost
+from kube.errors import ApiError, ApiUnavailable
+from lockd.errors import LockLost
 from lockd.model import NodeName
 from scheduler_ext.binder import BindFailed, keep_lock_after
 from scheduler_ext.metrics import Result

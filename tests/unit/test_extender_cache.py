@@ -128,15 +128,6 @@ def test_binding_seen_by_watch_changes_the_picture_of_both_nodes() -> None:
     assert [p.key for p in cache.pods_on(NodeName("n1"))] == ["ns/a"]
 
 
-def test_same_name_new_uid_replaces_the_key_index() -> None:
-    cache = cache_with(pod_obj("a", uid="old"))
-    cache.apply_pod("ADDED", pod_obj("a", uid="new"))
-    cache.apply_pod("DELETED", pod_obj("a", uid="old"))
-    found = cache.pod_by_key(HolderKey("ns/a"))
-    assert found is not None
-    assert found.uid == "new"
-
-
 def test_node_inventory_problems_are_kept_as_reasons() -> None:
     keys = Keys()
     missing = node_state(node_obj("n", annotations={}), keys=keys, resource=RES)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from handoff.request import ContainerKind, ContainerNeed
 from handoff.wire import GPU, ContainerName, DeviceID
 from lockd.model import NodeName
 from scheduler_ext.choose import (
@@ -27,7 +28,7 @@ from scheduler_ext.choose import (
     score,
     steer_by_wait,
 )
-from scheduler_ext.need import ContainerKind, ContainerNeed, PodNeed, plan_slots
+from scheduler_ext.need import PodNeed, plan_slots
 
 
 def gpus(n: int, *, unhealthy: tuple[int, ...] = (), prefix: str = "GPU-") -> tuple[GPU, ...]:

@@ -8,15 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler_ext.need import (
-    NO_GPUS,
-    BadPod,
-    ContainerKind,
-    ContainerNeed,
-    parse_quantity,
-    plan_slots,
-    pod_need,
-)
+from handoff.request import BadPod, ContainerKind, ContainerNeed, parse_quantity
+from scheduler_ext.need import NO_GPUS, plan_slots, pod_need
 
 GPU = "nvidia.com/gpu"
 

@@ -42,7 +42,6 @@ def shape(value: Any) -> Any:
 
 def test_node_cache_capable_args() -> None:
     args = parse_extender_args(fixture("args_node_cache.json"))
-    assert args.node_cache_capable
     assert args.node_names == ("gpu-a", "gpu-b", "cpu-only")
     assert args.nodes is None
     assert args.pod["metadata"]["uid"] == "5f0c1c5e-8a4e-4f57-9d0a-6c1d2b3a4e5f"
@@ -50,7 +49,6 @@ def test_node_cache_capable_args() -> None:
 
 def test_node_list_args() -> None:
     args = parse_extender_args(fixture("args_node_list.json"))
-    assert not args.node_cache_capable
     assert args.node_names == ("gpu-a", "gpu-b", "cpu-only")
     assert args.nodes is not None
     assert [n["metadata"]["name"] for n in args.nodes] == list(args.node_names)

@@ -17,7 +17,8 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from lockd.kube import KubeClient
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
+from kube.client import KubeClient
 from lockd.lease import LeaseFormat
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
@@ -94,7 +95,12 @@ async def serve(*, synced: bool = True, lock_aware: bool = True) -> tuple[Served
         cache.replace_nodes(node_objects())
         cache.replace_pods([bound_pod("busy", "gpu-b", ["GPU-b-0"])])
     offline = KubeClient(api_client=None)  # any request through it raises
-    locks = NodeLocks(offline, metrics=LockMetrics(registry=CollectorRegistry()))
+    locks = NodeLocks(
+        offline,
+        metrics=LockMetrics(registry=CollectorRegistry()),
+        namespace=DEFAULT_LOCK_NAMESPACE,
+        prefix=DEFAULT_PREFIX,
+    )
     metrics = ExtenderMetrics(cache, registry=CollectorRegistry())
     binder = Binder(offline, cache, locks, metrics, duration_s=15)
     endpoints = Endpoints(
@@ -165,7 +171,7 @@ async def test_prioritize_node_list_mode(served: Served) -> None:
 
 
 def hold_lock(locks: NodeLocks, node: str, holder_uid: str) -> None:
-    fmt = LeaseFormat()
+    fmt = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
     lease = fmt.new_lease(
         NodeName(node),
         Holder(HolderKey("ml/other"), holder_uid, {"assignment": '{"c":["GPU-a-7"]}'}),

@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 
 from deviceplugin.simulated import SimSpec, inventory
 from handoff.placement import NO_WISHES, TopologyWish, Wishes
+from handoff.request import ContainerKind, ContainerNeed
 from handoff.topology import Link, NumaPolicy, Topo, set_link
 from handoff.wire import GPU, ContainerName, DeviceID
 from lockd.model import NodeName
 from scheduler_ext.choose import Fit, NodeGPUs, Policy, choose, fit, score
-from scheduler_ext.need import ContainerKind, ContainerNeed, PodNeed, plan_slots
+from scheduler_ext.need import PodNeed, plan_slots
 from scheduler_ext.topology import Pick, kubelet_affinity, place
 from scheduler_ext.verbs import filter_nodes
 

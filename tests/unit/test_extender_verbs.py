@@ -12,6 +12,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from handoff.request import ContainerKind, ContainerNeed
 from handoff.wire import GPU, ContainerName, DeviceID
 from lockd.model import NodeName
 from scheduler_ext.choose import (
@@ -21,7 +22,7 @@ from scheduler_ext.choose import (
     fit,
     score,
 )
-from scheduler_ext.need import ContainerKind, ContainerNeed, PodNeed, plan_slots
+from scheduler_ext.need import PodNeed, plan_slots
 from scheduler_ext.verbs import UNKNOWN_NODE, filter_nodes, prioritize_nodes
 
 PROBLEMS = [None, None, None, "node has no GPU inventory", "node's GPU inventory does not parse"]

@@ -7,11 +7,12 @@ from typing import Any
 import pytest
 
 from handoff.holder import HolderState, HolderStatus, holder_status
-from lockd.cli import Row, describe, duration_text, render_table, state_text
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
 from lockd.lease import LeaseFormat
 from lockd.model import FencingToken, Holder, HolderKey, NodeLockView, NodeName, Outcome
+from nodelock.locks import Row, describe, duration_text, render_table, state_text
 
-FMT = LeaseFormat()
+FMT = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
 NODE = NodeName("gpu-1")
 POD = Holder(HolderKey("team/train-0"), "uid-0", {"assignment": '{"c":["GPU-0"]}'})
 T0 = "2024-05-01T12:00:00.000000Z"

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
 from lockd.decide import (
     AskTakeover,
     Create,
@@ -29,7 +30,7 @@ from lockd.model import (
     Outcome,
 )
 
-FMT = LeaseFormat()
+FMT = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
 NODE = NodeName("gpu-1")
 A = Holder(HolderKey("ns/a"), "uid-a", {"assignment": "{}"})
 B = Holder(HolderKey("ns/b"), "uid-b")

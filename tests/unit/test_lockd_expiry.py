@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
 from lockd.lease import LeaseFormat
 from lockd.model import FencingToken, Holder, HolderKey, NodeName, Outcome
 from lockd.observed import Observations
 
-FMT = LeaseFormat()
+FMT = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
 NODE = NodeName("gpu-1")
 POD = Holder(HolderKey("ns/a"), "uid-a")
 

@@ -13,14 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from lockd.kube import KubeClient
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
+from kube.client import KubeClient
 from lockd.lease import LeaseFormat
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from lockd.model import FencingToken, Holder, HolderKey, NodeName, Outcome
 from lockd.observed import Observations
 
-FMT = LeaseFormat()
+FMT = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
 NODES = [NodeName("g0"), NodeName("g1"), NodeName("g2")]
 HOLDERS = [
     Holder(HolderKey("ns/a"), "uid-a", {"assignment": "x"}),
@@ -82,7 +83,10 @@ def test_holders_say_what_the_views_say_after_any_observations(
 
 def test_node_locks_holders_follow_acquire_and_release_seen_on_the_watch() -> None:
     locks = NodeLocks(
-        KubeClient(api_client=None), metrics=LockMetrics(registry=CollectorRegistry())
+        KubeClient(api_client=None),
+        metrics=LockMetrics(registry=CollectorRegistry()),
+        namespace=DEFAULT_LOCK_NAMESPACE,
+        prefix=DEFAULT_PREFIX,
     )
     assert locks.holders() == {}
     locks.observe(lease(NODES[0], HOLDERS[0], 1, 1))

@@ -30,6 +30,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
 from lockd.decide import (
     AskTakeover,
     Create,
@@ -46,7 +47,7 @@ from lockd.microtime import microtime_from_epoch
 from lockd.model import HeldLock, Holder, HolderKey, LockRecord, NodeName, Outcome
 from lockd.observed import Observations, same_content
 
-FMT = LeaseFormat()
+FMT = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
 NODE = NodeName("gpu-1")
 DURATION = 10
 HOLDERS = [Holder(HolderKey(f"ns/p{i}"), f"uid-{i}") for i in range(4)]

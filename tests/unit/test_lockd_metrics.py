@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
 from lockd.lease import LeaseFormat
 from lockd.metrics import LockMetrics, Operation
 from lockd.model import Holder, HolderKey, NodeLockView, NodeName, Outcome
@@ -54,7 +55,7 @@ class Views:
 
 
 def test_observed_gauges_are_computed_at_scrape_time_and_dropped_with_their_source() -> None:
-    fmt = LeaseFormat()
+    fmt = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
     body = fmt.new_lease(NODE, Holder(HolderKey("ns/a"), "u"), duration_s=15, now="x")
     held = NodeLockView(fmt.parse(body), 20.0, True)
     free_body = fmt.released(body, outcome=Outcome.ALLOCATED, now="x")

@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from deviceplugin.metrics import PluginMetrics
-from handoff.wire import GPU, DeviceID, format_inventory
-from lockd.build import register_build_info
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, GPU, DeviceID, format_inventory
+from kube.build import register_build_info
 from lockd.lease import LeaseFormat
 from lockd.metrics import LockMetrics
 from lockd.model import Holder, HolderKey, NodeLockView, NodeName
@@ -80,7 +80,7 @@ _SOURCES: list[Views] = []  # alive for the whole module, so the gauges keep the
 def lockd_registry() -> CollectorRegistry:
     registry = CollectorRegistry()
     metrics = LockMetrics(registry=registry)
-    fmt = LeaseFormat()
+    fmt = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
     body = fmt.new_lease(NODE, Holder(HolderKey("ns/a"), "u"), duration_s=15, now="x")
     source = Views([NodeLockView(fmt.parse(body), 3.0, False)])
     _SOURCES.append(source)
@@ -173,4 +173,4 @@ def test_names_follow_the_conventions(part: str) -> None:
 def test_every_long_running_part_registers_the_build_info(part: str) -> None:
     code = registered(PARTS[part]())
     missing = sorted(set(documented(EVERY_PART)) - set(code))
-    assert missing == [], f"{part} does not register {missing} (lockd.build.register_build_info)"
+    assert missing == [], f"{part} does not register {missing} (kube.build.register_build_info)"

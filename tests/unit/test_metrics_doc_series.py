@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from deviceplugin.decide import RefusalKind
 from deviceplugin.metrics import PluginMetrics
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
 from lockd.lease import LeaseFormat
 from lockd.metrics import AcquireResult, LockMetrics, Operation
 from lockd.model import Holder, HolderKey, NodeLockView, NodeName, Outcome
@@ -49,7 +50,7 @@ class Views:
 
 
 def test_held_and_fencing_token_per_node_are_read_at_scrape_time() -> None:
-    fmt = LeaseFormat()
+    fmt = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
     held_body = fmt.new_lease(NODE, Holder(HolderKey("ns/a"), "u"), duration_s=15, now="x")
     held = NodeLockView(fmt.parse(held_body), 2.0, False)
     other = NodeName("gpu-2")

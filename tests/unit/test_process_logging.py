@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from lockd.process import LogConfigError, parse_log_format, parse_log_level
+from kube.process import LogConfigError, parse_log_format, parse_log_level
 
 SCRIPT = """
 import logging
-from lockd.process import configure_logging
+from kube.process import configure_logging
 configure_logging("debug", log_format="json")
 configure_logging("info")  # a part configuring its level keeps the chosen format
 log = logging.getLogger("nodelock.test")

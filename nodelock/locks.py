@@ -32,15 +32,13 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from handoff.holder import HolderState, HolderStatus, holder_status
-from lockd.errors import ApiError, Conflict, Forbidden, NotFound
-from lockd.kube import KubeClient, lease_path, pod_path
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
+from kube.client import KubeClient, lease_path, pod_path
+from kube.errors import ApiError, Conflict, Forbidden, NotFound
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from lockd.microtime import now_microtime, parse_microtime
 from lockd.model import FencingToken, LockRecord, NodeLockView, NodeName
-
-DEFAULT_NAMESPACE = "nodelock-system"
-DEFAULT_PREFIX = "nodelock.io/"
 
 HANDOFF_WARNING = (
     "WARNING: {holder} is still Pending on node {node} and not admitted by kubelet. Breaking its "
@@ -117,8 +115,8 @@ def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     )
     parser.add_argument(
         "--lock-namespace",
-        default=default(DEFAULT_NAMESPACE),
-        help=f"namespace of the node lock Leases (default {DEFAULT_NAMESPACE})",
+        default=default(DEFAULT_LOCK_NAMESPACE),
+        help=f"namespace of the node lock Leases (default {DEFAULT_LOCK_NAMESPACE})",
     )
     parser.add_argument(
         "--annotation-prefix",

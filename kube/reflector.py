@@ -1,11 +1,16 @@
 """List-then-watch of one collection into a cache, as client-go's reflector does.
 
-Guarantees: events reach ``apply`` in the order the API server sent them; after a 410 Gone, an
-unexpected error, or a whole watch round with no event and no bookmark (a resourceVersion the
-server will not reach, e.g. after etcd was restored from a backup) the collection is listed again
-and handed whole to ``replace``, so objects deleted while the stream was down are dropped.  A
-broken connection is retried with capped exponential backoff, resuming from the last
-resourceVersion seen.
+The one list-then-watch loop of nodelock: the extender's cache, the device plugin's pods of its
+node and lockd's node locks all run it.
+
+Guarantees: events reach ``apply`` in the order the API server sent them, each whole however large
+(``KubeClient.watch``); after a 410 Gone, an unexpected error, or (unless told otherwise) a whole
+watch round with no event and no bookmark (a resourceVersion the server will not reach, e.g. after
+etcd was restored from a backup) the collection is listed again and handed whole to ``replace``, so
+objects deleted while the stream was down are dropped.  A broken connection is retried with capped
+exponential backoff, resuming from the last resourceVersion seen (or, with
+``relist_after_error``, from a fresh list).  ``on_broken`` is called whenever a list or a watch
+round ends in an error, before the loop waits or lists again.
 Non-guarantee: while the API server is unreachable the cache stays as it was (its staleness is
 exported as a metric).
 """
@@ -14,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lockd.errors import ApiError, ApiUnavailable, Gone
-from lockd.kube import KubeClient
+from kube.client import KubeClient
+from kube.errors import ApiError, ApiUnavailable, Gone
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,9 @@ class Reflector:
         apply: Callable[[str, Mapping[str, Any]], None],
         alive: Callable[[], None],
         on_relist: Callable[[], None] = lambda: None,
+        on_broken: Callable[[], None] = lambda: None,
+        relist_when_silent: bool = True,
+        relist_after_error: bool = False,
         field_selector: str | None = None,
         label_selector: str | None = None,
         page_size: int = 500,
@@ -51,6 +60,9 @@ class Reflector:
         self._apply = apply
         self._alive = alive
         self._on_relist = on_relist
+        self._on_broken = on_broken
+        self._relist_when_silent = relist_when_silent
+        self._relist_after_error = relist_after_error
         self._field_selector = field_selector
         self._label_selector = label_selector
         self._page_size = page_size
@@ -104,19 +116,16 @@ class Reflector:
                 self.resource_version = str(version)
         return received
 
-    async def run(self, *, list_first: bool = True) -> None:
-        """List, then watch forever; relist on 410 Gone; back off on errors.
-
-        With ``list_first=False`` it resumes watching from ``resource_version``.
-        """
+    async def run(self) -> None:
+        """List, then watch forever; relist on 410 Gone; back off on errors."""
         backoff = 0.2
-        need_list = list_first or self.resource_version is None
+        need_list = True
         while True:
             try:
                 if need_list:
                     await self.relist()
                     need_list = False
-                if await self._watch_once() == 0:
+                if await self._watch_once() == 0 and self._relist_when_silent:
                     # a live stream brings a bookmark about every minute; silence for a whole
                     # round means the version is not one the server will ever reach (e.g. etcd
                     # restored from a backup): start again from a fresh list
@@ -127,15 +136,20 @@ class Reflector:
                 raise
             except Gone:
                 log.info("%s: watch too old (410), listing again", self.name)
+                self._on_broken()
                 need_list = True
             except (ApiUnavailable, ApiError) as exc:
-                log.warning("%s: %s; retrying in %.1fs", self.name, exc, backoff)
-                await asyncio.sleep(backoff)
+                log.warning("%s: %s; retrying in about %.1fs", self.name, exc, backoff)
+                self._on_broken()
+                await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, self._max_backoff_s)
-                if self.resource_version is None:
+                if self.resource_version is None or self._relist_after_error:
                     need_list = True
             except Exception:
-                log.exception("%s: unexpected error; listing again in %.1fs", self.name, backoff)
-                await asyncio.sleep(backoff)
+                log.exception(
+                    "%s: unexpected error; listing again in about %.1fs", self.name, backoff
+                )
+                self._on_broken()
+                await asyncio.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, self._max_backoff_s)
                 need_list = True

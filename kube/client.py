@@ -7,11 +7,12 @@ is used for what it does well — kubeconfig and in-cluster credentials, TLS, to
 pooled aiohttp session — and nothing else, so that swapping it touches this file only.
 
 Guarantees:
-- Every error status becomes an ``ApiError`` subclass (``lockd.errors``); connection failures,
+- Every error status becomes an ``ApiError`` subclass (``kube.errors``); connection failures,
   timeouts, 429 and 5xx become ``ApiUnavailable``; the transport error is chained as the cause.
 - Bodies are sent exactly as given: nothing reformats timestamps (see ``lockd.microtime``).
-- ``watch`` yields events in the order the server sent them and raises ``Gone`` on a 410, so a
-  caller can relist.  It does not retry by itself.
+- ``watch`` yields events in the order the server sent them, each read whole however large, and
+  raises ``Gone`` on a 410, so a caller can relist.  It does not retry by itself (the
+  list-then-watch loop that does is ``kube.reflector``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import orjson
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from lockd.errors import ApiUnavailable, api_error
+from kube.errors import ApiUnavailable, api_error
 
 JSON = dict[str, Any]
 Body = JSON | list[Any]
@@ -294,7 +295,9 @@ class KubeClient:
         """Stream watch events of a collection from ``resource_version``.
 
         Ends when the server closes the stream (after ``timeout_seconds``); raises ``Gone`` when
-        the version is too old and ``ApiUnavailable`` when the connection breaks.
+        the version is too old and ``ApiUnavailable`` when the connection breaks.  An event is
+        read whole however long its line (an object may be as large as the API server allows,
+        about 1.5 MB; aiohttp's ``readline`` would refuse a line over its buffer limit).
         """
         query = _query(
             watch=True,
@@ -311,13 +314,7 @@ class KubeClient:
             timeout_s=None if timeout_seconds is None else timeout_seconds + 30,
         )
         try:
-            while True:
-                try:
-                    line = await resp.content.readline()
-                except (TimeoutError, aiohttp.ClientError) as exc:
-                    raise ApiUnavailable(f"watch {path}: {exc!r}") from exc
-                if not line:
-                    return
+            async for line in _lines(resp.content, path):
                 if not line.strip():
                     continue
                 event = orjson.loads(line)
@@ -332,3 +329,26 @@ class KubeClient:
                 yield WatchEvent(kind, obj)
         finally:
             resp.close()
+
+
+async def _lines(stream: aiohttp.StreamReader, path: str) -> AsyncIterator[bytes]:
+    """The newline-separated lines of a watch stream, without a limit on a line's length; a last
+    line without its newline is yielded too.  A broken connection raises ``ApiUnavailable``."""
+    buf = bytearray()
+    scanned = 0  # bytes of ``buf`` known to hold no newline
+    while True:
+        try:
+            chunk = await stream.readany()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ApiUnavailable(f"watch {path}: {exc!r}") from exc
+        if not chunk:
+            if buf:
+                yield bytes(buf)
+            return
+        buf += chunk
+        while (end := buf.find(b"\n", scanned)) >= 0:
+            line = bytes(buf[:end])
+            del buf[: end + 1]
+            scanned = 0
+            yield line
+        scanned = len(buf)
