@@ -10,7 +10,8 @@ replaced whole, so pods deleted while the stream was down are dropped.  A broken
 retried with capped exponential backoff from the last resourceVersion seen.  ``synced`` is False
 until the first list has been applied.
 Non-guarantee: the view lags the API server by the watch's delay; a pod bound a moment ago may not
-be in it yet.
+be in it yet.  ``list_now`` is the fresh answer (one consistent LIST), for decisions that must
+include every pod kubelet may be admitting.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ class NodePods:
         """The pod ``namespace/name`` as last seen (None: not bound here, or not seen yet)."""
         return self._pods.get(key)
 
+    async def list_now(self) -> list[PodJSON]:
+        """Every pod bound to this node, by one consistent LIST (paged) of the API server; it
+        does not change the watch's view.  Raises ``ApiUnavailable``/``ApiError``."""
+        items, _ = await self._list()
+        return items
+
     # -- the watch ------------------------------------------------------------------------------
 
     def _replace(self, items: list[PodJSON]) -> None:
@@ -83,6 +90,11 @@ class NodePods:
             self._pods[key] = pod
 
     async def _relist(self) -> None:
+        items, version = await self._list()
+        self._replace(items)
+        self._version = version
+
+    async def _list(self) -> tuple[list[PodJSON], str]:
         items: list[PodJSON] = []
         token: str | None = None
         version = ""
@@ -99,8 +111,7 @@ class NodePods:
             token = meta.get("continue") or None
             if not token:
                 break
-        self._replace(items)
-        self._version = version
+        return items, version
 
     async def _watch_once(self) -> int:
         received = 0
