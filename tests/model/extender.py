@@ -149,7 +149,7 @@ class Replica:
             self.locks.view(node),
             pod_uid=exclude_uid,
             keys=KEYS,
-            finished=self.cache.finished,
+            finished=self.cache.accounts_for,
         )
 
     def candidates(self, obj: JSON) -> list[NodeName]:

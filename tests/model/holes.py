@@ -53,7 +53,10 @@ AVOIDED_BY: dict[Hole, str] = {
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
 KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
-    Hole.STALE_LEASE_VIEW,  # fixed: decide_allocate refuses a holder that left the handoff
+    Hole.BYPASS_POD,  # fixed: Allocate refuses (keeping the lock) while another GPU pod is
+    # bound here, Pending and not admitted, judged on a fresh LIST of the node's pods
+    Hole.STALE_LEASE_VIEW,  # fixed: a holder that left the handoff is refused; Allocate is
+    # decided from fresh reads only
     Hole.INIT_REUSE,  # fixed: any subset of the pod's unserved pool is served
     Hole.LEASE_RESET,  # fixed: no last holder -> LIST; the Lease re-checked before the binding
     Hole.CANCEL_AFTER_WRITE,  # fixed: keep_lock_after keeps the lock once the binding was sent
