@@ -42,7 +42,11 @@ FOCUS: dict[Hole, ModelConfig] = {
     ),
     Hole.DOUBLE_BIND: ModelConfig(fault_kinds=frozenset({Fault.GIVE_UP})),
     Hole.ORPHANED_LOCK: ModelConfig(
-        fault_kinds=frozenset({Fault.ANSWER_LOST, Fault.CRASH, Fault.POD_DELETE})
+        fault_kinds=frozenset({Fault.ANSWER_LOST, Fault.CRASH, Fault.POD_DELETE}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one", "two"),
+        prompt=frozenset({"kubelet", "plugin"}),
     ),
 }
 

@@ -155,3 +155,22 @@ def test_replay_rejected_holder_and_lagging_plugin_watches() -> None:
         m.kubelet_step(0, 0)  # from the watches: n1-g0 "as team/one-1 token 1"; fresh: as one-2
 
     replay(Hole.STALE_LEASE_VIEW, frozenset({Fault.ADMISSION_REJECT, Fault.WATCH_STALL}), steps)
+
+
+def test_replay_orphaned_lock_after_an_extender_restart() -> None:
+    """Found by the model (its "orphaned lock"): an extender takes a lock for a 2-GPU pod and
+    crashes before the binding; the pod is deleted; both replicas restart (no tombstone for
+    it).  Filter counted the dead holder's Lease copy forever, so no pod fit the node and no
+    Bind came to take the lock over; once the lock has expired the copy is left out."""
+
+    def steps(m: HandoffModel) -> None:
+        m.create_pod(1)  # team/two-1 (two GPUs: the whole node)
+        m.schedule(0, "E0", 0)
+        m.extender_step(0)  # acquired n1 token 1
+        m.extender_crashes("E0")  # the bind is lost with the lock held
+        m.pod_deleted(0)
+        m.extender_crashes("E0")
+        m.extender_crashes("E1")
+        m.create_pod(1)  # team/two-2: fits n1 only once two-1's lock is taken over
+
+    replay(Hole.ORPHANED_LOCK, frozenset({Fault.CRASH, Fault.POD_DELETE}), steps)
