@@ -34,13 +34,16 @@ FOCUS: dict[Hole, ModelConfig] = {
         prompt=frozenset({"E0", "E1", "kubelet"}),
     ),
     Hole.LEASE_RESET: ModelConfig(
-        fault_kinds=frozenset({Fault.LEASE_BY_HAND}), nodes=ONE_NODE, templates=("one",)
+        fault_kinds=frozenset({Fault.LEASE_BY_HAND}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one",),
     ),
     Hole.INIT_REUSE: ModelConfig(fault_kinds=frozenset(), templates=("init", "one")),
     Hole.CANCEL_AFTER_WRITE: ModelConfig(
         fault_kinds=frozenset({Fault.CANCEL}), swarm=False, nodes=ONE_NODE, templates=("one",)
     ),
-    Hole.DOUBLE_BIND: ModelConfig(fault_kinds=frozenset({Fault.GIVE_UP})),
+    Hole.DOUBLE_BIND: ModelConfig(fault_kinds=frozenset({Fault.GIVE_UP}), swarm=False),
     Hole.ORPHANED_LOCK: ModelConfig(
         fault_kinds=frozenset({Fault.ANSWER_LOST, Fault.CRASH, Fault.POD_DELETE}),
         swarm=False,
