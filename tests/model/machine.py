@@ -717,8 +717,8 @@ class HandoffModel(RuleBasedStateMachine):
         The lock-guard admission policy (deploy/, installed with the chart) lets nobody but the
         extender and the node's device plugin delete a held lock or change a lock's holder or
         fencing token: such an edit is denied, and only a free Lease can be deleted by hand.
-        (Without the policy, a held Lease reset to token 0 is ignored by every watcher that saw
-        a higher token until it relists; the model does not explore that.)"""
+        (Without the policy, hole #12.3 comes back: ``make model MODEL_ARGS="--hole
+        lease-reset"`` with this denial reverted finds it.)"""
         self.begin_step()
         nodes = sorted(self.store.leases)
         n = nodes[node % len(nodes)]
