@@ -39,7 +39,12 @@ FOCUS: dict[Hole, ModelConfig] = {
         nodes=ONE_NODE,
         templates=("one",),
     ),
-    Hole.INIT_REUSE: ModelConfig(fault_kinds=frozenset(), templates=("init", "one")),
+    Hole.INIT_REUSE: ModelConfig(
+        fault_kinds=frozenset(),
+        nodes=ONE_NODE,
+        templates=("init", "one"),
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+    ),
     Hole.CANCEL_AFTER_WRITE: ModelConfig(
         fault_kinds=frozenset({Fault.CANCEL}), swarm=False, nodes=ONE_NODE, templates=("one",)
     ),

@@ -39,7 +39,7 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.BYPASS_POD: 300,
     Hole.STALE_LEASE_VIEW: 1_600,
     Hole.LEASE_RESET: 300,
-    Hole.INIT_REUSE: 1_200,
+    Hole.INIT_REUSE: 300,
     Hole.CANCEL_AFTER_WRITE: 700,
     Hole.DOUBLE_BIND: 400,
     Hole.ORPHANED_LOCK: 300,
