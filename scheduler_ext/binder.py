@@ -244,8 +244,10 @@ class Binder:
                         raise BindFailed(Result.NO_FIT, f"pod {args.key}: {exc}") from exc
                     holder = self._holder(args, assignment)
                     try:
+                        # never a new token for a pod that holds the lock already: its earlier
+                        # bind's binding may still land (this replica's view may not show it)
                         held = await self._locks.acquire(
-                            node, holder, may_take_over=self.may_take_over
+                            node, holder, may_take_over=self.may_take_over, reacquire=False
                         )
                     except LockHeld:
                         turn.lost(self._locks.view(node))  # a race lost: stay head, wait again
