@@ -234,7 +234,10 @@ class Replica:
                 )
         try:
             held, taken = self.locks.acquire(
-                task.node, self._holder(task, assignment), may_take_over=self.may_take_over
+                task.node,
+                self._holder(task, assignment),
+                may_take_over=self.may_take_over,
+                reacquire=False,
             )
         except LockHeld as exc:
             raise BindFailed(f"contended: {exc}", release=False) from exc

@@ -48,7 +48,9 @@ FOCUS: dict[Hole, ModelConfig] = {
     Hole.CANCEL_AFTER_WRITE: ModelConfig(
         fault_kinds=frozenset({Fault.CANCEL}), swarm=False, nodes=ONE_NODE, templates=("one",)
     ),
-    Hole.DOUBLE_BIND: ModelConfig(fault_kinds=frozenset({Fault.GIVE_UP}), swarm=False),
+    Hole.DOUBLE_BIND: ModelConfig(
+        fault_kinds=frozenset({Fault.GIVE_UP, Fault.ANSWER_LOST}), swarm=False
+    ),
     Hole.ORPHANED_LOCK: ModelConfig(
         fault_kinds=frozenset({Fault.ANSWER_LOST, Fault.CRASH, Fault.POD_DELETE}),
         swarm=False,
