@@ -182,3 +182,24 @@ def test_replay_orphaned_lock_after_an_extender_restart() -> None:
         m.create_pod(1)  # team/two-2: fits n1 only once two-1's lock is taken over
 
     replay(Hole.ORPHANED_LOCK, frozenset({Fault.CRASH, Fault.POD_DELETE}), steps)
+
+
+def test_replay_second_bind_on_a_lagging_replica() -> None:
+    """Found by the deep profile (hole #12.8's remaining path): kube-scheduler gives up on a bind
+    whose binding is on its way and retries the pod on the other replica, whose Lease watch has
+    not shown the first bind's lock; re-acquiring it for the same pod gave token 2, and the first
+    binding then landed with token 1.  The bind now never re-acquires its own pod's lock."""
+
+    def steps(m: HandoffModel) -> None:
+        m.create_pod(0)  # team/init-1
+        m.schedule(0, "E1", 0)  # Bind team/init-1 -> n1 on E1
+        m.extender_step(0)  # acquired n1 token 1
+        m.extender_step(0)  # confirmed
+        m.scheduler_gives_up(0)
+        m.extender_step(0)  # sent binding request #1 (token 1)
+        m.schedule(0, "E0", 0)  # retried on E0, whose watches have delivered nothing
+        m.extender_step(1)  # bind#2: was "acquired n1 token 2"; now refused (held by the pod)
+        m.check_safety()
+        m.server_applies(0)  # binding #1 lands with token 1
+
+    replay(Hole.DOUBLE_BIND, frozenset({Fault.GIVE_UP}), steps)
