@@ -41,7 +41,7 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.LEASE_RESET: 300,
     Hole.INIT_REUSE: 300,
     Hole.CANCEL_AFTER_WRITE: 700,
-    Hole.DOUBLE_BIND: 400,
+    Hole.DOUBLE_BIND: 700,
     Hole.ORPHANED_LOCK: 300,
 }
 
