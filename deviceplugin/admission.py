@@ -5,8 +5,12 @@ Lease from the ``NodeLocks`` watch, one GET of the holder pod per Allocate call)
 checkpoint and releases the lock.  Calls are serialized (kubelet makes them one at a time anyway).
 
 Guarantees:
-- A decision that refuses from watch-fed data is made again from fresh reads (one Lease GET, one
-  pod GET) before anything is refused or released, so a lagging watch never fails a pod.
+- Allocate is decided from fresh reads only (one Lease GET, one GET of the holder pod, one LIST
+  of the pods bound to this node), never from the watches: kubelet's view of the node runs ahead
+  of any watch, and a watch-fed view can miss a takeover, a holder kubelet rejected, or the pod
+  kubelet is admitting (docs/deviceplugin.md, "Fresh reads").  A lagging watch thus never fails
+  a pod nor serves the wrong one.  GetPreferredAllocation (only a preference) tries the watch
+  view first.
 - Progress is written to the checkpoint before kubelet gets the answer; if it cannot be written
   the container is refused (kubelet then fails the pod) and the lock released ``rejected``.  It
   is made durable (fsync) while the pod has containers left to serve; the last container's
@@ -220,9 +224,7 @@ class Admission:
         if isinstance(ids, Refusal):
             return ids
         try:
-            result = await self._decide(ids, ctx, fresh=False)
-            if isinstance(result, Refusal):
-                result = await self._decide(ids, ctx, fresh=True)
+            result = await self._decide(ids, ctx)
             if isinstance(result, Refusal) and result.kind is RefusalKind.TAKEN_OVER:
                 result = await self._interrupted(ids, ctx, result)
         except (ApiUnavailable, ApiError) as exc:
@@ -238,18 +240,15 @@ class Admission:
             return result
         return await self._serve(result)
 
-    async def _decide(
-        self, ids: Sequence[DeviceID], ctx: Context, *, fresh: bool
-    ) -> Allocation | Refusal:
-        view = await self._view(fresh=fresh)
-        # The pod comes from the node's pod watch, not from GetPreferredAllocation's read, so an
-        # owner's edit of its assignment that the watch has delivered is refused; one it has not
-        # delivered yet changes nothing served (the devices are the Lease's copy).  A refusal
-        # is decided again from fresh reads.
-        pod = await self._holder_pod(view, fresh=fresh)
+    async def _decide(self, ids: Sequence[DeviceID], ctx: Context) -> Allocation | Refusal:
+        """``decide_allocate`` on fresh reads: the Lease, then the holder pod, then the pods bound
+        here.  Read in that order, each read is at least as new as the one before, and the LIST
+        includes every pod kubelet can be admitting (kubelet learnt of it before it called)."""
+        view = await self._view(fresh=True)
+        pod = await self._holder_pod(view, fresh=True)
         bound_here: list[PodJSON] = []
-        if self._pods is not None and self._pods.synced:
-            bound_here = self._pods.pods()
+        if self._pods is not None:
+            bound_here = await self._retrying(self._pods.list_now)
         return decide_allocate(
             view,
             pod,
@@ -284,7 +283,7 @@ class Admission:
         await self._save(self._cp.with_progress(None))
         log.info("dropped progress of interrupted handoff %s", old)
         if handoff_abandoned(pod, old, self.node):
-            return await self._decide(ids, ctx, fresh=False)
+            return await self._decide(ids, ctx)
         return refusal
 
     async def _serve(self, alloc: Allocation) -> tuple[Allocation, ContainerAnswer] | Refusal:

@@ -10,7 +10,8 @@ neither event nor bookmark, the pods are listed again and replaced whole, so pod
 the stream was down are dropped.  A broken connection is retried with capped exponential backoff
 from the last resourceVersion seen.  ``synced`` is False until the first list has been applied.
 Non-guarantee: the view lags the API server by the watch's delay; a pod bound a moment ago may not
-be in it yet.
+be in it yet.  ``list_now`` is the fresh answer (one consistent LIST), for decisions that must
+include every pod kubelet may be admitting.
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ class NodePods:
     def get(self, key: HolderKey) -> PodJSON | None:
         """The pod ``namespace/name`` as last seen (None: not bound here, or not seen yet)."""
         return self._pods.get(key)
+
+    async def list_now(self) -> list[PodJSON]:
+        """Every pod bound to this node, by one consistent LIST (paged) of the API server; it
+        does not change the watch's view.  Raises ``ApiUnavailable``/``ApiError``."""
+        items, _ = await self._reflector.list_all()
+        return list(items)
 
     # -- the watch ------------------------------------------------------------------------------
 

@@ -97,17 +97,21 @@ def decide_acquire(
     duration_s: int,
     now: str,
     takeover_allowed: bool | None = None,
+    reacquire: bool = True,
 ) -> AcquireAction:
     """What to do to acquire ``node`` for ``holder``, given the last view of its Lease.
 
     ``takeover_allowed`` is the answer of the caller's check for this very record (None: not
-    asked yet).  ``now`` is the MicroTime written as acquire/renew time.
+    asked yet).  ``now`` is the MicroTime written as acquire/renew time.  ``reacquire`` False:
+    a lock held by the same holder is treated like another holder's (refused until expired, then
+    only with the caller's check), for callers whose earlier attempt may still act on the old
+    token (a binding in flight).
     """
     if view is None or lease is None:
         return Create(fmt.new_lease(node, holder, duration_s=duration_s, now=now), FencingToken(1))
     record = view.record
     token = FencingToken(record.token + 1)
-    if record.holder is None or same_holder(record.holder, holder):
+    if record.holder is None or (reacquire and same_holder(record.holder, holder)):
         body = fmt.acquired(lease, holder, token=token, duration_s=duration_s, now=now)
         return Write(body, token)
     if not view.expired or takeover_allowed is False:

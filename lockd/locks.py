@@ -184,17 +184,23 @@ class NodeLocks:
     # -- the lock operations -----------------------------------------------------------------
 
     async def acquire(
-        self, node: NodeName, holder: Holder, *, may_take_over: TakeoverCheck | None = None
+        self,
+        node: NodeName,
+        holder: Holder,
+        *,
+        may_take_over: TakeoverCheck | None = None,
+        reacquire: bool = True,
     ) -> HeldLock:
         """Take ``node``'s lock for ``holder`` with a new fencing token.
 
         Raises ``LockHeld`` when another holder has it (also when it is expired but
         ``may_take_over`` is absent or says no), ``ApiUnavailable`` when the API server cannot be
-        reached, ``ValueError`` for holder data that cannot be annotations.
+        reached, ``ValueError`` for holder data that cannot be annotations.  ``reacquire`` False:
+        the same holder's lock counts as another holder's (``decide_acquire``).
         """
         try:
             self.format.check_data(holder)
-            lock, takeover = await self._acquire(node, holder, may_take_over)
+            lock, takeover = await self._acquire(node, holder, may_take_over, reacquire)
         except LockHeld:
             self._metrics.contended(node, holder.uid, self._clock())
             raise
@@ -205,7 +211,11 @@ class NodeLocks:
         return lock
 
     async def _acquire(
-        self, node: NodeName, holder: Holder, may_take_over: TakeoverCheck | None
+        self,
+        node: NodeName,
+        holder: Holder,
+        may_take_over: TakeoverCheck | None,
+        reacquire: bool = True,
     ) -> tuple[HeldLock, bool]:
         seen = self._obs.get(node)
         fresh = False  # `seen` was read by this call
@@ -227,6 +237,7 @@ class NodeLocks:
                 duration_s=self.duration_s,
                 now=self._microtime(),
                 takeover_allowed=allowed,
+                reacquire=reacquire,
             )
             if isinstance(action, Refuse | AskTakeover) and not fresh and not self._live(node):
                 seen, fresh = await self._read(node), True

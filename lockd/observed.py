@@ -8,9 +8,11 @@ just started (or just forgotten a node) must watch a record for a full duration 
 it expired.
 
 Observations arrive out of order (a watch event may trail a write's response).  Records of one
-node are ordered by ``(token, free-after-held)``: a token only grows, and within one token the
-lock is first held, then free.  An older observation is ignored unless ``replace=True`` (an
-authoritative read after the Lease may have been deleted and created again).
+node are ordered by their ``resourceVersion`` when both are integers (the API server's etcd
+revision: every write of the Lease, also a hand edit or a delete and create, gets a higher one),
+else by ``(token, free-after-held)``: a token only grows, and within one token the lock is first
+held, then free.  An older observation is ignored unless ``replace=True`` (an authoritative
+read).  So a held Lease reset by hand to token 0 is still seen as the change it is.
 
 No I/O: times are passed in.
 """
@@ -29,6 +31,21 @@ JSON = dict[str, Any]
 def history_key(record: LockRecord) -> tuple[int, int]:
     """Orders records of one Lease: by token, and within a token held before free."""
     return (record.token, 0 if record.holder is not None else 1)
+
+
+def _revision(record: LockRecord) -> int | None:
+    text = record.resource_version
+    return int(text) if text.isdigit() else None
+
+
+def older(record: LockRecord, than: LockRecord) -> bool:
+    """Whether ``record`` is an earlier state of its Lease than ``than``: by resourceVersion
+    when both are integers, else by ``history_key`` (which cannot see a hand edit that lowers
+    the token)."""
+    mine, theirs = _revision(record), _revision(than)
+    if mine is not None and theirs is not None:
+        return mine < theirs
+    return history_key(record) < history_key(than)
 
 
 def same_content(a: LockRecord, b: LockRecord) -> bool:
@@ -77,7 +94,7 @@ class Observations:
         old = self._seen.get(node)
         if old is None:
             seen = Seen(record, lease, changed_at=now, held_since=now)
-        elif not replace and history_key(record) < history_key(old.record):
+        elif not replace and older(record, old.record):
             return old  # an older state trailing a newer one: keep the newer
         elif same_content(old.record, record):
             old.record, old.lease = record, lease  # same content, maybe a new resourceVersion

@@ -55,7 +55,12 @@ from scheduler_ext.metrics import ExtenderMetrics, Result
 from scheduler_ext.need import PodNeed
 from scheduler_ext.protocol import BindingArgs
 from scheduler_ext.state import BadObject, PodState, pod_state
-from scheduler_ext.takeover import DEFAULT_REQUEST_TIMEOUT_S, binding_may_still_land, judge
+from scheduler_ext.takeover import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    binding_may_still_land,
+    holder_accounted,
+    judge,
+)
 from scheduler_ext.verbs import with_lock_holder
 from scheduler_ext.waiting import BindQueues, WaitRefused
 
@@ -209,12 +214,13 @@ class Binder:
         gpus = self._cache.node_gpus(node, exclude_uid=uid)
         if gpus is None:
             raise BindFailed(Result.ERROR, f"node {node} is not in the GPU extender's cache")
+        view = self._locks.view(node)
         return with_lock_holder(
             gpus,
-            self._locks.view(node),
+            view,
             pod_uid=uid,
             keys=self._cache.keys,
-            finished=self._cache.accounts_for,
+            finished=holder_accounted(self._cache, view),
         )
 
     async def _bind(self, args: BindingArgs) -> BindOutcome:
@@ -239,8 +245,10 @@ class Binder:
                         raise BindFailed(Result.NO_FIT, f"pod {args.key}: {exc}") from exc
                     holder = self._holder(args, assignment)
                     try:
+                        # never a new token for a pod that holds the lock already: its earlier
+                        # bind's binding may still land (this replica's view may not show it)
                         held = await self._locks.acquire(
-                            node, holder, may_take_over=self.may_take_over
+                            node, holder, may_take_over=self.may_take_over, reacquire=False
                         )
                     except LockHeld:
                         turn.lost(self._locks.view(node))  # a race lost: stay head, wait again

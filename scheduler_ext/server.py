@@ -43,6 +43,7 @@ from scheduler_ext.protocol import (
     parse_extender_args,
 )
 from scheduler_ext.state import BadObject, node_state
+from scheduler_ext.takeover import holder_accounted
 from scheduler_ext.verbs import (
     filter_nodes,
     prioritize_nodes,
@@ -107,7 +108,7 @@ class Endpoints:
 
     def _gpus_of(self, args: ExtenderArgs, pod_uid: str) -> Callable[[NodeName], NodeGPUs | None]:
         keys = self.cache.keys
-        finished = self.cache.accounts_for  # the holder's Lease copy is not needed
+        cache = self.cache
         if args.nodes is None:
             pictures = self.cache.pictures()
             holders = self.locks.holders()  # the held locks only: few, whatever the node count
@@ -118,12 +119,13 @@ class Endpoints:
                 gpus = pictures.get(name)
                 if gpus is None or holder.uid == pod_uid:
                     continue
-                done = finished(holder.uid)
+                # the holder's Lease copy is not needed (takeover.lease_copy_needed)
+                done = holder_accounted(cache, self.locks.view(name))(holder.uid)
                 memo = self._overlays.get(name)  # same picture, holder, holder state: reuse
                 if memo is not None and memo[0] is gpus and memo[1] == (holder, done):
                     merged[name] = memo[2]
                     continue
-                over = with_holder(gpus, holder, keys=keys, finished=finished)
+                over = gpus if done else with_holder(gpus, holder, keys=keys)
                 self._overlays[name] = (gpus, (holder, done), over)
                 merged[name] = over
             return merged.get
@@ -136,8 +138,9 @@ class Endpoints:
             except BadObject:
                 return None
             gpus = node_gpus(state, self.cache.pods_on(name))
+            view = self.locks.view(name)
             return with_lock_holder(
-                gpus, self.locks.view(name), pod_uid=pod_uid, keys=keys, finished=finished
+                gpus, view, pod_uid=pod_uid, keys=keys, finished=holder_accounted(cache, view)
             )
 
         return from_args

@@ -7,6 +7,11 @@ finished).  A holder Pending on the lock's node and not admitted — also one be
 phase Unknown keeps the lock however old it is: kubelet may still admit it, and the device plugin
 could not tell the two pods apart.
 
+Filter and Bind count an expired lock's devices as taken (the Lease's copy of the holder's
+assignment) unless the cache accounts for the holder or has no record of it at all
+(``lease_copy_needed``): a holder deleted before this replica started would otherwise block its
+devices forever, since takeover happens only inside a Bind that filter then never sends there.
+
 A cached pod can only lag; the final phases (gone, bound elsewhere, admitted, finished) never
 revert for a UID, so the cache may answer yes for them.  "Not bound" can turn into "bound here" at
 any moment, so for it (and for a pod the cache never saw) ``judge`` asks for a fresh read.
@@ -14,13 +19,23 @@ any moment, so for it (and for a pod the cache never saw) ``judge`` asks for a f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from handoff.holder import HolderState, HolderStatus, classify
-from lockd.model import NodeName
+from lockd.model import NodeLockView, NodeName
+from scheduler_ext.cache import ClusterCache
 from scheduler_ext.state import PodState
 
-__all__ = ["HolderState", "Judgement", "binding_may_still_land", "holder_state", "judge"]
+__all__ = [
+    "HolderState",
+    "Judgement",
+    "binding_may_still_land",
+    "holder_accounted",
+    "holder_state",
+    "judge",
+    "lease_copy_needed",
+]
 
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # kube-apiserver's --request-timeout default
 LATE_BINDING_MARGIN_S = 5.0
@@ -85,3 +100,35 @@ def binding_may_still_land(
     if state is not HolderState.NOT_BOUND:
         return False
     return held_for_s < duration_s / 3 + request_timeout_s + LATE_BINDING_MARGIN_S
+
+
+def lease_copy_needed(*, accounted_for: bool, known: bool, expired: bool) -> bool:
+    """Whether filter and Bind must count the lock holder's devices from the Lease's copy.
+
+    Not when the cache accounts for the holder (``ClusterCache.accounts_for``: it saw the pod
+    deleted, terminal, or bound, where its own annotations count).  Nor when the cache has no
+    record of the holder at all (``known`` False) and the lock has expired (unchanged for its
+    whole duration as this process saw it): the holder was deleted before this replica listed
+    the cluster, or the cache lags far behind.  Leaving the copy out is safe either way: the bind
+    that follows asks ``judge`` on a fresh read of the holder before taking the lock, and lists
+    the node before binding (no proven previous handoff), so a wrong guess costs a failed bind,
+    never a device given twice.  A lock that has not expired is counted: its holder may be a pod
+    created a moment ago that the cache has not seen yet.
+    """
+    if accounted_for:
+        return False
+    return known or not expired
+
+
+def holder_accounted(cache: ClusterCache, view: NodeLockView | None) -> Callable[[str], bool]:
+    """The ``finished`` argument of ``verbs.with_lock_holder`` for the lock in ``view``: True
+    (the Lease's copy is not needed) by ``lease_copy_needed``."""
+    expired = view is not None and view.expired
+
+    def unneeded(uid: str) -> bool:
+        known = cache.pod(uid) is not None or cache.is_gone(uid)
+        return not lease_copy_needed(
+            accounted_for=cache.accounts_for(uid), known=known, expired=expired
+        )
+
+    return unneeded

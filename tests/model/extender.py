@@ -37,7 +37,7 @@ from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import Fit, NodeGPUs, NoFit, Policy, choose, conflicts, fit
 from scheduler_ext.need import PodNeed
 from scheduler_ext.state import PodState, pod_state
-from scheduler_ext.takeover import judge
+from scheduler_ext.takeover import holder_accounted, judge
 from scheduler_ext.verbs import filter_nodes, prioritize_nodes, with_lock_holder
 from tests.model.locks import DURATION_S, Clock, LockClient
 from tests.model.world import JSON, KEYS, RESOURCE, BindingRequest, Event, Kind, Store, Watch
@@ -145,12 +145,9 @@ class Replica:
         gpus = self.cache.node_gpus(node, exclude_uid=exclude_uid)
         if gpus is None:
             return None
+        view = self.locks.view(node)
         return with_lock_holder(
-            gpus,
-            self.locks.view(node),
-            pod_uid=exclude_uid,
-            keys=KEYS,
-            finished=self.cache.finished,
+            gpus, view, pod_uid=exclude_uid, keys=KEYS, finished=holder_accounted(self.cache, view)
         )
 
     def candidates(self, obj: JSON) -> list[NodeName]:
@@ -238,7 +235,10 @@ class Replica:
                 )
         try:
             held, taken = self.locks.acquire(
-                task.node, self._holder(task, assignment), may_take_over=self.may_take_over
+                task.node,
+                self._holder(task, assignment),
+                may_take_over=self.may_take_over,
+                reacquire=False,
             )
         except LockHeld as exc:
             raise BindFailed(f"contended: {exc}", release=False) from exc

@@ -38,8 +38,8 @@ AVOIDED_BY: dict[Hole, str] = {
     Hole.CANCEL_AFTER_WRITE: "(#12.7) a bind is never cancelled once its binding write was sent",
     Hole.DOUBLE_BIND: (
         "(#12.8) kube-scheduler never gives up on a bind in flight, and does not schedule a pod "
-        "again while a binding request of it (from a crashed replica) may still land, so a pod "
-        "is never bound by two calls at once"
+        "again while a binding request of it (from a crashed replica, or one whose answer was "
+        "lost) may still land, so a pod is never bound by two calls at once"
     ),
     Hole.ORPHANED_LOCK: (
         "(new) a lock left by a holder that is gone or bound elsewhere blocks its devices "
@@ -53,11 +53,17 @@ AVOIDED_BY: dict[Hole, str] = {
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
 KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
-    Hole.STALE_LEASE_VIEW,  # fixed: decide_allocate refuses a holder that left the handoff
+    Hole.BYPASS_POD,  # fixed: Allocate refuses (keeping the lock) while another GPU pod is
+    # bound here, Pending and not admitted, judged on a fresh LIST of the node's pods
+    Hole.STALE_LEASE_VIEW,  # fixed: a holder that left the handoff is refused; Allocate is
+    # decided from fresh reads only
     Hole.INIT_REUSE,  # fixed: any subset of the pod's unserved pool is served
     Hole.LEASE_RESET,  # fixed: no last holder -> LIST; the Lease re-checked before the binding
     Hole.CANCEL_AFTER_WRITE,  # fixed: keep_lock_after keeps the lock once the binding was sent
-    Hole.DOUBLE_BIND,  # fixed: a second bind of a lock-holding pod fails
+    Hole.DOUBLE_BIND,  # fixed: a second bind of a lock-holding pod fails, and never re-acquires
+    # the lock (reacquire=False) even when its replica's Lease view has not shown it held
+    Hole.ORPHANED_LOCK,  # fixed: filter counts a holder bound elsewhere by its own annotations,
+    # and leaves out an expired lock's copy when the cache has no record of its holder
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).

@@ -128,6 +128,7 @@ class LockClient:
         holder: Holder,
         *,
         may_take_over: Callable[[LockRecord], bool] | None = None,
+        reacquire: bool = True,
     ) -> tuple[HeldLock, bool]:
         """``NodeLocks.acquire``: raises ``LockHeld``, or ``ApiUnavailable`` (answer lost)."""
         seen = self.obs.get(node)
@@ -147,6 +148,7 @@ class LockClient:
                 duration_s=DURATION_S,
                 now=self.clock.wall(self.skew),
                 takeover_allowed=allowed,
+                reacquire=reacquire,
             )
             # (a refusal from an unread view with no live watch reads first: always live here)
             if isinstance(action, Refuse):

@@ -58,6 +58,7 @@ from tests.model.world import (
 )
 
 REPLICAS = ("E0", "E1")
+PROCESSES = frozenset({*REPLICAS, "kubelet", "plugin"})
 
 
 class Fault(StrEnum):
@@ -74,6 +75,8 @@ class Fault(StrEnum):
     OWNER_EDIT = "owner-edit"
     BYPASS = "bypass-pod"
     RELEASE_FAILS = "release-fails"
+    WATCH_STALL = "watch-stalls"
+    ADMISSION_REJECT = "kubelet-rejects"
 
 
 TICKS = (1.0, 4.0, float(DURATION_S + 1))
@@ -109,6 +112,9 @@ class ModelConfig:
     templates: tuple[str, ...] = tuple(sorted(TEMPLATES))
     # a search for one hole: once found, every later run ends at once with the same violation
     stop_after_first: bool = False
+    # processes ("E0", "E1", "kubelet", "plugin") whose watches never lag: delivered before and
+    # after every action.  A focused search sets it to leave only the lags that matter.
+    prompt: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -152,6 +158,7 @@ class HandoffModel(RuleBasedStateMachine):
         self.created = 0
         self.started = False
         self.enabled: frozenset[Fault] = frozenset()
+        self.stalled: set[str] = set()  # watchers whose stream is down (``Fault.WATCH_STALL``)
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -194,6 +201,20 @@ class HandoffModel(RuleBasedStateMachine):
     def begin_step(self) -> None:
         self.step_no += 1
         type(self).stats.steps += 1
+        self.deliver_prompt()
+
+    def deliver_prompt(self) -> None:
+        """Deliver every watch of the ``config.prompt`` processes (quietly: no lag to show)."""
+        if not self.config.prompt or not self.started:
+            return
+        for name, deliver in self.watchers().items():
+            if name.split("/")[0].replace("plugin-pods", "plugin") in self.config.prompt:
+                deliver(None)
+
+    @invariant()
+    def prompt_watches_delivered(self) -> None:
+        """Not a check: after every action, the prompt processes' watches catch up."""
+        self.deliver_prompt()
 
     def live_pods(self) -> dict[str, JSON]:
         """uid -> pod, for pods that exist and are not finished."""
@@ -424,15 +445,23 @@ class HandoffModel(RuleBasedStateMachine):
             out[name] = rep.deliver
         for node in self.nodes:
             out[f"plugin/{node}"] = self.plugins[node].deliver
+            out[f"plugin-pods/{node}"] = self.plugins[node].deliver_pods
             out[f"kubelet/{node}"] = self.kubelets[node].deliver
         return out
 
     def backlogs(self) -> dict[str, int]:
+        """Undelivered events per watcher whose stream is up."""
         out = {name: rep.backlog() for name, rep in self.replicas.items()}
         for node in self.nodes:
             out[f"plugin/{node}"] = self.plugins[node].leases.backlog()
+            out[f"plugin-pods/{node}"] = self.plugins[node].pods.backlog()
             out[f"kubelet/{node}"] = self.kubelets[node].pods.backlog()
-        return out
+        return {name: n for name, n in out.items() if self.process_of(name) not in self.stalled}
+
+    @staticmethod
+    def process_of(watcher: str) -> str:
+        """The process a watcher belongs to (the plugin's Lease and pod watches share one)."""
+        return watcher.replace("plugin-pods/", "plugin/")
 
     @precondition(lambda self: self.started and any(self.backlogs().values()))
     @rule(watcher=st.integers(0, 5), everything=st.booleans())
@@ -608,6 +637,43 @@ class HandoffModel(RuleBasedStateMachine):
         rep.locks.lose_next_answer = False
         self.fault(t.replica, f"Lease write answer lost: {t}: {text}")
 
+    @precondition(lambda self: self.may(Fault.WATCH_STALL) and self.config.prompt != PROCESSES)
+    @rule(watcher=st.integers(0, 7))
+    def watch_stalls(self, watcher: int) -> None:
+        """A process's watch streams break (its reconnect is slow; the device plugin's Lease and
+        pod watches together): nothing is delivered to them until they resume from where they
+        were (a second pick of the same process, or settling)."""
+        self.begin_step()
+        names = sorted(
+            {self.process_of(w) for w in self.watchers()}
+            - {f"{p}/{n}" for p in self.config.prompt for n in self.nodes}
+            - set(self.config.prompt)
+        )
+        name = names[watcher % len(names)]
+        if name in self.stalled:
+            self.stalled.discard(name)
+            self.log(name, "watch reconnected (resumes where it was)")
+        else:
+            self.stalled.add(name)
+            self.fault(name, "watch stalls: its stream is down, nothing is delivered")
+
+    @precondition(lambda self: self.may(Fault.ADMISSION_REJECT) and bool(self.kubelet_ready()))
+    @rule(node=st.integers(0, 1))
+    def kubelet_rejects(self, node: int) -> None:
+        """kubelet rejects its next pod at admission before any Allocate (an eviction or sysctl
+        admit handler): the pod fails; the node lock is not released (nothing was allocated)."""
+        self.begin_step()
+        ready = self.kubelet_ready()
+        n = ready[node % len(ready)]
+        kubelet = self.kubelets[n]
+        uid = kubelet.next_pod()
+        assert uid is not None
+        if kubelet.allocated.get(uid):
+            self.log(f"kubelet/{n}", f"{self.key_of(uid)} is being admitted; not rejected")
+            return
+        kubelet.reject(uid, "Evicted: the node was low on memory (admission)")
+        self.fault(f"kubelet/{n}", f"rejects {self.key_of(uid)} at admission before Allocate")
+
     @precondition(lambda self: self.started and self.may(Fault.PLUGIN_CRASH))
     @rule(node=st.integers(0, 1))
     def plugin_crashes(self, node: int) -> None:
@@ -651,8 +717,8 @@ class HandoffModel(RuleBasedStateMachine):
         The lock-guard admission policy (deploy/, installed with the chart) lets nobody but the
         extender and the node's device plugin delete a held lock or change a lock's holder or
         fencing token: such an edit is denied, and only a free Lease can be deleted by hand.
-        (Without the policy, a held Lease reset to token 0 is ignored by every watcher that saw
-        a higher token until it relists; the model does not explore that.)"""
+        (Without the policy, hole #12.3 comes back: ``make model MODEL_ARGS="--hole
+        lease-reset"`` with this denial reverted finds it.)"""
         self.begin_step()
         nodes = sorted(self.store.leases)
         n = nodes[node % len(nodes)]
@@ -837,6 +903,7 @@ class HandoffModel(RuleBasedStateMachine):
     def drain(self) -> None:
         for plugin in self.plugins.values():
             plugin.locks.fail_next_write = False
+        self.stalled.clear()
         idle_ticks = 0
         for _ in range(SETTLE_ROUNDS):
             moved = False
@@ -856,6 +923,7 @@ class HandoffModel(RuleBasedStateMachine):
                     if self.kubelets[n].next_pod() is None:
                         break
                     self.plugins[n].deliver(None)
+                    self.plugins[n].deliver_pods(None)
                     self.log(f"kubelet/{n}", self.do_kubelet_step(n, 0))
                     moved = True
             for obj in self.schedulable():

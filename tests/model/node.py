@@ -3,9 +3,10 @@
 ``Plugin`` replays ``deviceplugin.admission.Admission`` around the project's decisions
 (``check_request``, ``decide_allocate``, ``decide_preferred``, ``handoff_abandoned``, the
 ``Checkpoint`` value type).  GLUE (replicated, since ``Admission`` reads the API server between
-decisions): a refusal decided from the watch-fed view is decided again from a fresh Lease GET;
-the holder pod is read anew for every Allocate (GetPreferredAllocation's first try may use the
-pod read for the same holder and token before); a ``TAKEN_OVER`` refusal reads the interrupted
+decisions): Allocate is decided from fresh reads only (a Lease GET, the holder pod's GET, a LIST
+of the pods bound here for ``bystanders``); GetPreferredAllocation tries the watch-fed views first
+(the Lease watch, the node pod watch's copy of the holder, else the pod read for the same holder
+and token before), then fresh reads; a ``TAKEN_OVER`` refusal reads the interrupted
 pod and drops its progress; serving writes the checkpoint before answering and then releases
 after the last container; a refusal that names a lock releases it ``rejected``; a release that
 fails stays pending in the checkpoint and is retried.
@@ -64,6 +65,9 @@ class Plugin:
     cp: Checkpoint = field(init=False)
     locks: LockClient = field(init=False)
     leases: Watch = field(init=False)
+    pods: Watch = field(init=False)
+    # the node pod watch (``deviceplugin.podwatch.NodePods``): key -> pod bound here, as seen
+    bound: dict[str, JSON] = field(default_factory=dict)
     pod_cache: tuple[tuple[HolderKey, str, FencingToken], PodJSON] | None = None
     crash_after_checkpoint: bool = False  # a fault armed for the next serve
 
@@ -71,6 +75,11 @@ class Plugin:
         self.cp = Checkpoint(self.node)
         node = self.node
         self.leases = Watch(self.store, frozenset({Kind.LEASE}), only=lambda e: e.name == node)
+        self.pods = Watch(
+            self.store,
+            frozenset({Kind.POD}),
+            only=lambda e: e.obj.get("spec", {}).get("nodeName") == node,
+        )
         self.start()
 
     def start(self) -> None:
@@ -78,6 +87,11 @@ class Plugin:
         self.locks = LockClient(self.store, self.clock, name=f"plugin/{self.node}", skew=self.skew)
         self.locks.relist(only=self.node)
         self.leases.restart()
+        self.bound = {
+            f"{p['metadata']['namespace']}/{p['metadata']['name']}": p
+            for p in self.store.list_pods(node=self.node)
+        }
+        self.pods.restart()
         self.pod_cache = None
         self.crash_after_checkpoint = False
 
@@ -85,6 +99,17 @@ class Plugin:
         n = 0
         for event in self.leases.deliver(limit):
             self.locks.take_event(event)
+            n += 1
+        return n
+
+    def deliver_pods(self, limit: int | None) -> int:
+        """The node pod watch (``NodePods._apply``): in order, late."""
+        n = 0
+        for event in self.pods.deliver(limit):
+            if event.type == "DELETED":
+                self.bound.pop(event.name, None)
+            else:
+                self.bound[event.name] = event.obj
             n += 1
         return n
 
@@ -107,6 +132,10 @@ class Plugin:
         if view is None or view.record.holder is None:
             return None
         holder = view.record.holder
+        if not fresh:
+            watched = self.bound.get(holder.key)
+            if watched is not None and watched["metadata"]["uid"] == holder.uid:
+                return watched
         key = (holder.key, holder.uid, view.record.token)
         if not fresh and self.pod_cache is not None and self.pod_cache[0] == key:
             return self.pod_cache[1]
@@ -149,9 +178,7 @@ class Plugin:
         checked = check_request([ids], ctx)
         if isinstance(checked, Refusal):
             return checked
-        result = self._decide(checked, ctx, fresh=False)
-        if isinstance(result, Refusal):
-            result = self._decide(checked, ctx, fresh=True)
+        result = self._decide(checked, ctx, fresh=True)
         if isinstance(result, Refusal) and result.kind is RefusalKind.TAKEN_OVER:
             result = self._interrupted(checked, ctx, result)
         if isinstance(result, Refusal):
@@ -164,8 +191,32 @@ class Plugin:
         self, ids: Sequence[DeviceID], ctx: Context, *, fresh: bool
     ) -> Allocation | Refusal:
         view = self._view(fresh=fresh)
-        pod = self._holder_pod(view, fresh=True)
-        return decide_allocate(view, pod, ids, self.cp.progress, ctx, policy=MismatchPolicy.REFUSE)
+        pod = self._holder_pod(view, fresh=fresh)
+        return decide_allocate(
+            view,
+            pod,
+            ids,
+            self.cp.progress,
+            ctx,
+            policy=MismatchPolicy.REFUSE,
+            bound_here=self._bound_here(fresh=fresh),
+            served_pods=self._served(),
+        )
+
+    def _bound_here(self, *, fresh: bool) -> Sequence[PodJSON]:
+        """The pods bound to this node: a LIST when ``fresh`` (``NodePods.list_now``), else the
+        pod watch's view."""
+        if fresh:
+            return self.store.list_pods(node=self.node)
+        return list(self.bound.values())
+
+    def _served(self) -> set[str]:
+        """``Admission._served``: pods this plugin served (their statuses may lag)."""
+        uids = set(self.cp.served_pods)
+        uids.update(p.uid for p in self.cp.pending)
+        if self.cp.progress is not None:
+            uids.add(self.cp.progress.uid)
+        return uids
 
     def _interrupted(
         self, ids: Sequence[DeviceID], ctx: Context, refusal: Refusal
@@ -175,11 +226,12 @@ class Plugin:
         pod = self._pod(old.holder)
         self.cp = self.cp.with_progress(None)
         if handoff_abandoned(pod, old, self.node):
-            return self._decide(ids, ctx, fresh=False)
+            return self._decide(ids, ctx, fresh=True)
         return refusal
 
     def _serve(self, alloc: Allocation) -> Allocation:
         cp = self.cp.with_progress(None if alloc.last else alloc.progress)
+        cp = cp.with_served(alloc.holder.uid)
         pending = None
         if alloc.last:
             pending = PendingRelease.of(alloc.holder, alloc.token, Outcome.ALLOCATED)
@@ -303,6 +355,10 @@ class Kubelet:
         self.store.write_pod_status(
             key, uid, {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": why}
         )
+
+    def reject(self, uid: str, why: str) -> None:
+        """An admit handler other than the device manager's refuses the pod (no Allocate)."""
+        self._fail(uid, why)
 
     def step(self, plugin: Plugin, *, pick: int, reuse_in_order: bool) -> str:
         """Admit the next pod by one container (or finish its admission)."""

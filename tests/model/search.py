@@ -18,19 +18,46 @@ from tests.model.machine import Fault, ModelConfig, Violation, machine
 ONE_NODE = (("n1", 2),)
 
 FOCUS: dict[Hole, ModelConfig] = {
-    Hole.BYPASS_POD: ModelConfig(fault_kinds=frozenset({Fault.BYPASS})),
+    Hole.BYPASS_POD: ModelConfig(
+        fault_kinds=frozenset({Fault.BYPASS, Fault.WATCH_STALL}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one",),
+        prompt=frozenset({"E0", "E1"}),
+    ),
     Hole.STALE_LEASE_VIEW: ModelConfig(
-        fault_kinds=frozenset({Fault.RELEASE_FAILS}), nodes=ONE_NODE, templates=("one",)
+        fault_kinds=frozenset({Fault.ADMISSION_REJECT, Fault.WATCH_STALL}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=3,
+        prompt=frozenset({"E0", "E1", "kubelet"}),
     ),
     Hole.LEASE_RESET: ModelConfig(
-        fault_kinds=frozenset({Fault.LEASE_BY_HAND}), nodes=ONE_NODE, templates=("one",)
+        fault_kinds=frozenset({Fault.LEASE_BY_HAND}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one",),
     ),
-    Hole.INIT_REUSE: ModelConfig(fault_kinds=frozenset(), templates=("init", "one")),
+    Hole.INIT_REUSE: ModelConfig(
+        fault_kinds=frozenset(),
+        nodes=ONE_NODE,
+        templates=("init", "one"),
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+    ),
     Hole.CANCEL_AFTER_WRITE: ModelConfig(
         fault_kinds=frozenset({Fault.CANCEL}), swarm=False, nodes=ONE_NODE, templates=("one",)
     ),
-    Hole.DOUBLE_BIND: ModelConfig(fault_kinds=frozenset({Fault.GIVE_UP})),
-    Hole.ORPHANED_LOCK: ModelConfig(fault_kinds=frozenset({Fault.ANSWER_LOST})),
+    Hole.DOUBLE_BIND: ModelConfig(
+        fault_kinds=frozenset({Fault.GIVE_UP, Fault.ANSWER_LOST}), swarm=False
+    ),
+    Hole.ORPHANED_LOCK: ModelConfig(
+        fault_kinds=frozenset({Fault.ANSWER_LOST, Fault.CRASH, Fault.POD_DELETE}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one", "two"),
+        prompt=frozenset({"kubelet", "plugin"}),
+    ),
 }
 
 

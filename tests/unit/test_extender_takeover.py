@@ -7,16 +7,22 @@ from typing import Any
 
 import pytest
 
-from handoff.wire import Keys
-from lockd.model import NodeName
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, Keys
+from lockd.lease import LeaseFormat
+from lockd.model import FencingToken, Holder, HolderKey, NodeLockView, NodeName
+from scheduler_ext.cache import ClusterCache
 from scheduler_ext.state import PodState, pod_state
 from scheduler_ext.takeover import (
     LATE_BINDING_MARGIN_S,
     HolderState,
     binding_may_still_land,
+    holder_accounted,
     holder_state,
     judge,
+    lease_copy_needed,
 )
+
+FMT = LeaseFormat(namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
 
 NODE = NodeName("gpu-1")
 UID = "uid-1"
@@ -134,3 +140,61 @@ def test_a_never_bound_holder_is_not_taken_over_while_its_binding_may_still_land
     )
     for final in (HolderState.GONE, HolderState.FINISHED, HolderState.ADMITTED):
         assert not binding_may_still_land(final, held_for_s=15.0, duration_s=15)
+
+
+@pytest.mark.parametrize(
+    ("accounted_for", "known", "expired", "needed"),
+    [
+        (True, True, True, False),  # seen deleted, terminal or bound: its own state counts
+        (True, False, False, False),  # (accounts_for is True for an unknown pod seen deleted)
+        (False, True, True, True),  # a known holder still in handoff keeps its devices
+        (False, True, False, True),
+        (False, False, False, True),  # unknown and fresh: maybe a pod the cache has not seen yet
+        (False, False, True, False),  # unknown and expired: deleted before this replica started
+    ],
+)
+def test_lease_copy_needed(accounted_for: bool, known: bool, expired: bool, needed: bool) -> None:
+    got = lease_copy_needed(accounted_for=accounted_for, known=known, expired=expired)
+    assert got is needed
+
+
+def _view(*, expired: bool) -> NodeLockView:
+    body = FMT.acquired(
+        {"metadata": {"name": NODE, "resourceVersion": "7"}},
+        Holder(HolderKey("ns/gone"), "uid-gone"),
+        token=FencingToken(3),
+        duration_s=15,
+        now="2026-11-30T12:00:00.000000Z",
+    )
+    return NodeLockView(
+        record=FMT.parse(body),
+        unchanged_for_s=15.0 if expired else 1.0,
+        expired=expired,
+        held_for_s=15.0 if expired else 1.0,
+    )
+
+
+def test_a_holder_deleted_before_the_replica_started_stops_counting_once_expired() -> None:
+    """Hole "orphaned lock" (found by the model): the extender crashed holding a lock for a pod
+    that was then deleted; after a restart the cache has no tombstone for it.  Counting its
+    Lease copy forever kept the node's GPUs out of every filter, and takeover only happens
+    inside a Bind; once the lock has expired the copy is left out."""
+    cache = ClusterCache()
+    cache.replace_pods([])
+    assert not holder_accounted(cache, _view(expired=False))("uid-gone")
+    assert holder_accounted(cache, _view(expired=True))("uid-gone")
+    assert not holder_accounted(cache, None)("uid-gone")
+
+
+def test_a_known_holder_in_handoff_keeps_counting_however_old() -> None:
+    cache = ClusterCache()
+    cache.replace_pods(
+        [
+            {
+                "metadata": {"name": "p", "namespace": "ns", "uid": "uid-gone"},
+                "spec": {"containers": [{"name": "c"}]},
+                "status": {"phase": "Pending"},
+            }
+        ]
+    )
+    assert not holder_accounted(cache, _view(expired=True))("uid-gone")

@@ -89,6 +89,22 @@ def test_the_same_holder_re_acquires_with_a_new_token() -> None:
     assert action.token == 4
 
 
+def test_without_reacquire_the_same_holder_is_refused_until_the_check_allows() -> None:
+    """The binder's second bind of a pod (the model found it: kube-scheduler retried the pod on
+    a replica whose Lease watch had not shown the first bind's lock, which re-acquired it, and
+    the first bind's binding then landed with the old token)."""
+    action = acquire(held_by(A, 4), A, reacquire=False)
+    assert isinstance(action, Refuse)
+    assert isinstance(action.error, LockHeld)
+    assert isinstance(acquire(held_by(A, 4, expired=True), A, reacquire=False), AskTakeover)
+    refused = acquire(held_by(A, 4, expired=True), A, reacquire=False, takeover_allowed=False)
+    assert isinstance(refused, Refuse)
+    allowed = acquire(held_by(A, 4, expired=True), A, reacquire=False, takeover_allowed=True)
+    assert isinstance(allowed, Write)
+    assert allowed.token == 5
+    assert isinstance(acquire(free(4), A, reacquire=False), Write)
+
+
 def test_same_name_other_uid_is_another_holder() -> None:
     action = acquire(held_by(A, 3), Holder(A.key, "uid-new"))
     assert isinstance(action, Refuse)

@@ -113,6 +113,43 @@ def test_an_older_observation_arriving_late_is_ignored() -> None:
     assert view.record.resource_version == "11"
 
 
+def test_a_held_lease_reset_by_hand_to_a_lower_token_is_seen() -> None:
+    """A hand edit (no lock-guard policy) resets a held Lease to token 0: a later write, so a
+    higher resourceVersion; watchers that saw token 5 take it in as the change it is."""
+    obs = Observations()
+    see(obs, lease(token=5, rv="10"), 100.0)
+    reset = lease(token=0, rv="11")
+    reset["spec"] = {}
+    see(obs, reset, 101.0)  # a watch event, not an authoritative read
+    view = obs.view(NODE, 101.0)
+    assert view is not None
+    assert view.record.token == 0
+    assert view.record.holder is None
+    assert view.record.resource_version == "11"
+
+
+def test_a_lower_token_under_another_holder_is_seen_when_written_later() -> None:
+    """The Lease deleted and created again (token 1, another pod): a later resourceVersion."""
+    obs = Observations()
+    see(obs, lease(token=5, rv="10"), 100.0)
+    other = lease(token=1, rv="12")
+    other["spec"]["holderIdentity"] = "ns/b"
+    see(obs, other, 101.0)
+    view = obs.view(NODE, 101.0)
+    assert view is not None
+    assert view.record.token == 1
+    assert view.unchanged_for_s == 0.0
+
+
+def test_without_integer_resource_versions_the_token_orders() -> None:
+    obs = Observations()
+    see(obs, lease(token=5, rv="b"), 100.0)
+    see(obs, lease(token=4, rv="c"), 101.0)
+    view = obs.view(NODE, 101.0)
+    assert view is not None
+    assert view.record.token == 5
+
+
 def test_replace_takes_an_older_token_after_the_lease_was_recreated() -> None:
     obs = Observations()
     see(obs, lease(token=9, rv="10"), 100.0)
