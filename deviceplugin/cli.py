@@ -25,6 +25,7 @@ from deviceplugin.simulated import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, SimSpec, S
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
 from lockd.kube import KubeClient
 from lockd.model import NodeName
+from lockd.opsport import OpsServer
 from lockd.process import configure_logging, run_until_signalled
 
 
@@ -112,9 +113,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--metrics-port",
         type=int,
         default=0,
-        help="serve Prometheus metrics on this port (default 0: off)",
+        help="serve /metrics, /healthz and /readyz (registered with kubelet) over plain HTTP on "
+        "this port; nothing else is served there (default 0: off)",
     )
-    p.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics server")
+    p.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        help="address of the --metrics-port server (default 0.0.0.0)",
+    )
     p.add_argument(
         "--device-mode",
         choices=[m.value for m in DeviceMode],
@@ -195,14 +201,14 @@ async def _serve(args: argparse.Namespace, config: PluginConfig) -> None:
     kube = await KubeClient.connect(args.kubeconfig)
     try:
         metrics = PluginMetrics()
-        if args.metrics_port:
-            from prometheus_client import start_http_server
-
-            start_http_server(
-                args.metrics_port, addr=args.metrics_address, registry=metrics.registry
-            )
         plugin = DevicePlugin(config, kube=kube, backend=backend, metrics=metrics)
-        await run_until_signalled(plugin.run())
+        ops = OpsServer(metrics.registry, plugin.waiting_for)
+        if args.metrics_port:
+            await ops.start(args.metrics_address, args.metrics_port)
+        try:
+            await run_until_signalled(plugin.run())
+        finally:
+            await ops.stop()
     finally:
         await kube.close()
 

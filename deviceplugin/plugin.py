@@ -144,6 +144,16 @@ class DevicePlugin:
                 task.result()  # raises what broke the start
             raise RuntimeError("a device plugin task ended during start")
 
+    def waiting_for(self) -> list[str]:
+        """What the plugin still waits for before it is ready (``/readyz``; empty: ready): its
+        socket served and registered with kubelet."""
+        missing = []
+        if not self.endpoint.serving.is_set():
+            missing.append("socket")
+        if not self.endpoint.registered.is_set():
+            missing.append("kubelet registration")
+        return missing
+
     async def _follow_health(self) -> None:
         while True:
             version = self.state.version

@@ -638,7 +638,7 @@ def _main(args: argparse.Namespace) -> int:
             f"{args.nodes * args.gpus_per_node} GPUs"
         )
         workloads = default_workload(args.nodes * args.gpus_per_node)
-        ext_url = cluster.settings()["extender"]["url"]
+        ext_url = cluster.settings()["extender"]["metrics"][0]  # the plain-HTTP metrics port
         tl, extra = asyncio.run(
             run_workload(
                 cluster, workloads, timeout_s=args.timeout, extender_metrics=f"{ext_url}/metrics"
@@ -660,7 +660,7 @@ def _main(args: argparse.Namespace) -> int:
         print(f"  export KUBECONFIG={cluster.kubeconfig} PATH={binaries.directory}:$PATH")
         print(f"  kubectl get pods -n {NAMESPACE} -o wide; kubectl get leases -n {LOCK_NAMESPACE}")
         print("  .venv/bin/nodelock locks")
-        print(f"  curl {cluster.settings()['extender']['url']}/metrics")
+        print(f"  curl {cluster.settings()['extender']['metrics'][0]}/metrics")
         print(f"Stop it with: .venv/bin/nodelock devcluster down --state-dir {cluster.state_dir}")
     else:
         cluster.down()

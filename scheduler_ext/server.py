@@ -1,7 +1,9 @@
 """The extender's HTTP endpoints: thin translation between the wire and the pure verbs.
 
 POST ``/filter``, ``/prioritize``, ``/bind`` (kube-scheduler calls ``urlPrefix + "/" + verb``),
-GET ``/healthz`` (the process serves), ``/readyz`` (the caches are listed), ``/metrics``.
+GET ``/healthz`` (the process serves), ``/readyz`` (the caches are listed).  ``/metrics`` is not
+served here: it is on the plain-HTTP operations port (``lockd.opsport``, with the probes again), so
+no scrape credential is one that can also call ``/bind``.
 
 Guarantees: a body that is not the protocol (not JSON, wrong types, missing fields) gets a 400,
 one over the size limit a 413, each with ``{"Error": reason}``; nothing a client sends stops the
@@ -21,7 +23,6 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lockd.locks import NodeLocks
 from lockd.model import NodeName
@@ -239,19 +240,20 @@ class Endpoints:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    async def readyz(self, request: web.Request) -> web.Response:
+    def waiting_for(self) -> list[str]:
+        """What the extender still waits for before it is ready (empty: ready)."""
         missing = [] if self.cache.nodes_synced else ["nodes"]
         if not self.cache.pods_synced:
             missing.append("pods")
         if self._ready is not None:
             missing.extend(self._ready())
+        return missing
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        missing = self.waiting_for()
         if missing:
             return web.Response(status=503, text=f"waiting for: {', '.join(missing)}\n")
         return web.Response(text="ok\n")
-
-    async def metrics_page(self, request: web.Request) -> web.Response:
-        data = generate_latest(self.metrics.registry)
-        return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 @web.middleware
@@ -264,7 +266,8 @@ async def _too_large(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 def make_app(endpoints: Endpoints) -> web.Application:
-    """The aiohttp application serving ``endpoints``."""
+    """The aiohttp application serving ``endpoints`` on the extender's API port: the three verbs
+    and the probes, never ``/metrics``."""
     app = web.Application(
         client_max_size=endpoints.options.max_body_bytes, middlewares=[_too_large]
     )
@@ -273,5 +276,4 @@ def make_app(endpoints: Endpoints) -> web.Application:
     app.router.add_post("/bind", endpoints.bind)
     app.router.add_get("/healthz", endpoints.healthz)
     app.router.add_get("/readyz", endpoints.readyz)
-    app.router.add_get("/metrics", endpoints.metrics_page)
     return app

@@ -22,6 +22,7 @@ from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURC
 from lockd.kube import KubeClient, node_path, pod_path
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
+from lockd.opsport import OpsServer
 from scheduler_ext.binder import CONFIRM_WAIT_S, DEFAULT_WAIT_BUDGET_S, Binder
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.choose import Policy
@@ -59,6 +60,8 @@ class Settings:
     tls_key: str | None = None
     client_ca: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0  # 0: any free port (``Extender.metrics_url`` says which)
 
     @property
     def tls(self) -> bool:
@@ -118,6 +121,10 @@ def check_settings(settings: Settings) -> None:
         raise ConfigError("--apiserver-request-timeout must be positive")
     if settings.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
+    if not 0 <= settings.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port {settings.metrics_port} is not a port number")
+    if settings.port != 0 and settings.metrics_port == settings.port:
+        raise ConfigError("--metrics-port must differ from the --listen port")
     if not settings.annotation_prefix.endswith("/"):
         raise ConfigError("--annotation-prefix must end with '/', e.g. nodelock.io/")
 
@@ -176,6 +183,7 @@ class Extender:
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.port = settings.port
+        self.ops = OpsServer(registry, self.endpoints.waiting_for)
 
     @property
     def url(self) -> str:
@@ -184,6 +192,12 @@ class Extender:
         host = self.settings.host
         host = f"[{host}]" if ":" in host else host
         return f"{scheme}://{host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The base URL of the plain-HTTP operations port (``/metrics``, ``/healthz``,
+        ``/readyz``; no client certificate, no verb)."""
+        return self.ops.url
 
     def _reflectors(self) -> list[Reflector]:
         cache = self.cache
@@ -241,6 +255,11 @@ class Extender:
         addresses = self._runner.addresses
         if addresses:
             self.port = int(addresses[0][1])
+        try:
+            await self.ops.start(self.settings.metrics_host, self.settings.metrics_port)
+        except OSError as exc:
+            await self.stop()
+            raise ConfigError(str(exc)) from exc
         log.info("extender serving on %s", self.url)
         if wait_synced_s is not None:
             synced = await self.cache.wait_until(lambda: self.cache.synced, timeout_s=wait_synced_s)
@@ -249,6 +268,7 @@ class Extender:
 
     async def stop(self) -> None:
         """Stop serving and watching."""
+        await self.ops.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

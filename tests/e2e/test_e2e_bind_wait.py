@@ -24,7 +24,7 @@ from tests.e2e.kit import (
 
 
 def replicas(e2e: GPUCluster) -> list[str]:
-    urls: list[str] = e2e.cluster.settings()["extender"]["replicas"]
+    urls: list[str] = e2e.cluster.settings()["extender"]["metrics"]  # the plain-HTTP ports
     return urls
 
 

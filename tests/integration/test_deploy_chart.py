@@ -402,8 +402,23 @@ def test_optional_monitoring_objects_render(helm: Path) -> None:
     )
     monitors = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ServiceMonitor"}
     assert set(monitors) == {"nodelock-extender", "nodelock-device-plugin"}
-    tls = monitors["nodelock-extender"]["spec"]["endpoints"][0]["tlsConfig"]
-    assert tls["keySecret"]["name"] == "nodelock-scheduler-tls"
+    # Prometheus scrapes the plain-HTTP metrics port: it holds no certificate that opens /bind
+    for monitor in monitors.values():
+        [endpoint] = monitor["spec"]["endpoints"]
+        assert endpoint["port"] == "metrics"
+        assert endpoint.get("scheme", "http") == "http"
+        assert "tlsConfig" not in endpoint
+    services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
+    extender = find(objs, "Deployment", "nodelock-extender")
+    [ext] = extender["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in ext["ports"]}
+    assert ports["metrics"] != ports["https"]
+    assert f"--metrics-port={ports['metrics']}" in ext["args"]
+    [svc_port] = services["nodelock-extender-metrics"]["spec"]["ports"]
+    assert svc_port["targetPort"] == "metrics"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert ext[probe]["httpGet"]["port"] == "metrics", probe
+        assert ext[probe]["httpGet"].get("scheme", "HTTP") == "HTTP", probe
     rule = find(objs, "PrometheusRule", "nodelock")
     chart_rules = yaml.safe_load((CHART_DIR / "files" / "alerts.yaml").read_text())
     assert rule["spec"]["groups"] == chart_rules["groups"]
