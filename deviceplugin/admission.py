@@ -92,7 +92,9 @@ class Admission:
         mode: DeviceMode = DeviceMode.DEVICE_NODES,
         api_retry_s: float = API_RETRY_S,
         pods: NodePods | None = None,
+        on_refused: Callable[[Refusal, Holder | None], None] | None = None,
     ) -> None:
+        self._on_refused = on_refused  # an Event on the holder pod (or the node)
         self.node = node
         self._kube = kube
         self._locks = locks
@@ -202,6 +204,10 @@ class Admission:
         if isinstance(result, Refusal):
             self._metrics.allocations.labels(result=result.kind.value).inc()
             log.warning("Allocate refused (%s): %s", result.kind.value, result.message)
+            if self._on_refused is not None:
+                view = self._locks.view(self.node)
+                holder = view.record.holder if view is not None else None
+                self._on_refused(result, result.release[0] if result.release else holder)
         else:
             self._metrics.allocations.labels(result="allocated").inc()
         self._metrics.allocate_seconds.observe(time.monotonic() - started)

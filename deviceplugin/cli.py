@@ -151,6 +151,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SECONDS",
         help=f"node lock duration used to judge expiry (default {DEFAULT_LEASE_DURATION_S})",
     )
+    p.add_argument(
+        "--events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write a Kubernetes Event for each refused Allocate, on the node lock's holder pod "
+        "(else the node), at most one per pod and refusal kind a minute (default on)",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
 
@@ -176,6 +183,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         lease_duration_s=args.lease_duration,
         mode=DeviceMode(args.device_mode),
         policy=MismatchPolicy(args.mismatch_policy),
+        events=args.events,
     )
 
 

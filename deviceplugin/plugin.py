@@ -23,11 +23,13 @@ from deviceplugin.answer import DeviceMode
 from deviceplugin.decide import MismatchPolicy
 from deviceplugin.devices import DeviceBackend, DeviceState
 from deviceplugin.endpoint import Endpoint
+from deviceplugin.events import AllocateEvents
 from deviceplugin.inventory import InventoryPublisher
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podwatch import NodePods
 from deviceplugin.servicer import DevicePluginServicer
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
+from lockd.events import EventRecorder
 from lockd.kube import KubeClient
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
@@ -56,6 +58,7 @@ class PluginConfig:
     mode: DeviceMode = DeviceMode.DEVICE_NODES
     policy: MismatchPolicy = MismatchPolicy.REFUSE
     poll_s: float = 0.2
+    events: bool = True  # Kubernetes Events for refused Allocate calls (rate-limited)
     keys: Keys = field(init=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +90,10 @@ class DevicePlugin:
         self.state = DeviceState()
         self.pods = NodePods(kube, config.node)
         self.pods.on_synced = lambda: self.metrics.pod_watch_synced.set(1)
+        self.events = AllocateEvents(
+            EventRecorder(kube, component="nodelock-device-plugin", host=config.node),
+            config.node,
+        )
         self.admission = Admission(
             node=config.node,
             kube=kube,
@@ -100,6 +107,7 @@ class DevicePlugin:
             policy=config.policy,
             mode=config.mode,
             pods=self.pods,
+            on_refused=self.events.refused if config.events else None,
         )
         self.endpoint = Endpoint(
             plugin_dir=config.plugin_dir,

@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from handoff.holder import HolderState, HolderStatus, holder_status
 from lockd.errors import ApiError, Conflict, Forbidden, NotFound
+from lockd.events import EventRecorder, EventType, ObjectRef
 from lockd.kube import KubeClient, lease_path, pod_path
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
@@ -448,7 +449,24 @@ async def _break(
         f"(uid {broken.holder.uid or '?'}, token {broken.token}) as {by}",
         file=out,
     )
+    await record_broken(kube, node, broken, by=by, reason=why)
     return 0
+
+
+async def record_broken(
+    kube: KubeClient, node: NodeName, broken: LockRecord, *, by: str, reason: str
+) -> None:
+    """Events (``NodeLockBroken``) on the node and on the holder pod; best effort."""
+    events = EventRecorder(kube, component="nodelock-cli", host=by)
+    message = (
+        f"node {node}'s GPU lock held by {broken.holder.key if broken.holder else '?'} "
+        f"(token {broken.token}) was broken by hand by {by}: {reason}"
+    )
+    events.record(ObjectRef.node(node), EventType.WARNING, "NodeLockBroken", message)
+    if broken.holder is not None and "/" in broken.holder.key:
+        pod = ObjectRef.pod(broken.holder.key, broken.holder.uid)
+        events.record(pod, EventType.WARNING, "NodeLockBroken", message)
+    await events.flush()
 
 
 async def whoami(kube: KubeClient) -> str:

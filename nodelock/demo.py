@@ -132,6 +132,8 @@ class Timeline:
     pods: dict[str, JSON] = field(default_factory=dict)
     leases: dict[str, JSON] = field(default_factory=dict)
     contention: list[tuple[str, str, float]] = field(default_factory=list)  # node, pod, t
+    # nodelock's own Events on pods: Event name -> (pod key, occurrences it counts)
+    nodelock_events: dict[str, tuple[str, int]] = field(default_factory=dict)
     violations: Findings = field(default_factory=Findings)
 
     def now(self) -> float:
@@ -236,10 +238,14 @@ async def _watch_events(kube: KubeClient, tl: Timeline) -> None:
                 rv = ev.object["metadata"]["resourceVersion"]
                 if ev.type not in ("ADDED", "MODIFIED"):
                     continue
+                obj = ev.object.get("involvedObject", {})
+                pod = f"{obj.get('namespace')}/{obj.get('name')}"
+                source = str((ev.object.get("source") or {}).get("component", ""))
+                if source.startswith("nodelock") and obj.get("kind") == "Pod":
+                    name = str(ev.object["metadata"]["name"])
+                    tl.nodelock_events[name] = (pod, int(ev.object.get("count") or 1))
                 m = _LOCK_HELD.search(str(ev.object.get("message", "")))
                 if m:
-                    obj = ev.object.get("involvedObject", {})
-                    pod = f"{obj.get('namespace')}/{obj.get('name')}"
                     tl.contention.append((m.group(1), pod, tl.now()))
         except Exception:
             rv = None
@@ -520,6 +526,17 @@ async def run_workload(
     return tl, extra
 
 
+def events_per_pod(events: Mapping[str, tuple[str, int]], pods: int) -> str:
+    """The Events nodelock wrote on pods, per pod (rate-limited: one Event per pod and reason,
+    counted up, however many binds the pod went through)."""
+    per_pod = Counter(pod for pod, _ in events.values())
+    occurrences = sum(count for _, count in events.values())
+    return (
+        f"{len(events) / max(pods, 1):.2f} on average, at most {max(per_pod.values(), default=0)} "
+        f"on one pod ({len(events)} Events counting {occurrences} occurrences)"
+    )
+
+
 def report(
     tl: Timeline, workloads: Sequence[Workload], extra: Mapping[str, Any]
 ) -> tuple[str, list[tuple[str, str]]]:
@@ -566,6 +583,7 @@ def report(
             "background: node heartbeats also write Leases)",
         ),
         ("LISTs during the run", f"{lists:.0f}"),
+        ("nodelock Events per GPU pod", events_per_pod(tl.nodelock_events, len(pods))),
     ]
     checks = (
         ("S1", "no GPU assigned to two live pods", final.s1),

@@ -112,6 +112,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="prioritize nodes by the wait a bind there should expect: the lock's holder and "
         "the binds queued for it (default on)",
     )
+    p.add_argument(
+        "--events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write Kubernetes Events on pods and nodes: a bind waiting for or refused by a "
+        "node lock (naming its holder), an expired lock taken over; at most one write per "
+        "pod and reason a minute (default on)",
+    )
     p.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", default=None, help="private key of --tls-cert (PEM)")
     p.add_argument(
@@ -151,6 +159,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         max_body_bytes=args.max_body_bytes,
         metrics_host=args.metrics_address,
         metrics_port=args.metrics_port,
+        events=args.events,
     )
     check_settings(settings)
     return settings

@@ -29,6 +29,7 @@ from lockd.model import NodeName
 from scheduler_ext.binder import Binder
 from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import NodeGPUs, Policy
+from scheduler_ext.events import BindEvents
 from scheduler_ext.metrics import ExtenderMetrics, Result, Verb
 from scheduler_ext.need import BadPod, PodNeed, pod_need
 from scheduler_ext.promises import Promises
@@ -85,8 +86,10 @@ class Endpoints:
         options: ServerOptions,
         *,
         ready: Callable[[], list[str]] | None = None,
+        events: BindEvents | None = None,
     ) -> None:
         self.cache = cache
+        self.events = events
         self.locks = locks
         self.binder = binder
         self.metrics = metrics
@@ -217,6 +220,8 @@ class Endpoints:
             self._done(Verb.BIND, Result.BAD_REQUEST, started)
             return _error(400, str(exc))
         self.promises.forget(args.pod_uid)
+        if self.events is not None:
+            self.events.bind_started(args, self.locks.view(args.node))
         bind = asyncio.ensure_future(self.binder.bind(args))
         try:
             # shielded: a disconnect (kube-scheduler's timeout) only makes a queued bind leave
@@ -232,6 +237,8 @@ class Endpoints:
             return web.json_response(binding_result(f"GPU extender bind failed: {exc!r}"))
         if outcome.error:
             log.info("bind %s to %s: %s", args.key, args.node, outcome.error)
+            if self.events is not None:
+                self.events.bind_failed(args, outcome.result, outcome.error)
         self._done(Verb.BIND, outcome.result, started)
         return web.json_response(binding_result(outcome.error))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
+from lockd.events import EventRecorder
 from lockd.kube import KubeClient, node_path, pod_path
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
@@ -27,6 +29,7 @@ from scheduler_ext.binder import CONFIRM_WAIT_S, DEFAULT_WAIT_BUDGET_S, Binder
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.choose import Policy
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, check_bind_timing
+from scheduler_ext.events import BindEvents
 from scheduler_ext.metrics import ExtenderMetrics
 from scheduler_ext.reflector import Reflector
 from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES, Endpoints, ServerOptions, make_app
@@ -62,6 +65,7 @@ class Settings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0  # 0: any free port (``Extender.metrics_url`` says which)
+    events: bool = True  # Kubernetes Events on pods and nodes (rate-limited)
 
     @property
     def tls(self) -> bool:
@@ -158,6 +162,10 @@ class Extender:
             metrics=lock_metrics,
             clock=clock,
         )
+        self.events = BindEvents(
+            EventRecorder(kube, component="nodelock-extender", host=socket.gethostname()),
+            budget_s=settings.wait_budget_s,
+        )
         self.binder = Binder(
             kube,
             self.cache,
@@ -168,6 +176,7 @@ class Extender:
             request_timeout_s=settings.apiserver_request_timeout_s,
             confirm_wait_s=confirm_wait_s,
             clock=clock,
+            on_takeover=self.events.takeover if settings.events else None,
         )
         self.endpoints = Endpoints(
             self.cache,
@@ -179,6 +188,7 @@ class Extender:
                 lock_aware=settings.lock_aware,
                 max_body_bytes=settings.max_body_bytes,
             ),
+            events=self.events if settings.events else None,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None

@@ -14,7 +14,7 @@ import pytest
 from devcluster.cluster import Cluster
 from lockd import Holder, HolderKey, KubeClient, NodeLocks, NodeName, Outcome
 from lockd.cli import NEEDS_FORCE, CliError, run_locks
-from lockd.kube import lease_path, pod_path
+from lockd.kube import event_path, lease_path, pod_path
 
 NODE = NodeName("gpu-cli-1")
 
@@ -115,6 +115,18 @@ async def test_break_warns_asks_and_says_whose_lock(
     lease = await kube.get(lease_path(namespace, NODE))
     assert "holderIdentity" not in lease["spec"]
     assert lease["metadata"]["annotations"]["nodelock.io/last-outcome"] == "broken"
+    # and where admins look: an Event on the holder pod and one on the node, naming who broke it
+    selector = "reason=NodeLockBroken,involvedObject.name="
+    [on_pod] = (await kube.list(event_path(namespace), field_selector=selector + "stuck"))["items"]
+    assert on_pod["involvedObject"]["uid"] == holder.uid
+    assert (
+        f"{NODE}'s GPU lock held by {holder.key} (token 1) was broken by hand by"
+        in (on_pod["message"])
+    )
+    on_node = (await kube.list(event_path("default"), field_selector=selector + NODE))["items"]
+    assert [e["type"] for e in on_node] == ["Warning"]
+    for event in on_node:  # the node outlives the test's namespace
+        await kube.delete(event_path("default", event["metadata"]["name"]))
 
     code, out, _ = await run(args(cluster, namespace, "break", node=NODE, yes=True))
     assert code == 0
