@@ -92,11 +92,13 @@ MANIFEST_FILES: dict[str, str] = {
     "admission-gpu-pods.yaml": "20-admission.yaml",
     "admission-locks.yaml": "20-admission.yaml",
     "tls.yaml": "30-extender.yaml",
+    "certmanager.yaml": "30-extender.yaml",
     "extender.yaml": "30-extender.yaml",
     "device-plugin.yaml": "40-device-plugin.yaml",
     "scheduler.yaml": "50-scheduler.yaml",
     "metrics.yaml": "60-monitoring.yaml",
     "prometheusrule.yaml": "60-monitoring.yaml",
+    "dashboards.yaml": "60-monitoring.yaml",
 }
 _HEADER = (
     "# Generated from deploy/helm/nodelock by `python -m devcluster.helm manifests`: helm template "
