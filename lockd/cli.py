@@ -32,6 +32,7 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from handoff.holder import HolderState, HolderStatus, holder_status
+from lockd.cli_output import OUTPUT_FORMATS, lock_item, render_items
 from lockd.errors import ApiError, Conflict, Forbidden, NotFound
 from lockd.events import EventRecorder, EventType, ObjectRef
 from lockd.kube import KubeClient, lease_path, pod_path
@@ -126,6 +127,18 @@ def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         default=default(DEFAULT_PREFIX),
         help=f"annotation prefix (default {DEFAULT_PREFIX})",
     )
+    parser.add_argument(
+        "--context",
+        default=default(None),
+        help="kubeconfig context to use (default: the kubeconfig's current context)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default=default("table"),
+        help="table (default), or one JSON or YAML document for scripts (list and show)",
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -143,7 +156,7 @@ def ask_terminal(question: str) -> bool:
 async def run_locks(args: argparse.Namespace, *, out: TextIO, err: TextIO, confirm: Confirm) -> int:
     """Run one ``nodelock locks`` action with the given streams (testable without a process)."""
     try:
-        kube = await KubeClient.connect(args.kubeconfig)
+        kube = await KubeClient.connect(args.kubeconfig, context=getattr(args, "context", None))
     except Exception as exc:  # kubeconfig missing or malformed: say so in one line
         raise CliError(f"cannot load the kubeconfig: {exc}") from exc
     try:
@@ -154,8 +167,9 @@ async def run_locks(args: argparse.Namespace, *, out: TextIO, err: TextIO, confi
             metrics=LockMetrics(registry=CollectorRegistry()),  # nothing to export
         )
         action = getattr(args, "locks_action", None) or "list"
+        output = getattr(args, "output", "table")
         if action == "show":
-            return await _show(locks, kube, NodeName(args.node), out)
+            return await _show(locks, kube, NodeName(args.node), out, output=output)
         if action == "break":
             return await _break(
                 locks,
@@ -168,7 +182,7 @@ async def run_locks(args: argparse.Namespace, *, out: TextIO, err: TextIO, confi
                 err=err,
                 confirm=confirm,
             )
-        return await _list(locks, kube, args.observe, out)
+        return await _list(locks, kube, args.observe, out, output=output)
     finally:
         await kube.close()
 
@@ -297,7 +311,26 @@ def render_table(rows: Sequence[Row]) -> str:
     return "\n".join(text)
 
 
-async def _list(locks: NodeLocks, kube: KubeClient, observe: float | None, out: TextIO) -> int:
+def _item(row: Row, namespace: str) -> dict[str, Any]:
+    return lock_item(
+        row.view.record,
+        namespace=namespace,
+        holder_state=row.holder.state.value if row.holder is not None else None,
+        age_s=row.age_s,
+        expired=row.expired,
+        observed=row.observed,
+        state=state_text(row),
+    )
+
+
+async def _list(
+    locks: NodeLocks,
+    kube: KubeClient,
+    observe: float | None,
+    out: TextIO,
+    *,
+    output: str = "table",
+) -> int:
     if observe is not None:
         watching = asyncio.create_task(locks.watch())
         try:
@@ -309,10 +342,13 @@ async def _list(locks: NodeLocks, kube: KubeClient, observe: float | None, out: 
         views = locks.views()
     else:
         views = await locks.list()
+    rows = await _rows(locks, kube, views, observed=observe is not None)
+    if output != "table":
+        print(render_items([_item(r, locks.namespace) for r in rows], output), file=out)
+        return 0
     if not views:
         print(f"no node locks in namespace {locks.namespace}", file=out)
         return 0
-    rows = await _rows(locks, kube, views, observed=observe is not None)
     print(render_table(rows), file=out)
     if observe is None and any(v.record.holder is not None for v in views):
         print(
@@ -323,11 +359,16 @@ async def _list(locks: NodeLocks, kube: KubeClient, observe: float | None, out: 
     return 0
 
 
-async def _show(locks: NodeLocks, kube: KubeClient, node: NodeName, out: TextIO) -> int:
+async def _show(
+    locks: NodeLocks, kube: KubeClient, node: NodeName, out: TextIO, *, output: str = "table"
+) -> int:
     view = await locks.inspect(node)
     if view is None:
         raise CliError(f"node {node} has no lock (no Lease {node} in namespace {locks.namespace})")
     (row,) = await _rows(locks, kube, [view], observed=False)
+    if output != "table":
+        print(render_items([_item(row, locks.namespace)], output, single=True), file=out)
+        return 0
     print(describe(row, namespace=locks.namespace), file=out)
     return 0
 
