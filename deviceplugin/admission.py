@@ -51,6 +51,7 @@ from deviceplugin.metrics import PluginMetrics, ReleaseResult
 from deviceplugin.podwatch import NodePods
 from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
 from lockd import failpoints
+from lockd.backoff import Backoff
 from lockd.errors import ApiError, ApiUnavailable, LockLost, NotFound, StaleToken
 from lockd.kube import KubeClient, pod_path
 from lockd.locks import NodeLocks
@@ -147,15 +148,15 @@ class Admission:
 
     async def _retrying(self, read: Callable[[], Awaitable[T]]) -> T:
         deadline = time.monotonic() + self._api_retry_s
-        delay = 0.1
+        backoff = Backoff(0.1, 1.0)
         while True:
             try:
                 return await read()
             except ApiUnavailable:
+                delay = backoff.next_s()
                 if time.monotonic() + delay > deadline:
                     raise
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
 
     async def _view(self, *, fresh: bool) -> NodeLockView | None:
         if not fresh:
@@ -449,7 +450,7 @@ class Admission:
 
     async def run_releases(self) -> None:
         """Retry pending releases until cancelled (capped exponential backoff)."""
-        delay = RELEASE_BACKOFF_S[0]
+        backoff = Backoff(*RELEASE_BACKOFF_S)  # jittered: nodes must not retry in lockstep
         while True:
             await self._pending_changed.wait()
             self._pending_changed.clear()
@@ -459,8 +460,7 @@ class Admission:
                     if pending in self._cp.pending:
                         retry |= await self._release(pending) is ReleaseResult.RETRY
             if retry:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RELEASE_BACKOFF_S[1])
+                await backoff.sleep()
                 self._pending_changed.set()
             else:
-                delay = RELEASE_BACKOFF_S[0]
+                backoff.reset()
