@@ -183,6 +183,8 @@ class DevicePlugin:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        with contextlib.suppress(TimeoutError):  # Events under way get a moment to be written
+            await asyncio.wait_for(self.events.recorder.flush(), timeout=2.0)
         self.backend.close()
 
     async def run(self) -> None:

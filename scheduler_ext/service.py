@@ -277,8 +277,10 @@ class Extender:
                 log.warning("caches not listed after %.0fs; serving anyway", wait_synced_s)
 
     async def stop(self) -> None:
-        """Stop serving and watching."""
+        """Stop serving and watching (Events under way get a moment to be written)."""
         await self.ops.stop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.events.recorder.flush(), timeout=2.0)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
