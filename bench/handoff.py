@@ -101,7 +101,7 @@ EXTENDER_SERIES = {
 def extender_counts(cluster: Cluster) -> dict[str, float]:
     """The extender series the benchmark reads, summed over the replicas."""
     out = dict.fromkeys(EXTENDER_SERIES, 0.0)
-    for url in cluster.settings()["extender"]["replicas"]:
+    for url in cluster.settings()["extender"]["metrics"]:  # the plain-HTTP metrics ports
         samples = metric_samples(scrape(f"{url}/metrics"))
         for key, (name, labels) in EXTENDER_SERIES.items():
             out[key] += metric_sum(samples, name, **labels)

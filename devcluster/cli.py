@@ -11,6 +11,15 @@ from devcluster.binaries import KUBERNETES_VERSION, ensure_control_plane
 from devcluster.cluster import Cluster, default_state_dir
 from devcluster.errors import DevclusterError
 from devcluster.gpunodes import up_gpu_cluster
+from devcluster.shape import (
+    SHAPE_FORMAT,
+    Shape,
+    check_resume,
+    has_data,
+    purge,
+    read_shape,
+    write_shape,
+)
 from deviceplugin.simulated import LAYOUTS, layout_of
 from handoff.topology import NumaPolicy
 
@@ -89,6 +98,12 @@ def register(sub: Any) -> None:
 
     d = dsub.add_parser("down", help="stop everything the cluster started")
     common(d)
+    d.add_argument(
+        "--purge",
+        action="store_true",
+        help="also remove the state directory: etcd's data (Nodes, pods, Leases), the "
+        "certificates and the logs, so the next up starts empty (in any shape)",
+    )
     d.set_defaults(func=_down)
 
     s = dsub.add_parser("status", help="say what runs")
@@ -120,8 +135,14 @@ def _up(args: argparse.Namespace) -> int:
             layout_of(args.gpu_topology, args.gpus_per_node)
         except ValueError as exc:
             raise DevclusterError(f"--gpu-topology: {exc}") from exc
+    wanted = Shape(args.nodes, args.gpus_per_node, args.gpu_topology) if args.nodes else Shape(0, 0)
+    state_dir = cluster.state_dir
+    check_resume(
+        read_shape(state_dir), has_data=has_data(state_dir), wanted=wanted, state_dir=state_dir
+    )
     t0 = time.monotonic()
     cluster.up(apiserver_port=args.apiserver_port)
+    write_shape(state_dir, wanted)
     if args.nodes:
         try:
             up_gpu_cluster(
@@ -157,6 +178,8 @@ def _down(args: argparse.Namespace) -> int:
         print(f"stopped {', '.join(stopped)}")
     else:
         print(f"nothing was running in {cluster.state_dir}")
+    if getattr(args, "purge", False) and purge(cluster.state_dir):
+        print(f"removed {cluster.state_dir}")
     return 0
 
 
@@ -166,6 +189,10 @@ def _status(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no devcluster in {cluster.state_dir}")
         return 1
+    recorded = read_shape(cluster.state_dir)
+    if recorded is not None and recorded.get("format") == SHAPE_FORMAT:
+        shape = Shape(recorded["nodes"], recorded["gpus_per_node"], recorded.get("gpu_topology"))
+        print(f"shape: {shape.describe()}")
     for st in rows:
         state = "running" if st.running else "NOT RUNNING"
         print(f"{st.name:<26} pid {st.pid:<8} {state:<12} log {st.log}")

@@ -97,19 +97,25 @@ def start_extender(
     timeout_s: float = 60.0,
 ) -> str:
     """Start extender replica(s) (behind a round-robin proxy when more than one), wire them into
-    kube-scheduler, and return the URL the scheduler calls.  The bind wait budget and
+    kube-scheduler, and return the URL the scheduler calls.  Each replica's plain-HTTP metrics
+    and probe port is recorded in the settings (``extender.metrics``, one URL per replica).
+    The bind wait budget and
     kube-scheduler's ``httpTimeout`` are set together: the extender is told the timeout the
     scheduler is configured with, and refuses to start if the budget cannot fit in it."""
     urls = []
+    metrics_urls = []
     ports = []
     for i in range(replicas):
         port = processes.free_port()
+        metrics_port = processes.free_port()
         name = "extender" if replicas == 1 else f"extender-{i}"
         argv = [
             *nodelock_command(),
             "extender",
             f"--kubeconfig={cluster.kubeconfig}",
             f"--listen=127.0.0.1:{port}",
+            "--metrics-address=127.0.0.1",
+            f"--metrics-port={metrics_port}",
             f"--policy={policy}",
             "--lock-aware" if lock_aware else "--no-lock-aware",
             f"--bind-wait-budget={bind_wait_budget_s:g}",
@@ -118,8 +124,9 @@ def start_extender(
             *(extra_args or []),
         ]
         cluster.start_component(name, argv)
-        _wait_ok(cluster, name, f"http://127.0.0.1:{port}/readyz", timeout_s)
+        _wait_ok(cluster, name, f"http://127.0.0.1:{metrics_port}/readyz", timeout_s)
         urls.append(f"http://127.0.0.1:{port}")
+        metrics_urls.append(f"http://127.0.0.1:{metrics_port}")
         ports.append(port)
     url = urls[0]
     if replicas > 1:
@@ -134,7 +141,7 @@ def start_extender(
     )
     cluster.restart_scheduler({"extenders": config["extenders"]})
     data = cluster.state.load()
-    data["settings"]["extender"] = {"url": url, "replicas": urls}
+    data["settings"]["extender"] = {"url": url, "replicas": urls, "metrics": metrics_urls}
     cluster.state.save(data)
     return url
 

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from devcluster.binaries import GoModule, Progress, _ensure, _stderr, cache_root
+from devcluster.binaries import KUBERNETES_VERSION, GoModule, Progress, _ensure, _stderr, cache_root
 from devcluster.errors import DevclusterError
 
 GOMOD_HELM_DIR = Path(__file__).resolve().parent / "gomod-helm"
@@ -64,13 +64,21 @@ CHART_DIR = REPO_ROOT / "deploy" / "helm" / "nodelock"
 MANIFESTS_DIR = REPO_ROOT / "deploy" / "manifests"
 ALERTS_SOURCE = REPO_ROOT / "dashboards" / "alerts.yaml"
 CHART_ALERTS = CHART_DIR / "files" / "alerts.yaml"
+CHART_DASHBOARDS = CHART_DIR / "files" / "dashboards"
+CHART_VALUES = CHART_DIR / "values.yaml"
+CHART_README = CHART_DIR / "README.md"
 
 MANIFEST_RELEASE = "nodelock"
 MANIFEST_NAMESPACE = "nodelock-system"
 # What the plain manifests add to the chart's defaults: the Namespace object (Helm users pass
 # --create-namespace instead), and certificates from Secrets the operator creates (a generated
-# CA and key must never be committed).
-MANIFEST_SETTINGS: dict[str, str] = {"createNamespace": "true", "tls.source": "secret"}
+# CA and key must never be committed), and kube-scheduler's tag (the chart takes the cluster's
+# version, which a plain `helm template` does not know: the devcluster's Kubernetes version).
+MANIFEST_SETTINGS: dict[str, str] = {
+    "createNamespace": "true",
+    "tls.source": "secret",
+    "scheduler.image.tag": KUBERNETES_VERSION,
+}
 
 # Which manifest file each chart template goes to (apply order: the file names sort).
 MANIFEST_FILES: dict[str, str] = {
@@ -84,11 +92,13 @@ MANIFEST_FILES: dict[str, str] = {
     "admission-gpu-pods.yaml": "20-admission.yaml",
     "admission-locks.yaml": "20-admission.yaml",
     "tls.yaml": "30-extender.yaml",
+    "certmanager.yaml": "30-extender.yaml",
     "extender.yaml": "30-extender.yaml",
     "device-plugin.yaml": "40-device-plugin.yaml",
     "scheduler.yaml": "50-scheduler.yaml",
     "metrics.yaml": "60-monitoring.yaml",
     "prometheusrule.yaml": "60-monitoring.yaml",
+    "dashboards.yaml": "60-monitoring.yaml",
 }
 _HEADER = (
     "# Generated from deploy/helm/nodelock by `python -m devcluster.helm manifests`: helm template "
@@ -104,9 +114,11 @@ def render(
     namespace: str = MANIFEST_NAMESPACE,
     settings: Mapping[str, str] | None = None,
     chart: Path = CHART_DIR,
+    extra_args: Sequence[str] = (),
 ) -> str:
-    """``helm template`` of the chart with ``settings`` (``--set key=value``); raises on failure."""
-    cmd = [str(helm), "template", release, str(chart), "--namespace", namespace]
+    """``helm template`` of the chart with ``settings`` (``--set key=value``) and ``extra_args``
+    (e.g. ``--api-versions``); raises on failure."""
+    cmd = [str(helm), "template", release, str(chart), "--namespace", namespace, *extra_args]
     for key, value in (settings or {}).items():
         cmd += ["--set", f"{key}={value}"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
@@ -166,20 +178,115 @@ def devcluster_policies(rendered: str) -> str:
     return header + "---\n" + "---\n".join(docs)
 
 
+def chart_copies() -> dict[Path, Path]:
+    """The chart's copies of the observability files (copy -> source): the alert rules and the
+    Grafana dashboards (shipped as ConfigMaps)."""
+    copies = {CHART_ALERTS: ALERTS_SOURCE} if ALERTS_SOURCE.exists() else {}
+    for source in sorted(ALERTS_SOURCE.parent.glob("*.json")):
+        copies[CHART_DASHBOARDS / source.name] = source
+    return copies
+
+
 def alerts_in_step() -> bool:
-    """Whether the chart's alert rules are the observability part's file (or its placeholder)."""
-    if not ALERTS_SOURCE.exists():
-        return True
-    return CHART_ALERTS.read_bytes() == ALERTS_SOURCE.read_bytes()
+    """Whether the chart's alert rules and dashboards are the observability part's files, and
+    its README is the one generated from its values."""
+    for copy, source in chart_copies().items():
+        if not copy.exists() or copy.read_bytes() != source.read_bytes():
+            return False
+    stale = [p for p in CHART_DASHBOARDS.glob("*.json") if p not in chart_copies()]
+    return not stale and CHART_README.read_text() == chart_readme(CHART_VALUES.read_text())
+
+
+# ---- the chart's README, generated from values.yaml ---------------------------------------------
+
+_README_HEAD = """\
+# The nodelock Helm chart
+
+<!-- Generated from values.yaml by `python -m devcluster.helm manifests`; do not edit. -->
+
+GPU scheduler extender and kubelet device plugin that agree on exactly which GPUs a pod gets,
+through per-node Lease locks with fencing tokens. The walk-through of every value that matters on
+a real cluster is `docs/install.md` in the repository; the metrics and alerts are in
+`docs/metrics.md`, the Events in `docs/events.md`.
+
+```sh
+helm install nodelock deploy/helm/nodelock --namespace nodelock-system --create-namespace
+```
+
+`values.schema.json` checks every value: a misspelt or unknown key fails `helm install`,
+`helm template` and `helm lint`.
+
+## Values
+
+| key | default | description |
+| --- | --- | --- |
+"""
+
+
+def _readme_text(text: str) -> str:
+    return text.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+
+def _readme_value(value: str) -> str:
+    value = value.strip()
+    return f"`{value}`".replace("|", "\\|") if value else '`""`'
+
+
+def chart_readme(values: str) -> str:
+    """The chart's README: one row per value of ``values.yaml`` (its dotted key, its default as
+    written, and the ``# --`` comment above it, helm-docs style). Objects whose members are
+    listed get no row of their own; comments without ``--`` (section notes) are skipped."""
+    rows: list[str] = []
+    path: list[tuple[int, str]] = []  # (indent, key) of the enclosing mappings
+    doc: list[str] = []
+    in_doc = False
+    for line in values.splitlines():
+        stripped = line.strip()
+        if not stripped:
+            doc, in_doc = [], False
+            continue
+        if stripped.startswith("#"):
+            text = stripped.lstrip("#").strip()
+            if text.startswith("--"):
+                doc, in_doc = [text[2:].strip()], True
+            elif in_doc:
+                doc.append(text)
+            continue
+        match = re.match(r"^( *)([A-Za-z_][\w.-]*|\"[^\"]+\"):(.*)$", line)
+        if not match:  # a list item or a continuation
+            continue
+        indent, key, rest = len(match.group(1)), match.group(2).strip('"'), match.group(3)
+        while path and path[-1][0] >= indent:
+            path.pop()
+        dotted = ".".join([*(k for _, k in path), key])
+        if rest.strip() == "":  # a mapping whose members follow
+            path.append((indent, key))
+            if doc:
+                rows.append(f"| `{dotted}` | | {_readme_text(' '.join(doc))} |")
+        else:
+            text = _readme_text(" ".join(doc))
+            rows.append(f"| `{dotted}` | {_readme_value(rest)} | {text} |")
+        doc, in_doc = [], False
+    return _README_HEAD + "\n".join(rows) + "\n"
 
 
 def write_manifests(helm: Path) -> list[Path]:
     """Copy dashboards/alerts.yaml into the chart (when it exists) and regenerate
     deploy/manifests; returns the files written."""
     written = []
-    if ALERTS_SOURCE.exists() and not alerts_in_step():
-        shutil.copyfile(ALERTS_SOURCE, CHART_ALERTS)
-        written.append(CHART_ALERTS)
+    CHART_DASHBOARDS.mkdir(parents=True, exist_ok=True)
+    copies = chart_copies()
+    for stale in CHART_DASHBOARDS.glob("*.json"):
+        if stale not in copies:
+            stale.unlink()
+    for copy, source in copies.items():
+        if not copy.exists() or copy.read_bytes() != source.read_bytes():
+            shutil.copyfile(source, copy)
+            written.append(copy)
+    readme = chart_readme(CHART_VALUES.read_text())
+    if not CHART_README.exists() or CHART_README.read_text() != readme:
+        CHART_README.write_text(readme)
+        written.append(CHART_README)
     files = manifest_files(render(helm, settings=MANIFEST_SETTINGS))
     MANIFESTS_DIR.mkdir(parents=True, exist_ok=True)
     for stale in MANIFESTS_DIR.glob("*.yaml"):

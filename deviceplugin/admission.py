@@ -59,6 +59,7 @@ from deviceplugin.metrics import PluginMetrics, ReleaseResult
 from deviceplugin.podwatch import NodePods
 from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
 from kube import failpoints
+from kube.backoff import Backoff
 from kube.client import KubeClient, pod_path
 from kube.errors import ApiError, ApiUnavailable, NotFound
 from lockd.errors import LockLost, StaleToken
@@ -101,7 +102,9 @@ class Admission:
         mode: DeviceMode = DeviceMode.DEVICE_NODES,
         api_retry_s: float = API_RETRY_S,
         pods: NodePods | None = None,
+        on_refused: Callable[[Refusal, Holder | None], None] | None = None,
     ) -> None:
+        self._on_refused = on_refused  # an Event on the holder pod (or the node)
         self.node = node
         self._kube = kube
         self._locks = locks
@@ -154,15 +157,15 @@ class Admission:
 
     async def _retrying(self, read: Callable[[], Awaitable[T]]) -> T:
         deadline = time.monotonic() + self._api_retry_s
-        delay = 0.1
+        backoff = Backoff(0.1, 1.0)
         while True:
             try:
                 return await read()
             except ApiUnavailable:
+                delay = backoff.next_s()
                 if time.monotonic() + delay > deadline:
                     raise
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
 
     async def _view(self, *, fresh: bool) -> NodeLockView | None:
         if not fresh:
@@ -211,6 +214,10 @@ class Admission:
         if isinstance(result, Refusal):
             self._metrics.allocations.labels(result=result.kind.value).inc()
             log.warning("Allocate refused (%s): %s", result.kind.value, result.message)
+            if self._on_refused is not None:
+                view = self._locks.view(self.node)
+                holder = view.record.holder if view is not None else None
+                self._on_refused(result, result.release[0] if result.release else holder)
         else:
             self._metrics.allocations.labels(result="allocated").inc()
         self._metrics.allocate_seconds.observe(time.monotonic() - started)
@@ -447,7 +454,7 @@ class Admission:
 
     async def run_releases(self) -> None:
         """Retry pending releases until cancelled (capped exponential backoff)."""
-        delay = RELEASE_BACKOFF_S[0]
+        backoff = Backoff(*RELEASE_BACKOFF_S)  # jittered: nodes must not retry in lockstep
         while True:
             await self._pending_changed.wait()
             self._pending_changed.clear()
@@ -457,8 +464,7 @@ class Admission:
                     if pending in self._cp.pending:
                         retry |= await self._release(pending) is ReleaseResult.RETRY
             if retry:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RELEASE_BACKOFF_S[1])
+                await backoff.sleep()
                 self._pending_changed.set()
             else:
-                delay = RELEASE_BACKOFF_S[0]
+                backoff.reset()

@@ -23,6 +23,7 @@ from deviceplugin.plugin import (
 from deviceplugin.simulated import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, SimSpec, SimulatedBackend
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
 from kube.client import KubeClient
+from kube.opsport import OpsServer
 from kube.process import configure_logging, run_until_signalled
 from lockd.model import NodeName
 
@@ -111,9 +112,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--metrics-port",
         type=int,
         default=0,
-        help="serve Prometheus metrics on this port (default 0: off)",
+        help="serve /metrics, /healthz and /readyz (registered with kubelet) over plain HTTP on "
+        "this port; nothing else is served there (default 0: off)",
     )
-    p.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics server")
+    p.add_argument(
+        "--metrics-address",
+        default="0.0.0.0",
+        help="address of the --metrics-port server (default 0.0.0.0)",
+    )
     p.add_argument(
         "--device-mode",
         choices=[m.value for m in DeviceMode],
@@ -137,6 +143,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="when kubelet picks other devices than the assignment: refuse (default: the pod "
         "fails admission and is recreated) or serve the assignment anyway",
     )
+    p.add_argument(
+        "--events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write a Kubernetes Event for each refused Allocate, on the node lock's holder pod "
+        "(else the node), at most one per pod and refusal kind a minute (default on)",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
 
@@ -159,6 +172,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         state_dir=args.state_dir,
         mode=DeviceMode(args.device_mode),
         policy=MismatchPolicy(args.mismatch_policy),
+        events=args.events,
     )
 
 
@@ -184,14 +198,14 @@ async def _serve(args: argparse.Namespace, config: PluginConfig) -> None:
     kube = await KubeClient.connect(args.kubeconfig)
     try:
         metrics = PluginMetrics()
-        if args.metrics_port:
-            from prometheus_client import start_http_server
-
-            start_http_server(
-                args.metrics_port, addr=args.metrics_address, registry=metrics.registry
-            )
         plugin = DevicePlugin(config, kube=kube, backend=backend, metrics=metrics)
-        await run_until_signalled(plugin.run())
+        ops = OpsServer(metrics.registry, plugin.waiting_for)
+        if args.metrics_port:
+            await ops.start(args.metrics_address, args.metrics_port)
+        try:
+            await run_until_signalled(plugin.run())
+        finally:
+            await ops.stop()
     finally:
         await kube.close()
 

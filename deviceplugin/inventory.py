@@ -8,12 +8,12 @@ registered yet, API server down) is retried with capped backoff; the latest inve
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from deviceplugin.devices import DeviceState
 from deviceplugin.metrics import PluginMetrics
 from handoff.wire import Keys, format_inventory
+from kube.backoff import Backoff
 from kube.client import KubeClient, node_path
 from kube.errors import ApiError, ApiUnavailable
 from lockd.model import NodeName
@@ -37,18 +37,17 @@ class InventoryPublisher:
 
     async def run(self, state: DeviceState) -> None:
         """Publish now and after every change of ``state``, until cancelled."""
-        delay = BACKOFF_S[0]
+        backoff = Backoff(*BACKOFF_S)  # jittered: nodes must not retry in lockstep
         while True:
             version = state.version
             value = format_inventory(state.gpus)
             try:
                 await self._publish(value)
-                delay = BACKOFF_S[0]
+                backoff.reset()
             except (ApiError, ApiUnavailable) as exc:
                 self._metrics.inventory_writes.labels(result="error").inc()
                 log.warning("cannot publish the GPU inventory of node %s: %s", self._node, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_S[1])
+                await backoff.sleep()
                 continue
             await state.wait_newer(version)
 

@@ -23,12 +23,14 @@ from deviceplugin.answer import DeviceMode
 from deviceplugin.decide import MismatchPolicy
 from deviceplugin.devices import DeviceBackend, DeviceState
 from deviceplugin.endpoint import Endpoint
+from deviceplugin.events import AllocateEvents
 from deviceplugin.inventory import InventoryPublisher
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podwatch import NodePods
 from deviceplugin.servicer import DevicePluginServicer
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from kube.client import KubeClient
+from kube.events import EventRecorder
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from lockd.model import NodeName
@@ -54,6 +56,7 @@ class PluginConfig:
     mode: DeviceMode = DeviceMode.DEVICE_NODES
     policy: MismatchPolicy = MismatchPolicy.REFUSE
     poll_s: float = 0.2
+    events: bool = True  # Kubernetes Events for refused Allocate calls (rate-limited)
     keys: Keys = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +87,10 @@ class DevicePlugin:
         self.state = DeviceState()
         self.pods = NodePods(kube, config.node)
         self.pods.on_synced = lambda: self.metrics.pod_watch_synced.set(1)
+        self.events = AllocateEvents(
+            EventRecorder(kube, component="nodelock-device-plugin", host=config.node),
+            config.node,
+        )
         self.admission = Admission(
             node=config.node,
             kube=kube,
@@ -97,6 +104,7 @@ class DevicePlugin:
             policy=config.policy,
             mode=config.mode,
             pods=self.pods,
+            on_refused=self.events.refused if config.events else None,
         )
         self.endpoint = Endpoint(
             plugin_dir=config.plugin_dir,
@@ -141,6 +149,16 @@ class DevicePlugin:
                 task.result()  # raises what broke the start
             raise RuntimeError("a device plugin task ended during start")
 
+    def waiting_for(self) -> list[str]:
+        """What the plugin still waits for before it is ready (``/readyz``; empty: ready): its
+        socket served and registered with kubelet."""
+        missing = []
+        if not self.endpoint.serving.is_set():
+            missing.append("socket")
+        if not self.endpoint.registered.is_set():
+            missing.append("kubelet registration")
+        return missing
+
     async def _follow_health(self) -> None:
         while True:
             version = self.state.version
@@ -162,6 +180,8 @@ class DevicePlugin:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        with contextlib.suppress(TimeoutError):  # Events under way get a moment to be written
+            await asyncio.wait_for(self.events.recorder.flush(), timeout=2.0)
         self.backend.close()
 
     async def run(self) -> None:

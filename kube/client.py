@@ -85,6 +85,12 @@ def lease_path(namespace: str | None = None, name: str | None = None) -> str:
     return path + "/leases" + (f"/{_seg(name)}" if name else "")
 
 
+def event_path(namespace: str | None = None, name: str | None = None) -> str:
+    """REST path of core/v1 Events (all namespaces when ``namespace`` is None), or one Event."""
+    path = "/api/v1" + (f"/namespaces/{_seg(namespace)}" if namespace else "") + "/events"
+    return path + (f"/{_seg(name)}" if name else "")
+
+
 def _query(**params: str | int | bool | None) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for key, value in params.items():

@@ -209,11 +209,13 @@ def apply_environment(parser: argparse.ArgumentParser, environ: Mapping[str, str
             action.required = False
 
 
-def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    environ: Mapping[str, str] | None = None, *, prog: str = "nodelock"
+) -> argparse.ArgumentParser:
     """The whole command tree; flags default to their ``NODELOCK_<FLAG>`` variables from
     ``environ`` (the process environment unless given)."""
     parser = argparse.ArgumentParser(
-        prog="nodelock",
+        prog=prog,
         description="Node locks between a GPU scheduler extender and a kubelet device plugin.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -242,8 +244,14 @@ def set_up_logging(args: argparse.Namespace) -> None:
         configure_logging(args.log_level, log_format=getattr(args, "log_format", None))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """``kubectl-nodelock``: the same commands as a kubectl plugin (``kubectl nodelock locks -o
+    json``); kubectl finds the executable on $PATH and passes the words after ``nodelock``."""
+    return main(argv, prog="kubectl nodelock")
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "nodelock") -> int:
+    parser = build_parser(prog=prog)
     args = parser.parse_args(argv)
     try:
         check_environment_values(args)

@@ -153,10 +153,14 @@ async def _watch_events(kube: KubeClient, tl: Timeline) -> None:
     def apply(kind: str, event: Mapping[str, Any]) -> None:
         if kind not in ("ADDED", "MODIFIED"):
             return
+        obj = event.get("involvedObject", {})
+        pod = f"{obj.get('namespace')}/{obj.get('name')}"
+        source = str((event.get("source") or {}).get("component", ""))
+        if source.startswith("nodelock") and obj.get("kind") == "Pod":
+            name = str(event["metadata"]["name"])
+            tl.nodelock_events[name] = (pod, int(event.get("count") or 1))
         m = _LOCK_HELD.search(str(event.get("message", "")))
         if m:
-            obj = event.get("involvedObject", {})
-            pod = f"{obj.get('namespace')}/{obj.get('name')}"
             tl.contention.append((m.group(1), pod, tl.now()))
 
     path = f"/api/v1/namespaces/{NAMESPACE}/events"
@@ -325,6 +329,17 @@ async def run_workload(
     return tl, extra
 
 
+def events_per_pod(events: Mapping[str, tuple[str, int]], pods: int) -> str:
+    """The Events nodelock wrote on pods, per pod (rate-limited: one Event per pod and reason,
+    counted up, however many binds the pod went through)."""
+    per_pod = Counter(pod for pod, _ in events.values())
+    occurrences = sum(count for _, count in events.values())
+    return (
+        f"{len(events) / max(pods, 1):.2f} on average, at most {max(per_pod.values(), default=0)} "
+        f"on one pod ({len(events)} Events counting {occurrences} occurrences)"
+    )
+
+
 def report(
     tl: Timeline, workloads: Sequence[Workload], extra: Mapping[str, Any]
 ) -> tuple[str, list[tuple[str, str]]]:
@@ -371,6 +386,7 @@ def report(
             "background: node heartbeats also write Leases)",
         ),
         ("LISTs during the run", f"{lists:.0f}"),
+        ("nodelock Events per GPU pod", events_per_pod(tl.nodelock_events, len(pods))),
     ]
     checks = (
         ("S1", "no GPU assigned to two live pods", final.s1),
@@ -443,7 +459,7 @@ def _main(args: argparse.Namespace) -> int:
             f"{args.nodes * args.gpus_per_node} GPUs"
         )
         workloads = default_workload(args.nodes * args.gpus_per_node)
-        ext_url = cluster.settings()["extender"]["url"]
+        ext_url = cluster.settings()["extender"]["metrics"][0]  # the plain-HTTP metrics port
         tl, extra = asyncio.run(
             run_workload(
                 cluster, workloads, timeout_s=args.timeout, extender_metrics=f"{ext_url}/metrics"
@@ -473,7 +489,7 @@ def _main(args: argparse.Namespace) -> int:
             f" kubectl get leases -n {DEFAULT_LOCK_NAMESPACE}"
         )
         print("  .venv/bin/nodelock locks")
-        print(f"  curl {cluster.settings()['extender']['url']}/metrics")
+        print(f"  curl {cluster.settings()['extender']['metrics'][0]}/metrics")
         print(f"Stop it with: .venv/bin/nodelock devcluster down --state-dir {cluster.state_dir}")
     else:
         cluster.down()

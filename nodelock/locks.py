@@ -35,10 +35,12 @@ from handoff.holder import HolderState, HolderStatus, holder_status
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
 from kube.client import KubeClient, lease_path, pod_path
 from kube.errors import ApiError, Conflict, Forbidden, NotFound
+from kube.events import EventRecorder, EventType, ObjectRef
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from lockd.microtime import now_microtime, parse_microtime
 from lockd.model import FencingToken, LockRecord, NodeLockView, NodeName
+from nodelock.locks_output import OUTPUT_FORMATS, lock_item, render_items
 
 HANDOFF_WARNING = (
     "WARNING: {holder} is still Pending on node {node} and not admitted by kubelet. Breaking its "
@@ -123,6 +125,18 @@ def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         default=default(DEFAULT_PREFIX),
         help=f"annotation prefix (default {DEFAULT_PREFIX})",
     )
+    parser.add_argument(
+        "--context",
+        default=default(None),
+        help="kubeconfig context to use (default: the kubeconfig's current context)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default=default("table"),
+        help="table (default), or one JSON or YAML document for scripts (list and show)",
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -140,7 +154,7 @@ def ask_terminal(question: str) -> bool:
 async def run_locks(args: argparse.Namespace, *, out: TextIO, err: TextIO, confirm: Confirm) -> int:
     """Run one ``nodelock locks`` action with the given streams (testable without a process)."""
     try:
-        kube = await KubeClient.connect(args.kubeconfig)
+        kube = await KubeClient.connect(args.kubeconfig, context=getattr(args, "context", None))
     except Exception as exc:  # kubeconfig missing or malformed: say so in one line
         raise CliError(f"cannot load the kubeconfig: {exc}") from exc
     try:
@@ -151,8 +165,9 @@ async def run_locks(args: argparse.Namespace, *, out: TextIO, err: TextIO, confi
             metrics=LockMetrics(registry=CollectorRegistry()),  # nothing to export
         )
         action = getattr(args, "locks_action", None) or "list"
+        output = getattr(args, "output", "table")
         if action == "show":
-            return await _show(locks, kube, NodeName(args.node), out)
+            return await _show(locks, kube, NodeName(args.node), out, output=output)
         if action == "break":
             return await _break(
                 locks,
@@ -165,7 +180,7 @@ async def run_locks(args: argparse.Namespace, *, out: TextIO, err: TextIO, confi
                 err=err,
                 confirm=confirm,
             )
-        return await _list(locks, kube, args.observe, out)
+        return await _list(locks, kube, args.observe, out, output=output)
     finally:
         await kube.close()
 
@@ -294,7 +309,26 @@ def render_table(rows: Sequence[Row]) -> str:
     return "\n".join(text)
 
 
-async def _list(locks: NodeLocks, kube: KubeClient, observe: float | None, out: TextIO) -> int:
+def _item(row: Row, namespace: str) -> dict[str, Any]:
+    return lock_item(
+        row.view.record,
+        namespace=namespace,
+        holder_state=row.holder.state.value if row.holder is not None else None,
+        age_s=row.age_s,
+        expired=row.expired,
+        observed=row.observed,
+        state=state_text(row),
+    )
+
+
+async def _list(
+    locks: NodeLocks,
+    kube: KubeClient,
+    observe: float | None,
+    out: TextIO,
+    *,
+    output: str = "table",
+) -> int:
     if observe is not None:
         watching = asyncio.create_task(locks.watch())
         try:
@@ -306,10 +340,13 @@ async def _list(locks: NodeLocks, kube: KubeClient, observe: float | None, out: 
         views = locks.views()
     else:
         views = await locks.list()
+    rows = await _rows(locks, kube, views, observed=observe is not None)
+    if output != "table":
+        print(render_items([_item(r, locks.namespace) for r in rows], output), file=out)
+        return 0
     if not views:
         print(f"no node locks in namespace {locks.namespace}", file=out)
         return 0
-    rows = await _rows(locks, kube, views, observed=observe is not None)
     print(render_table(rows), file=out)
     if observe is None and any(v.record.holder is not None for v in views):
         print(
@@ -320,11 +357,16 @@ async def _list(locks: NodeLocks, kube: KubeClient, observe: float | None, out: 
     return 0
 
 
-async def _show(locks: NodeLocks, kube: KubeClient, node: NodeName, out: TextIO) -> int:
+async def _show(
+    locks: NodeLocks, kube: KubeClient, node: NodeName, out: TextIO, *, output: str = "table"
+) -> int:
     view = await locks.inspect(node)
     if view is None:
         raise CliError(f"node {node} has no lock (no Lease {node} in namespace {locks.namespace})")
     (row,) = await _rows(locks, kube, [view], observed=False)
+    if output != "table":
+        print(render_items([_item(row, locks.namespace)], output, single=True), file=out)
+        return 0
     print(describe(row, namespace=locks.namespace), file=out)
     return 0
 
@@ -446,7 +488,24 @@ async def _break(
         f"(uid {broken.holder.uid or '?'}, token {broken.token}) as {by}",
         file=out,
     )
+    await record_broken(kube, node, broken, by=by, reason=why)
     return 0
+
+
+async def record_broken(
+    kube: KubeClient, node: NodeName, broken: LockRecord, *, by: str, reason: str
+) -> None:
+    """Events (``NodeLockBroken``) on the node and on the holder pod; best effort."""
+    events = EventRecorder(kube, component="nodelock-cli", host=by)
+    message = (
+        f"node {node}'s GPU lock held by {broken.holder.key if broken.holder else '?'} "
+        f"(token {broken.token}) was broken by hand by {by}: {reason}"
+    )
+    events.record(ObjectRef.node(node), EventType.WARNING, "NodeLockBroken", message)
+    if broken.holder is not None and "/" in broken.holder.key:
+        pod = ObjectRef.pod(broken.holder.key, broken.holder.uid)
+        events.record(pod, EventType.WARNING, "NodeLockBroken", message)
+    await events.flush()
 
 
 async def whoami(kube: KubeClient) -> str:

@@ -38,6 +38,8 @@ class Timeline:
     pods: dict[str, JSON] = field(default_factory=dict)
     leases: dict[str, JSON] = field(default_factory=dict)
     contention: list[tuple[str, str, float]] = field(default_factory=list)  # node, pod, t
+    # nodelock's own Events on pods: Event name -> (pod key, occurrences it counts)
+    nodelock_events: dict[str, tuple[str, int]] = field(default_factory=dict)
     violations: Findings = field(default_factory=Findings)
 
     def now(self) -> float:

@@ -119,7 +119,9 @@ class Binder:
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         confirm_wait_s: float = CONFIRM_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
+        on_takeover: Callable[[LockRecord, str], None] | None = None,
     ) -> None:
+        self._on_takeover = on_takeover  # an Event: the expired lock is about to be taken over
         self._kube = kube
         self._cache = cache
         self._locks = locks
@@ -184,6 +186,8 @@ class Binder:
             "allowed" if verdict.allowed else "refused",
             verdict.why,
         )
+        if verdict.allowed and self._on_takeover is not None:
+            self._on_takeover(record, verdict.why)
         return bool(verdict.allowed)
 
     # ---- bind -------------------------------------------------------------------------------

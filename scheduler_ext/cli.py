@@ -15,6 +15,8 @@ from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES
 from scheduler_ext.service import Extender, Settings, check_settings, parse_listen
 from scheduler_ext.takeover import DEFAULT_REQUEST_TIMEOUT_S
 
+DEFAULT_METRICS_PORT = 8889
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -30,7 +32,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="kubeconfig (default: $KUBECONFIG, or in-cluster credentials)",
     )
     p.add_argument(
-        "--listen", default="127.0.0.1:8888", help="host:port to serve on (default 127.0.0.1:8888)"
+        "--listen",
+        default="127.0.0.1:8888",
+        help="host:port of the extender protocol: filter, prioritize, bind and the probes, "
+        "never /metrics (default 127.0.0.1:8888)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        help="address of the plain-HTTP port serving /metrics, /healthz and /readyz, no client "
+        "certificate needed and no verb reachable (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        help=f"port of that plain-HTTP port (default {DEFAULT_METRICS_PORT}; 0: any free port)",
     )
     p.add_argument(
         "--lock-namespace",
@@ -95,6 +112,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="prioritize nodes by the wait a bind there should expect: the lock's holder and "
         "the binds queued for it (default on)",
     )
+    p.add_argument(
+        "--events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write Kubernetes Events on pods and nodes: a bind waiting for or refused by a "
+        "node lock (naming its holder), an expired lock taken over; at most one write per "
+        "pod and reason a minute (default on)",
+    )
     p.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", default=None, help="private key of --tls-cert (PEM)")
     p.add_argument(
@@ -132,6 +157,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         tls_key=args.tls_key,
         client_ca=args.client_ca,
         max_body_bytes=args.max_body_bytes,
+        metrics_host=args.metrics_address,
+        metrics_port=args.metrics_port,
+        events=args.events,
     )
     check_settings(settings)
     return settings

@@ -1,7 +1,9 @@
 """The extender's HTTP endpoints: thin translation between the wire and the pure verbs.
 
 POST ``/filter``, ``/prioritize``, ``/bind`` (kube-scheduler calls ``urlPrefix + "/" + verb``),
-GET ``/healthz`` (the process serves), ``/readyz`` (the caches are listed), ``/metrics``.
+GET ``/healthz`` (the process serves), ``/readyz`` (the caches are listed).  ``/metrics`` is not
+served here: it is on the plain-HTTP operations port (``kube.opsport``, with the probes again), so
+no scrape credential is one that can also call ``/bind``.
 
 Guarantees: a body that is not the protocol (not JSON, wrong types, missing fields) gets a 400,
 one over the size limit a 413, each with ``{"Error": reason}``; nothing a client sends stops the
@@ -21,7 +23,6 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from handoff.request import BadPod
 from lockd.locks import NodeLocks
@@ -29,6 +30,7 @@ from lockd.model import NodeName
 from scheduler_ext.binder import Binder
 from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import NodeGPUs, Policy, burst_fills_anyway
+from scheduler_ext.events import BindEvents
 from scheduler_ext.metrics import ExtenderMetrics, Result, Verb
 from scheduler_ext.need import PodNeed, pod_need
 from scheduler_ext.promises import Promises
@@ -86,8 +88,10 @@ class Endpoints:
         options: ServerOptions,
         *,
         ready: Callable[[], list[str]] | None = None,
+        events: BindEvents | None = None,
     ) -> None:
         self.cache = cache
+        self.events = events
         self.locks = locks
         self.binder = binder
         self.metrics = metrics
@@ -241,6 +245,8 @@ class Endpoints:
             self._done(Verb.BIND, Result.BAD_REQUEST, started)
             return _error(400, str(exc))
         self.promises.forget(args.pod_uid)
+        if self.events is not None:
+            self.events.bind_started(args, self.locks.view(args.node))
         bind = asyncio.ensure_future(self.binder.bind(args))
         try:
             # shielded: a disconnect (kube-scheduler's timeout) only makes a queued bind leave
@@ -256,6 +262,8 @@ class Endpoints:
             return web.json_response(binding_result(f"GPU extender bind failed: {exc!r}"))
         if outcome.error:
             log.info("bind %s to %s: %s", args.key, args.node, outcome.error)
+            if self.events is not None:
+                self.events.bind_failed(args, outcome.result, outcome.error)
         self._done(Verb.BIND, outcome.result, started)
         return web.json_response(binding_result(outcome.error))
 
@@ -264,19 +272,20 @@ class Endpoints:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    async def readyz(self, request: web.Request) -> web.Response:
+    def waiting_for(self) -> list[str]:
+        """What the extender still waits for before it is ready (empty: ready)."""
         missing = [] if self.cache.nodes_synced else ["nodes"]
         if not self.cache.pods_synced:
             missing.append("pods")
         if self._ready is not None:
             missing.extend(self._ready())
+        return missing
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        missing = self.waiting_for()
         if missing:
             return web.Response(status=503, text=f"waiting for: {', '.join(missing)}\n")
         return web.Response(text="ok\n")
-
-    async def metrics_page(self, request: web.Request) -> web.Response:
-        data = generate_latest(self.metrics.registry)
-        return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 @web.middleware
@@ -289,7 +298,8 @@ async def _too_large(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 def make_app(endpoints: Endpoints) -> web.Application:
-    """The aiohttp application serving ``endpoints``."""
+    """The aiohttp application serving ``endpoints`` on the extender's API port: the three verbs
+    and the probes, never ``/metrics``."""
     app = web.Application(
         client_max_size=endpoints.options.max_body_bytes, middlewares=[_too_large]
     )
@@ -298,5 +308,4 @@ def make_app(endpoints: Endpoints) -> web.Application:
     app.router.add_post("/bind", endpoints.bind)
     app.router.add_get("/healthz", endpoints.healthz)
     app.router.add_get("/readyz", endpoints.readyz)
-    app.router.add_get("/metrics", endpoints.metrics_page)
     return app

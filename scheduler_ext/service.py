@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from kube.client import KubeClient, node_path, pod_path
+from kube.events import EventRecorder
+from kube.opsport import OpsServer
 from kube.reflector import Reflector
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
@@ -27,6 +30,7 @@ from scheduler_ext.binder import CONFIRM_WAIT_S, DEFAULT_WAIT_BUDGET_S, Binder
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.choose import Policy
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, check_bind_timing
+from scheduler_ext.events import BindEvents
 from scheduler_ext.metrics import ExtenderMetrics
 from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES, Endpoints, ServerOptions, make_app
 from scheduler_ext.takeover import DEFAULT_REQUEST_TIMEOUT_S
@@ -59,6 +63,9 @@ class Settings:
     tls_key: str | None = None
     client_ca: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0  # 0: any free port (``Extender.metrics_url`` says which)
+    events: bool = True  # Kubernetes Events on pods and nodes (rate-limited)
 
     @property
     def tls(self) -> bool:
@@ -118,6 +125,10 @@ def check_settings(settings: Settings) -> None:
         raise ConfigError("--apiserver-request-timeout must be positive")
     if settings.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
+    if not 0 <= settings.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port {settings.metrics_port} is not a port number")
+    if settings.port != 0 and settings.metrics_port == settings.port:
+        raise ConfigError("--metrics-port must differ from the --listen port")
     if not settings.annotation_prefix.endswith("/"):
         raise ConfigError("--annotation-prefix must end with '/', e.g. nodelock.io/")
 
@@ -151,6 +162,10 @@ class Extender:
             metrics=lock_metrics,
             clock=clock,
         )
+        self.events = BindEvents(
+            EventRecorder(kube, component="nodelock-extender", host=socket.gethostname()),
+            budget_s=settings.wait_budget_s,
+        )
         self.binder = Binder(
             kube,
             self.cache,
@@ -161,6 +176,7 @@ class Extender:
             request_timeout_s=settings.apiserver_request_timeout_s,
             confirm_wait_s=confirm_wait_s,
             clock=clock,
+            on_takeover=self.events.takeover if settings.events else None,
         )
         self.endpoints = Endpoints(
             self.cache,
@@ -172,10 +188,12 @@ class Extender:
                 lock_aware=settings.lock_aware,
                 max_body_bytes=settings.max_body_bytes,
             ),
+            events=self.events if settings.events else None,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.port = settings.port
+        self.ops = OpsServer(registry, self.endpoints.waiting_for)
 
     @property
     def url(self) -> str:
@@ -184,6 +202,12 @@ class Extender:
         host = self.settings.host
         host = f"[{host}]" if ":" in host else host
         return f"{scheme}://{host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The base URL of the plain-HTTP operations port (``/metrics``, ``/healthz``,
+        ``/readyz``; no client certificate, no verb)."""
+        return self.ops.url
 
     def _reflectors(self) -> list[Reflector]:
         cache = self.cache
@@ -241,6 +265,11 @@ class Extender:
         addresses = self._runner.addresses
         if addresses:
             self.port = int(addresses[0][1])
+        try:
+            await self.ops.start(self.settings.metrics_host, self.settings.metrics_port)
+        except OSError as exc:
+            await self.stop()
+            raise ConfigError(str(exc)) from exc
         log.info("extender serving on %s", self.url)
         if wait_synced_s is not None:
             synced = await self.cache.wait_until(lambda: self.cache.synced, timeout_s=wait_synced_s)
@@ -248,7 +277,10 @@ class Extender:
                 log.warning("caches not listed after %.0fs; serving anyway", wait_synced_s)
 
     async def stop(self) -> None:
-        """Stop serving and watching."""
+        """Stop serving and watching (Events under way get a moment to be written)."""
+        await self.ops.stop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.events.recorder.flush(), timeout=2.0)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

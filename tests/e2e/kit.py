@@ -261,6 +261,13 @@ async def wait_registrations(
         await asyncio.sleep(0.05)
 
 
+def extender_metrics_url(argv: Sequence[str]) -> str:
+    """The plain-HTTP metrics and probe URL of the extender started with ``argv``."""
+    address = next(a for a in argv if a.startswith("--metrics-address=")).split("=", 1)[1]
+    port = next(a for a in argv if a.startswith("--metrics-port=")).split("=", 1)[1]
+    return f"http://{address}:{port}"
+
+
 async def wait_http_ok(url: str, *, timeout_s: float = 30.0) -> None:
     import urllib.error
     import urllib.request
@@ -293,8 +300,7 @@ async def restart_extenders(
         if not replica or (only is not None and name not in only):
             continue
         cluster.restart_component(name, env=(env_for or {}).get(name, env))
-        listen = next(a for a in proc.argv if a.startswith("--listen="))
-        await wait_http_ok(f"http://{listen.split('=', 1)[1]}/readyz")
+        await wait_http_ok(f"{extender_metrics_url(proc.argv)}/readyz")
 
 
 @asynccontextmanager

@@ -17,6 +17,7 @@ from tests.e2e.kit import (
     LEASE_S,
     GPUCluster,
     assignment,
+    extender_metrics_url,
     held_locks,
     kubelet_devices,
     metric_value,
@@ -151,11 +152,8 @@ async def test_clock_skew_of_sixty_seconds_changes_nothing(e2e: GPUCluster) -> N
         assert all((b - now).total_seconds() > 30 for b in bound_at), bound_at
         takeovers = 0.0
         for name in replicas:
-            listen = next(
-                a for a in e2e.cluster.state.procs()[name].argv if a.startswith("--listen=")
-            )
             takeovers += await metric_value(
-                f"http://{listen.split('=', 1)[1]}/metrics",
+                f"{extender_metrics_url(e2e.cluster.state.procs()[name].argv)}/metrics",
                 "nodelock_lock_acquisitions_total",
                 result="takeover",
             )

@@ -60,7 +60,7 @@ class Prometheus:
 
 def scrape_config(gpu_cluster: GPUCluster) -> dict[str, Any]:
     settings = gpu_cluster.cluster.settings()
-    extenders = [u.removeprefix("http://") for u in settings["extender"]["replicas"]]
+    extenders = [u.removeprefix("http://") for u in settings["extender"]["metrics"]]
     plugins = [
         {"targets": [f"127.0.0.1:{port}"], "labels": {"node": name.removeprefix("deviceplugin-")}}
         for name, port in sorted(settings["metrics"].items())

@@ -11,6 +11,7 @@ import argparse
 import base64
 import datetime as dt
 import ipaddress
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from devcluster.cluster import Cluster
+from devcluster.errors import DevclusterError
 from devcluster.helm import (
     CHART_DIR,
     DEVCLUSTER_POLICIES,
@@ -30,6 +32,7 @@ from devcluster.helm import (
     MANIFESTS_DIR,
     REPO_ROOT,
     alerts_in_step,
+    chart_readme,
     devcluster_policies,
     ensure_helm,
     manifest_files,
@@ -49,8 +52,16 @@ def helm() -> Path:
     return ensure_helm()
 
 
-def objects(helm: Path, **settings: str) -> list[JSON]:
-    return parse_documents(render(helm, settings=settings))
+def objects(helm: Path, *args: str, **settings: str) -> list[JSON]:
+    """The chart rendered with ``settings`` (``--set``) and extra ``helm template`` ``args``."""
+    return parse_documents(render(helm, settings=settings, extra_args=args))
+
+
+MONITORING_CRDS = (
+    "--api-versions=monitoring.coreos.com/v1/ServiceMonitor",
+    "--api-versions=monitoring.coreos.com/v1/PrometheusRule",
+)
+CERT_MANAGER_CRDS = ("--api-versions=cert-manager.io/v1/Certificate",)
 
 
 def find(objs: list[JSON], kind: str, name: str) -> JSON:
@@ -90,7 +101,20 @@ def test_devcluster_policies_are_the_charts(helm: Path) -> None:
 
 
 def test_chart_alert_rules_are_the_dashboards_rules() -> None:
-    assert alerts_in_step(), "dashboards/alerts.yaml changed: `python -m devcluster.helm manifests`"
+    assert alerts_in_step(), (
+        "dashboards/alerts.yaml, dashboards/*.json or values.yaml changed: "
+        "`python -m devcluster.helm manifests`"
+    )
+
+
+def test_committed_chart_readme_is_the_one_generated_from_values() -> None:
+    readme = (CHART_DIR / "README.md").read_text()
+    assert readme == chart_readme((CHART_DIR / "values.yaml").read_text()), (
+        "deploy/helm/nodelock/README.md is stale: `python -m devcluster.helm manifests`"
+    )
+    # every value a user sets by hand has its row
+    for key in ("global.imageRegistry", "extender.metricsPort", "tls.certManager.issuerRef"):
+        assert f"| `{key}` |" in readme, key
 
 
 def test_chart_passes_helm_lint_with_strict_checks(helm: Path) -> None:
@@ -129,6 +153,21 @@ def test_manifests_apply_with_server_side_dry_run(cluster: Cluster) -> None:
         pytest.param(
             {"tls.enabled": "false", "scheduler.enabled": "false", "admission.enabled": "false"},
             id="plain-http-default-scheduler-no-policies",
+        ),
+        pytest.param(
+            {
+                "global.imageRegistry": "mirror.example.com",
+                "imagePullSecrets[0].name": "pull",
+                "podAnnotations.team": "gpu",
+                "podLabels.team": "gpu",
+                "extraEnv[0].name": "A",
+                "extraEnv[0].value": "1",
+                "scheduler.podLabels.only": "scheduler",
+                "devicePlugin.extraEnv[0].name": "B",
+                "devicePlugin.extraEnv[0].value": "2",
+                "dashboards.enabled": "true",
+            },
+            id="pod-conventions-dashboards",
         ),
     ],
 )
@@ -326,9 +365,11 @@ def rules(objs: list[JSON], kind: str, name: str) -> set[tuple[str, str, str]]:
 def test_roles_grant_exactly_what_the_parts_use(helm: Path) -> None:
     objs = objects(helm)
     read = ("get", "list", "watch")
+    events = {("", "events", "create"), ("", "events", "patch")}  # docs/events.md
     assert rules(objs, "ClusterRole", "nodelock-extender") == {
         *(("", r, v) for r in ("pods", "nodes") for v in read),
         ("", "pods/binding", "create"),
+        *events,
     }
     assert rules(objs, "Role", "nodelock-extender-locks") == {
         ("coordination.k8s.io", "leases", v) for v in (*read, "create", "update")
@@ -337,6 +378,7 @@ def test_roles_grant_exactly_what_the_parts_use(helm: Path) -> None:
         *(("", "pods", v) for v in read),
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
+        *events,
     }
     assert rules(objs, "Role", "nodelock-device-plugin-locks") == {
         ("coordination.k8s.io", "leases", v) for v in (*read, "update")
@@ -396,19 +438,39 @@ def test_simulated_backend_mounts_no_driver(helm: Path) -> None:
 
 def test_optional_monitoring_objects_render(helm: Path) -> None:
     assert not [o for o in objects(helm) if o["apiVersion"].startswith("monitoring.coreos.com")]
-    objs = objects(
-        helm,
-        **{"metrics.serviceMonitor.enabled": "true", "prometheusRule.enabled": "true"},
-    )
+    settings = {"metrics.serviceMonitor.enabled": "true", "prometheusRule.enabled": "true"}
+    # the Prometheus Operator's CRDs are checked: without them, a clear error, not a failed apply
+    for key in settings:
+        with pytest.raises(DevclusterError, match="install the Prometheus Operator's CRDs"):
+            objects(helm, **{key: "true"})
+    objs = objects(helm, *MONITORING_CRDS, **settings)
     monitors = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ServiceMonitor"}
     assert set(monitors) == {"nodelock-extender", "nodelock-device-plugin"}
-    tls = monitors["nodelock-extender"]["spec"]["endpoints"][0]["tlsConfig"]
-    assert tls["keySecret"]["name"] == "nodelock-scheduler-tls"
+    # Prometheus scrapes the plain-HTTP metrics port: it holds no certificate that opens /bind
+    for monitor in monitors.values():
+        [endpoint] = monitor["spec"]["endpoints"]
+        assert endpoint["port"] == "metrics"
+        assert endpoint.get("scheme", "http") == "http"
+        assert "tlsConfig" not in endpoint
+    services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
+    extender = find(objs, "Deployment", "nodelock-extender")
+    [ext] = extender["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in ext["ports"]}
+    assert ports["metrics"] != ports["https"]
+    assert f"--metrics-port={ports['metrics']}" in ext["args"]
+    [svc_port] = services["nodelock-extender-metrics"]["spec"]["ports"]
+    assert svc_port["targetPort"] == "metrics"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert ext[probe]["httpGet"]["port"] == "metrics", probe
+        assert ext[probe]["httpGet"].get("scheme", "HTTP") == "HTTP", probe
     rule = find(objs, "PrometheusRule", "nodelock")
     chart_rules = yaml.safe_load((CHART_DIR / "files" / "alerts.yaml").read_text())
     assert rule["spec"]["groups"] == chart_rules["groups"]
+    for r in (r for g in rule["spec"]["groups"] for r in g["rules"]):
+        assert r["annotations"]["runbook_url"].endswith(f"docs/metrics.md#{r['alert'].lower()}")
     own = objects(
         helm,
+        *MONITORING_CRDS,
         **{
             "prometheusRule.enabled": "true",
             "prometheusRule.groups[0].name": "mine",
@@ -447,3 +509,180 @@ def test_nvml_init_container_copies_the_drivers_library_alone(helm: Path, tmp_pa
     assert not copied.is_symlink()
     assert copied.read_bytes() == b"\x7fELF nvml"
     assert sorted(p.name for p in out.iterdir()) == ["libnvidia-ml.so.1"]
+
+
+# ---- chart conventions -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("extender.replica", "3", "additional properties 'replica' not allowed"),  # replicas
+        ("devicePlugin.metricPort", "9000", "additional properties 'metricPort' not allowed"),
+        ("extender.policy", "binpak", "value must be one of"),
+        ("tls.source", "certmanager", "value must be one of"),
+        ("leaseDurationSeconds", "1", "minimum"),
+        ("extender.bindWaitBudgetSeconds", "soon", "does not match pattern"),
+    ],
+)
+def test_a_misspelt_value_fails_lint_and_template(
+    helm: Path, key: str, value: str, says: str
+) -> None:
+    for command in (["lint", "--strict"], ["template", "x"]):
+        res = subprocess.run(
+            [str(helm), *command, str(CHART_DIR), "--set", f"{key}={value}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert res.returncode != 0, f"helm {command[0]} accepted {key}={value}"
+        assert says in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def test_values_the_schema_must_not_refuse(helm: Path) -> None:
+    """Values of the right meaning in the shapes `--set` produces (a decimal is a string there,
+    an XID list a number) and the globals of an umbrella chart."""
+    objs = objects(
+        helm,
+        **{
+            "extender.bindWaitBudgetSeconds": "2.5",
+            "devicePlugin.nvml.ignoredXids": "79",
+            "global.somethingElse": "x",
+            "extender.podDisruptionBudget.minAvailable": "50%",
+        },
+    )
+    ext = container(find(objs, "Deployment", "nodelock-extender"), "extender")
+    assert "--bind-wait-budget=2.5" in ext["args"]
+
+
+WORKLOADS = [
+    ("Deployment", "nodelock-extender", "extender", "extender"),
+    ("DaemonSet", "nodelock-device-plugin", "device-plugin", "devicePlugin"),
+    ("Deployment", "nodelock-scheduler", "kube-scheduler", "scheduler"),
+]
+
+
+def test_pod_metadata_env_pull_secrets_and_registry_on_every_workload(helm: Path) -> None:
+    settings = {
+        "global.imageRegistry": "mirror.example.com:5000/",
+        "imagePullSecrets[0].name": "pull",
+        "podAnnotations.team": "gpu",
+        "podLabels.cost-center": "ml",
+        "extraEnv[0].name": "HTTPS_PROXY",
+        "extraEnv[0].value": "http://proxy:3128",
+    }
+    for _, _, _, key in WORKLOADS:
+        settings[f"{key}.podAnnotations.only"] = key
+        settings[f"{key}.podLabels.only"] = key
+        settings[f"{key}.podLabels.cost-center"] = f"{key}-wins"
+        settings[f"{key}.extraEnv[0].name"] = "ONLY"
+        settings[f"{key}.extraEnv[0].value"] = key
+    objs = objects(helm, **settings)
+    for kind, name, cname, key in WORKLOADS:
+        template = find(objs, kind, name)["spec"]["template"]
+        meta, spec = template["metadata"], template["spec"]
+        assert meta["annotations"]["team"] == "gpu", name
+        assert meta["annotations"]["only"] == key, name
+        assert meta["labels"]["only"] == key, name
+        assert meta["labels"]["cost-center"] == f"{key}-wins", name
+        assert meta["labels"]["app.kubernetes.io/instance"] == "nodelock", name  # selector kept
+        assert spec["imagePullSecrets"] == [{"name": "pull"}], name
+        c = container(find(objs, kind, name), cname)
+        env = [(e["name"], e.get("value")) for e in c["env"]]
+        assert env[-2:] == [("HTTPS_PROXY", "http://proxy:3128"), ("ONLY", key)], name
+        for image in [c["image"], *(i["image"] for i in spec.get("initContainers", []))]:
+            assert image.startswith("mirror.example.com:5000/"), image
+            assert "ghcr.io" not in image, image
+            assert "registry.k8s.io" not in image, image
+    scheduler = container(find(objs, "Deployment", "nodelock-scheduler"), "kube-scheduler")
+    assert scheduler["image"].startswith("mirror.example.com:5000/kube-scheduler:v")
+    # the annotations that restart pods on a change stay
+    extender_meta = find(objs, "Deployment", "nodelock-extender")["spec"]["template"]["metadata"]
+    assert "checksum/tls" in extender_meta["annotations"]
+    # the rendering with all of these is what the API server accepts
+    # (server-side dry run: test_chart_applies_with_server_side_dry_run, "pod-conventions")
+
+
+def test_scheduler_image_follows_the_clusters_version_unless_set(helm: Path) -> None:
+    def image(*args: str, **settings: str) -> str:
+        objs = objects(helm, *args, **settings)
+        tag: str = container(find(objs, "Deployment", "nodelock-scheduler"), "kube-scheduler")[
+            "image"
+        ]
+        return tag
+
+    assert image("--kube-version=v1.31.4") == "registry.k8s.io/kube-scheduler:v1.31.4"
+    # a distribution's suffix is not a kube-scheduler tag
+    assert image("--kube-version=v1.32.1-eks-3a5b1") == "registry.k8s.io/kube-scheduler:v1.32.1"
+    assert image("--kube-version=v1.33.2+k3s1") == "registry.k8s.io/kube-scheduler:v1.33.2"
+    pinned = image("--kube-version=v1.31.4", **{"scheduler.image.tag": "v1.30.9"})
+    assert pinned == "registry.k8s.io/kube-scheduler:v1.30.9"
+
+
+def test_dashboards_ship_as_configmaps_grafana_picks_up(helm: Path) -> None:
+    assert not [o for o in objects(helm) if "-dashboard-" in o["metadata"]["name"]]
+    objs = objects(helm, **{"dashboards.enabled": "true", "dashboards.namespace": "monitoring"})
+    maps = {o["metadata"]["name"]: o for o in objs if "-dashboard-" in o["metadata"]["name"]}
+    sources = sorted((REPO_ROOT / "dashboards").glob("*.json"))
+    assert sorted(maps) == [f"nodelock-dashboard-{p.stem}" for p in sources]
+    for path in sources:
+        cm = maps[f"nodelock-dashboard-{path.stem}"]
+        assert cm["kind"] == "ConfigMap"
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["namespace"] == "monitoring"
+        [(key, text)] = cm["data"].items()
+        assert key.endswith(".json")
+        assert json.loads(text) == json.loads(path.read_text())
+
+
+def test_cert_manager_issues_the_certificates_and_every_render_is_the_same(helm: Path) -> None:
+    settings = {"tls.source": "cert-manager"}
+    with pytest.raises(DevclusterError, match="install cert-manager first"):
+        objects(helm, **settings)
+    first = render(helm, settings=settings, extra_args=CERT_MANAGER_CRDS)
+    assert render(helm, settings=settings, extra_args=CERT_MANAGER_CRDS) == first  # GitOps
+    objs = parse_documents(first)
+    assert not [o for o in objs if o["kind"] == "Secret"]  # no key material in the rendering
+    certs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Certificate"}
+    ext, sched = certs["nodelock-extender-tls"]["spec"], certs["nodelock-scheduler-tls"]["spec"]
+    assert ext["secretName"] == "nodelock-extender-tls"
+    assert f"nodelock-extender.{NS}.svc" in ext["dnsNames"]
+    assert "server auth" in ext["usages"]
+    assert sched["secretName"] == "nodelock-scheduler-tls"
+    assert "client auth" in sched["usages"]
+    # both signed by the chart's own CA issuer, backed by a self-signed CA certificate
+    assert (
+        ext["issuerRef"]
+        == sched["issuerRef"]
+        == {
+            "name": "nodelock-ca",
+            "kind": "Issuer",
+            "group": "cert-manager.io",
+        }
+    )
+    assert certs["nodelock-ca"]["spec"]["isCA"] is True
+    issuers = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "Issuer"}
+    assert issuers == {
+        "nodelock-selfsigned": {"selfSigned": {}},
+        "nodelock-ca": {"ca": {"secretName": "nodelock-ca"}},
+    }
+    # the pods mount the Secrets cert-manager writes
+    extender = find(objs, "Deployment", "nodelock-extender")["spec"]["template"]["spec"]
+    assert {"name": "tls", "secret": {"secretName": "nodelock-extender-tls"}} in extender["volumes"]
+    # an issuer of the organisation's own instead
+    own = parse_documents(
+        render(
+            helm,
+            settings={
+                **settings,
+                "tls.certManager.issuerRef.name": "corp-ca",
+                "tls.certManager.issuerRef.kind": "ClusterIssuer",
+                "tls.certManager.issuerRef.group": "cert-manager.io",
+            },
+            extra_args=CERT_MANAGER_CRDS,
+        )
+    )
+    assert not [o for o in own if o["kind"] == "Issuer"]
+    refs = [o["spec"]["issuerRef"]["name"] for o in own if o["kind"] == "Certificate"]
+    assert refs == ["corp-ca", "corp-ca"]

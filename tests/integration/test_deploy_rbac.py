@@ -98,6 +98,9 @@ EXTENDER_NEEDS = [
     *(f"{verb} nodes" for verb in READ),
     "create pods/binding in OTHER",
     *(f"{verb} leases.coordination.k8s.io in LOCK" for verb in (*READ, "create", "update")),
+    "create events in OTHER",  # a bind waiting or refused, on the pod
+    "patch events in OTHER",  # the same Event counted up (no event storm)
+    "create events in default",  # a takeover, on the Node
 ]
 DEVICE_PLUGIN_NEEDS = [
     *(f"{verb} pods" for verb in READ),  # its node's pods, by fieldSelector
@@ -105,6 +108,9 @@ DEVICE_PLUGIN_NEEDS = [
     "get nodes",
     "patch nodes",  # its inventory annotation (admission confines it to its own Node)
     *(f"{verb} leases.coordination.k8s.io in LOCK" for verb in (*READ, "update")),
+    "create events in OTHER",  # an Allocate refused, on the holder pod
+    "patch events in OTHER",
+    "create events in default",  # or on the Node
 ]
 SCHEDULER_NEEDS = [
     "create pods/binding in OTHER",
@@ -152,7 +158,10 @@ DANGEROUS = [
     "create deployments.apps in LOCK",
     "patch daemonsets.apps in LOCK",
     "create certificatesigningrequests.certificates.k8s.io",
+    "delete events in OTHER",
+    "update events in OTHER",
 ]
+EVENTS = {("", "events", "", "create"), ("", "events", "", "patch")}
 EXTENDER_DENIED = [*DANGEROUS, "update nodes", "patch nodes"]
 DEVICE_PLUGIN_DENIED = [
     *DANGEROUS,
@@ -275,10 +284,12 @@ def rules_review(cluster: Cluster, bearer: str, namespace: str) -> set[Rule]:
                 *((g, r, "", v) for g, r in (("", "pods"), ("", "nodes")) for v in READ),
                 ("", "pods/binding", "", "create"),
                 *(("coordination.k8s.io", "leases", "", v) for v in (*READ, "create", "update")),
+                *EVENTS,
             },
             {
                 *((g, r, "", v) for g, r in (("", "pods"), ("", "nodes")) for v in READ),
                 ("", "pods/binding", "", "create"),
+                *EVENTS,
             },
         ),
         (
@@ -288,11 +299,13 @@ def rules_review(cluster: Cluster, bearer: str, namespace: str) -> set[Rule]:
                 ("", "nodes", "", "get"),
                 ("", "nodes", "", "patch"),
                 *(("coordination.k8s.io", "leases", "", v) for v in (*READ, "update")),
+                *EVENTS,
             },
             {
                 *(("", "pods", "", v) for v in READ),
                 ("", "nodes", "", "get"),
                 ("", "nodes", "", "patch"),
+                *EVENTS,
             },
         ),
     ],

@@ -13,9 +13,9 @@ from __future__ import annotations
 import base64
 import socket
 import ssl
-import subprocess
-import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +42,8 @@ class Served:
     url: str
     tls_dir: Path  # the extender's Secret
     client_dir: Path  # kube-scheduler's Secret
-    probe: list[str]  # the Deployment's readiness probe, on this machine's paths
+    metrics_url: str  # the plain-HTTP metrics and probe port, as the chart configures it
+    readiness: str  # the Deployment's readiness probe (an httpGet) as a URL on that port
 
 
 def secret_files(release: TestRelease, name: str, directory: Path) -> Path:
@@ -72,37 +73,42 @@ def served(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     tls_dir = secret_files(rel, f"{rel.name}-extender-tls", tmp / "extender-tls")
     client_dir = secret_files(rel, f"{rel.name}-scheduler-tls", tmp / "scheduler-tls")
     port = processes.free_port()
+    metrics_port = processes.free_port()
     container = deployment_container(rel)
     args = [
         a.replace("/etc/nodelock/tls", str(tls_dir))
         for a in container["args"]
-        if not a.startswith("--listen=")
+        if not a.startswith(("--listen=", "--metrics-address=", "--metrics-port="))
     ]
+    assert "--metrics-address=0.0.0.0" in container["args"]
     kubeconfig = token_kubeconfig(
         cluster, tmp / "extender.kubeconfig", token(cluster, rel.namespace, rel.extender_sa)
     )
     component = f"deploy-extender-{rel.tag}"
     cluster.start_component(
         component,
-        [*nodelock_command(), *args, f"--listen=127.0.0.1:{port}", f"--kubeconfig={kubeconfig}"],
-    )
-    probe_cmd = container["readinessProbe"]["exec"]["command"]
-    probe = [
-        sys.executable,
-        *[
-            p.replace("/etc/nodelock/probe-tls", str(client_dir)).replace(
-                "127.0.0.1:8443", f"127.0.0.1:{port}"
-            )
-            for p in probe_cmd[1:]
+        [
+            *nodelock_command(),
+            *args,
+            f"--listen=127.0.0.1:{port}",
+            "--metrics-address=127.0.0.1",
+            f"--metrics-port={metrics_port}",
+            f"--kubeconfig={kubeconfig}",
         ],
-    ]
-    assert probe_cmd[0] == "python3"
+    )
+    # the chart's probe is an httpGet on the container port named "metrics"
+    probe = container["readinessProbe"]["httpGet"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert probe["port"] == "metrics"
+    assert "metrics" in named
+    metrics_url = f"http://127.0.0.1:{metrics_port}"
+    readiness = f"{metrics_url}{probe['path']}"
     deadline = time.monotonic() + 60
-    while subprocess.run(probe, capture_output=True, timeout=30, check=False).returncode != 0:
+    while http_get(readiness)[0] != 200:
         assert time.monotonic() < deadline, "the extender's readiness probe never passed"
         time.sleep(0.2)
     try:
-        yield Served(rel, f"https://127.0.0.1:{port}", tls_dir, client_dir, probe)
+        yield Served(rel, f"https://127.0.0.1:{port}", tls_dir, client_dir, metrics_url, readiness)
     finally:
         cluster.stop_component(component)
         rel.uninstall(cluster)
@@ -121,10 +127,24 @@ def scheduler_entry(served: Served) -> JSON:
     return result
 
 
-def status_line(served: Served, *, cert: tuple[Path, Path] | None) -> str:
-    """GET /readyz over TLS to the extender's loopback address, verifying its certificate for the
-    Service's name as kube-scheduler does (tlsConfig.serverName); the answer's status line, or
-    the error that ended the exchange."""
+def http_get(url: str, *, method: str = "GET") -> tuple[int, str]:
+    """Plain HTTP (no certificate of any kind): the status and body, or (0, the error)."""
+    request = urllib.request.Request(url, method=method, data=b"{}" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, repr(exc)
+
+
+def status_line(
+    served: Served, *, cert: tuple[Path, Path] | None, method: str = "GET", path: str = "/readyz"
+) -> str:
+    """``method path`` (GET /readyz) over TLS to the extender's loopback address, verifying its
+    certificate for the Service's name as kube-scheduler does (tlsConfig.serverName); the
+    answer's status line, or the error that ended the exchange."""
     host = f"{served.release.extender_sa}.{served.release.namespace}.svc"
     ctx = ssl.create_default_context(cafile=str(served.client_dir / "ca.crt"))
     if cert is not None:
@@ -136,7 +156,8 @@ def status_line(served: Served, *, cert: tuple[Path, Path] | None) -> str:
             ctx.wrap_socket(raw, server_hostname=host) as tls,
         ):
             tls.sendall(
-                f"GET /readyz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+                f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n"
+                "Connection: close\r\n\r\n".encode()
             )
             answer = b""
             while chunk := tls.recv(4096):
@@ -156,11 +177,30 @@ def test_extender_requires_a_client_certificate_from_the_charts_ca(
     other_ca = (cluster.pki.client_cert(ADMIN), cluster.pki.client_key(ADMIN))
     assert status_line(served, cert=other_ca).startswith("error:")
     # and the probe the chart runs fails when the extender does not answer
-    port = served.url.rsplit(":", 1)[1]
-    dead = [
-        p.replace(f"127.0.0.1:{port}", f"127.0.0.1:{processes.free_port()}") for p in served.probe
-    ]
-    assert subprocess.run(dead, capture_output=True, timeout=30, check=False).returncode != 0
+    port = served.metrics_url.rsplit(":", 1)[1]
+    dead = served.readiness.replace(f":{port}/", f":{processes.free_port()}/")
+    assert http_get(dead)[0] == 0
+
+
+def test_metrics_port_needs_no_certificate_and_reaches_no_verb(served: Served) -> None:
+    """Prometheus scrapes without any credential, and the scrape path cannot bind a pod: the
+    metrics port serves no verb, and the mTLS port serves no /metrics."""
+    status, text = http_get(f"{served.metrics_url}/metrics")
+    assert status == 200
+    assert "nodelock_extender_requests_total" in text
+    assert "nodelock_build_info" in text
+    assert http_get(f"{served.metrics_url}/healthz") == (200, "ok\n")
+    assert http_get(f"{served.metrics_url}/readyz") == (200, "ok\n")
+    for verb in ("bind", "filter", "prioritize"):
+        assert http_get(f"{served.metrics_url}/{verb}", method="POST")[0] in (404, 405), verb
+    assert http_get(f"{served.metrics_url}/metrics", method="POST")[0] == 405
+    # the mTLS port, even with kube-scheduler's certificate, no longer serves /metrics
+    scheduler_cert = (served.client_dir / "tls.crt", served.client_dir / "tls.key")
+    assert status_line(served, cert=scheduler_cert, path="/metrics") == "HTTP/1.1 404 Not Found"
+    # while the verbs are still served on the mTLS port (an empty bind is a 400, not a 404)
+    assert status_line(served, cert=scheduler_cert, method="POST", path="/bind") == (
+        "HTTP/1.1 400 Bad Request"
+    )
 
 
 async def test_real_kube_scheduler_binds_a_gpu_pod_through_the_extender_over_mtls(

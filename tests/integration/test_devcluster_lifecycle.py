@@ -181,3 +181,43 @@ def test_up_with_gpu_nodes_waits_until_every_node_reports_its_gpus(tmp_path: Pat
         shutil.rmtree(state, ignore_errors=True)
     assert down.returncode == 0, down.stderr
     assert not [p for p in pids if pid_alive(p)]
+
+
+def test_up_resumes_only_its_own_shape_and_down_purge_starts_afresh(tmp_path: Path) -> None:
+    state = tmp_path / "dc"
+    dc = ["--state-dir", str(state)]
+    assert run("devcluster", "up", *dc, "--no-build").returncode == 0
+    status = run("devcluster", "status", *dc)
+    assert "shape: a control plane without GPU nodes" in status.stdout
+    assert run("devcluster", "down", *dc).returncode == 0
+    # the same shape resumes (etcd's data comes back)
+    again = run("devcluster", "up", *dc, "--no-build")
+    assert again.returncode == 0, again.stderr
+    assert run("devcluster", "down", *dc).returncode == 0
+    # data of another shape is refused before anything starts, naming the way out
+    other = run("devcluster", "up", *dc, "--no-build", "--nodes", "2", "--gpus-per-node", "4")
+    assert other.returncode != 0
+    [line] = other.stderr.strip().splitlines()  # one line, no traceback
+    assert "holds a control plane without GPU nodes; up asks for 2 GPU nodes x 4 GPUs" in line
+    assert f"nodelock devcluster down --purge --state-dir {state.resolve()}" in line
+    assert not json.loads((state / "state.json").read_text())["components"]  # nothing started
+    # a state directory from a version that recorded no shape is refused as well
+    (state / "shape.json").unlink()
+    old = run("devcluster", "up", *dc, "--no-build")
+    assert old.returncode != 0
+    assert "older nodelock version" in old.stderr
+    # --purge removes it all; the next up starts empty
+    purged = run("devcluster", "down", *dc, "--purge")
+    assert purged.returncode == 0, purged.stderr
+    assert not state.exists()
+    fresh = run("devcluster", "up", *dc, "--no-build")
+    assert fresh.returncode == 0, fresh.stderr
+    assert run("devcluster", "down", *dc, "--purge").returncode == 0
+    # --purge refuses a directory that is not a devcluster's
+    stranger = tmp_path / "not-a-cluster"
+    stranger.mkdir()
+    (stranger / "precious.txt").write_text("keep me")
+    refused = run("devcluster", "down", "--state-dir", str(stranger), "--purge")
+    assert refused.returncode != 0
+    assert "does not look like a devcluster state directory" in refused.stderr
+    assert (stranger / "precious.txt").exists()

@@ -14,10 +14,12 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import grpc
 import pytest
 
 from devcluster.cluster import Cluster
+from devcluster.processes import free_port
 from deviceplugin.simulated import simulated_id
 from handoff.wire import parse_inventory
 from kube import KubeClient, NotFound
@@ -63,6 +65,8 @@ async def test_standalone_simulated_plugin(cluster: Cluster, kube: KubeClient, n
     pb_grpc.add_RegistrationServicer_to_server(kubelet, server)
     server.add_insecure_port(f"unix://{plugin_dir / 'kubelet.sock'}")
     await server.start()
+    metrics_port = free_port()
+    ops = f"http://127.0.0.1:{metrics_port}"
     argv = [
         *NODELOCK,
         "device-plugin",
@@ -78,6 +82,8 @@ async def test_standalone_simulated_plugin(cluster: Cluster, kube: KubeClient, n
         str(cluster.kubeconfig),
         "--state-dir",
         str(state_dir),
+        "--metrics-address=127.0.0.1",
+        f"--metrics-port={metrics_port}",
     ]
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -109,6 +115,20 @@ async def test_standalone_simulated_plugin(cluster: Cluster, kube: KubeClient, n
             await asyncio.sleep(0.1)
         assert raw is not None
         assert len(parse_inventory(raw)) == 8
+
+        # the plain-HTTP port: metrics and probes without any credential, and nothing else
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{ops}/readyz") as resp:
+                assert (resp.status, await resp.text()) == (200, "ok\n")
+            async with http.get(f"{ops}/healthz") as resp:
+                assert resp.status == 200
+            async with http.get(f"{ops}/metrics") as resp:
+                assert resp.status == 200
+                assert "nodelock_deviceplugin_" in await resp.text()
+            async with http.get(f"{ops}/") as resp:
+                assert resp.status == 404  # prometheus-client's own server answered any path
+            async with http.post(f"{ops}/metrics") as resp:
+                assert resp.status == 405
 
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(proc.communicate(), WAIT_S)

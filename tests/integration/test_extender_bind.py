@@ -18,7 +18,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from devcluster.cluster import Cluster
-from kube.client import KubeClient, node_path, pod_path
+from kube.client import KubeClient, event_path, node_path, pod_path
 from lockd.metrics import LockMetrics
 from lockd.model import Holder, HolderKey, NodeName
 from scheduler_ext.binder import Binder
@@ -367,6 +367,16 @@ async def test_expired_lock_moves_on_only_once_its_holder_left_handoff(
         assert lock["spec"]["holderIdentity"] == f"{namespace}/y"
         # y's GPU is the one the failed pod had: it is free again
         assert devices_in(await get_pod(kube, namespace, "y")) == {device_ids(node, 4)[0]}
+        # where admins look: y's refusal named the holder, the takeover is on the old holder
+        await ext.events.recorder.flush()
+        [refused] = await events_on(kube, namespace, "y", "BindRefused")
+        assert f"lock held by {namespace}/stuck" in refused["message"]
+        [taken] = await events_on(kube, namespace, "stuck", "NodeLockTakenOver")
+        assert taken["type"] == "Warning"
+        assert taken["involvedObject"]["uid"] == stuck["metadata"]["uid"]
+        assert f"{node}'s GPU lock held by {namespace}/stuck" in taken["message"]
+        [on_node] = await events_on(kube, "default", node, "NodeLockTakenOver")
+        assert on_node["involvedObject"]["kind"] == "Node"
         # a holder that was never bound (its extender died before binding) is taken over too
         # ... but only once a binding its bind sent can no longer be applied: a third of the
         # lease duration plus the API server's request timeout plus a margin (5 + 10 + 5 s)
@@ -380,6 +390,13 @@ async def test_expired_lock_moves_on_only_once_its_holder_left_handoff(
         assert await post_bind(ext, binding_args(late, node)) == ""
     finally:
         await ext.stop()
+
+
+async def events_on(kube: KubeClient, namespace: str, name: str, reason: str) -> list[Any]:
+    """The Events about the object ``name`` with ``reason`` (what ``kubectl describe`` shows)."""
+    selector = f"involvedObject.name={name},reason={reason}"
+    items: list[Any] = (await kube.list(event_path(namespace), field_selector=selector))["items"]
+    return items
 
 
 async def _phase(ext: Extender, pod: dict[str, Any], phase: str) -> bool:

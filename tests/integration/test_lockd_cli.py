@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from devcluster.cluster import Cluster
 from handoff.wire import DEFAULT_PREFIX
 from kube import KubeClient
-from kube.client import lease_path, pod_path
+from kube.client import event_path, lease_path, pod_path
 from lockd import Holder, HolderKey, NodeLocks, NodeName, Outcome
 from nodelock.locks import NEEDS_FORCE, CliError, run_locks
 
@@ -119,6 +123,18 @@ async def test_break_warns_asks_and_says_whose_lock(
     lease = await kube.get(lease_path(namespace, NODE))
     assert "holderIdentity" not in lease["spec"]
     assert lease["metadata"]["annotations"]["nodelock.io/last-outcome"] == "broken"
+    # and where admins look: an Event on the holder pod and one on the node, naming who broke it
+    selector = "reason=NodeLockBroken,involvedObject.name="
+    [on_pod] = (await kube.list(event_path(namespace), field_selector=selector + "stuck"))["items"]
+    assert on_pod["involvedObject"]["uid"] == holder.uid
+    assert (
+        f"{NODE}'s GPU lock held by {holder.key} (token 1) was broken by hand by"
+        in (on_pod["message"])
+    )
+    on_node = (await kube.list(event_path("default"), field_selector=selector + NODE))["items"]
+    assert [e["type"] for e in on_node] == ["Warning"]
+    for event in on_node:  # the node outlives the test's namespace
+        await kube.delete(event_path("default", event["metadata"]["name"]))
 
     code, out, _ = await run(args(cluster, namespace, "break", node=NODE, yes=True))
     assert code == 0
@@ -225,3 +241,53 @@ def test_the_nodelock_command_prints_errors_as_one_line(cluster: Cluster) -> Non
         "nodelock: node no-such-node has no lock (no Lease no-such-node in namespace "
         "no-such-namespace)"
     ]
+
+
+def kubectl_plugin(cluster: Cluster, *words: str) -> subprocess.CompletedProcess[str]:
+    """The real kubectl running ``kubectl nodelock WORDS``: it finds the ``kubectl-nodelock``
+    entry point (pyproject's console script) on $PATH."""
+    scripts = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(
+        [str(cluster.binaries.kubectl), "nodelock", *words],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
+async def test_kubectl_nodelock_locks_as_json_and_yaml(
+    cluster: Cluster, kube: KubeClient, namespace: str
+) -> None:
+    _, holder = await stuck_lock(kube, namespace)
+    where = [f"--kubeconfig={cluster.kubeconfig}", f"--lock-namespace={namespace}"]
+    res = kubectl_plugin(cluster, "locks", "-o", "json", *where)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)  # nothing but the document on stdout
+    assert (doc["apiVersion"], doc["kind"]) == ("v1", "List")
+    [item] = doc["items"]
+    assert item["node"] == NODE
+    assert item["lease"]["namespace"] == namespace
+    assert item["token"] == 1
+    assert item["holder"] == {"pod": holder.key, "uid": holder.uid, "state": "in-handoff"}
+    assert item["expiredJudgedBy"] == "timestamps"
+    assert item["expired"].startswith("yes")
+    assert item["state"].startswith("STUCK")
+    assert item["ageSeconds"] > 3000  # written an hour ago
+    as_yaml = kubectl_plugin(cluster, "locks", "-o", "yaml", *where)
+    assert as_yaml.returncode == 0, as_yaml.stderr
+    from_yaml = yaml.safe_load(as_yaml.stdout)
+    [again] = from_yaml.pop("items")
+    assert from_yaml == {"apiVersion": "v1", "kind": "List"}
+    assert again.pop("ageSeconds") >= item.pop("ageSeconds")  # a moment later
+    assert again == item
+    shown = kubectl_plugin(cluster, "locks", "show", NODE, "-o", "json", *where)
+    assert json.loads(shown.stdout)["holder"]["pod"] == holder.key
+    # an empty namespace is an empty List, still one document
+    empty = kubectl_plugin(
+        cluster, "locks", "-o", "json", f"--kubeconfig={cluster.kubeconfig}", "--lock-namespace=x"
+    )
+    assert json.loads(empty.stdout)["items"] == []
+    assert "usage: kubectl nodelock" in kubectl_plugin(cluster, "locks", "-o", "xml").stderr

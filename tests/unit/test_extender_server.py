@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
 from kube.client import KubeClient
+from kube.opsport import OpsServer
 from lockd.lease import LeaseFormat
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
@@ -317,7 +318,23 @@ async def test_probes_and_metrics(served: Served) -> None:
     assert await served.get("/readyz") == (200, "ok\n")
     await served.post("filter", fixture("args_node_cache.json"))
     await served.post("filter", None, raw=b"{")
-    status, text = await served.get("/metrics")
+    # the API port (the one kube-scheduler's client certificate opens) serves no /metrics
+    assert (await served.get("/metrics"))[0] == 404
+    ops = OpsServer(served.endpoints.metrics.registry, served.endpoints.waiting_for)
+    await ops.start("127.0.0.1", 0)
+    try:
+        async with served.session.get(f"{ops.url}/metrics") as resp:
+            status, text = resp.status, await resp.text()
+        async with served.session.get(f"{ops.url}/readyz") as resp:
+            assert (resp.status, await resp.text()) == (200, "ok\n")
+        # and the operations port serves no verb: nothing there changes state
+        for verb in ("bind", "filter", "prioritize"):
+            async with served.session.post(f"{ops.url}/{verb}", json={}) as resp:
+                assert resp.status == 404, verb
+        async with served.session.post(f"{ops.url}/metrics", json={}) as resp:
+            assert resp.status == 405
+    finally:
+        await ops.stop()
     assert status == 200
     assert 'nodelock_extender_requests_total{result="ok",verb="filter"} 1.0' in text
     assert 'nodelock_extender_requests_total{result="bad_request",verb="filter"} 1.0' in text

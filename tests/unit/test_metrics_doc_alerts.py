@@ -68,3 +68,15 @@ def test_rules_read_documented_metrics_and_say_what_to_do() -> None:
         assert rule["labels"]["severity"] in ("warning", "critical")
         assert rule["annotations"]["summary"], rule["alert"]
         assert rule["annotations"]["description"], rule["alert"]
+
+
+def test_every_alert_has_a_runbook_url_to_its_row_in_metrics_md() -> None:
+    anchors = set(re.findall(r'<a id="([a-z0-9-]+)"></a>', DOC))
+    for rule in rules():
+        url = rule["annotations"].get("runbook_url", "")
+        page, _, anchor = url.partition("#")
+        assert page.endswith("/docs/metrics.md"), (rule["alert"], url)
+        assert anchor == rule["alert"].lower(), (rule["alert"], url)
+        assert anchor in anchors, f"docs/metrics.md has no anchor {anchor!r}"
+        row = DOC[DOC.index(f'<a id="{anchor}">') - 400 : DOC.index(f'<a id="{anchor}">')]
+        assert f"`{rule['alert']}`" in row.rsplit("\n", 1)[-1], "the anchor is on another row"

@@ -29,8 +29,72 @@ app.kubernetes.io/instance: {{ $ctx.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
+{{/*
+An image reference: include "nodelock.imageRef" (list . repository tag). With
+global.imageRegistry set, that registry replaces the repository's own (its first path segment
+when that names a host: it has a dot or a port, or is localhost), so every image comes from one
+mirror.
+*/}}
+{{- define "nodelock.imageRef" -}}
+{{- $ctx := index . 0 -}}
+{{- $repo := index . 1 -}}
+{{- $registry := (($ctx.Values.global | default dict).imageRegistry | default "") | trimSuffix "/" -}}
+{{- if $registry -}}
+{{- $parts := splitList "/" $repo -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repo = join "/" (rest $parts) -}}
+{{- end -}}
+{{- $repo = printf "%s/%s" $registry $repo -}}
+{{- end -}}
+{{- printf "%s:%s" $repo (index . 2) -}}
+{{- end -}}
+
 {{- define "nodelock.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- include "nodelock.imageRef" (list . .Values.image.repository (.Values.image.tag | default .Chart.AppVersion)) -}}
+{{- end -}}
+
+{{/*
+kube-scheduler's image tag: scheduler.image.tag, else the cluster's own version (kube-scheduler
+must not be newer than the API server), without a distribution's build suffix (v1.30.4-eks-x ->
+v1.30.4).
+*/}}
+{{- define "nodelock.schedulerImage" -}}
+{{- $s := .Values.scheduler.image -}}
+{{- $tag := $s.tag | default (regexReplaceAll "[-+].*$" .Capabilities.KubeVersion.Version "") -}}
+{{- include "nodelock.imageRef" (list . $s.repository $tag) -}}
+{{- end -}}
+
+{{/*
+Pod template metadata additions of one workload: include "nodelock.podLabels" (list . "extender")
+(the key under .Values); podLabels / podAnnotations at the top level apply to every workload, the
+component's own add to them and win.
+*/}}
+{{- define "nodelock.podLabels" -}}
+{{- $ctx := index . 0 -}}
+{{- $own := (index $ctx.Values (index . 1)).podLabels | default dict -}}
+{{- $all := merge (deepCopy $own) ($ctx.Values.podLabels | default dict) -}}
+{{- with $all }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+{{- define "nodelock.podAnnotations" -}}
+{{- $ctx := index . 0 -}}
+{{- $own := (index $ctx.Values (index . 1)).podAnnotations | default dict -}}
+{{- $all := merge (deepCopy $own) ($ctx.Values.podAnnotations | default dict) -}}
+{{- with $all }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+{{/*
+Environment additions of one workload: the top-level extraEnv, then the component's; every value
+a string (`--set extraEnv[0].value=1` gives a number, which a container's env refuses).
+*/}}
+{{- define "nodelock.extraEnv" -}}
+{{- $ctx := index . 0 -}}
+{{- $env := list -}}
+{{- range concat ($ctx.Values.extraEnv | default list) ((index $ctx.Values (index . 1)).extraEnv | default list) -}}
+{{- $var := deepCopy . -}}
+{{- if hasKey $var "value" }}{{ $_ := set $var "value" (toString $var.value) }}{{ end -}}
+{{- $env = append $env $var -}}
+{{- end -}}
+{{- with $env }}{{ toYaml . }}{{ end -}}
 {{- end -}}
 
 {{- define "nodelock.extenderName" -}}{{ include "nodelock.fullname" . }}-extender{{- end -}}

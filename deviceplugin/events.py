@@ -1,0 +1,37 @@
+"""The device plugin's Kubernetes Events: an Allocate refused, and why, where admins look.
+
+kubelet's Allocate names devices, not a pod; the pod being admitted is the node lock's holder
+when there is one.  So a refusal is reported on the holder pod (``kubectl describe pod``) when
+the lock names one, else on the Node (``kubectl describe node``).
+
+Guarantees: rate-limited per object and refusal kind, never delays or fails an Allocate
+(``kube.events.EventRecorder``).
+"""
+
+from __future__ import annotations
+
+from deviceplugin.decide import Refusal
+from kube.events import EventRecorder, EventType, ObjectRef
+from lockd.model import Holder, NodeName
+
+REFUSED = "AllocateRefused"
+
+
+class AllocateEvents:
+    """One node's Allocate refusals as Events."""
+
+    def __init__(self, recorder: EventRecorder, node: NodeName) -> None:
+        self.recorder = recorder
+        self.node = node
+
+    def refused(self, refusal: Refusal, holder: Holder | None) -> None:
+        message = (
+            f"kubelet's Allocate on node {self.node} refused ({refusal.kind.value}): "
+            f"{refusal.message}"
+        )
+        if holder is not None and "/" in holder.key:
+            target = ObjectRef.pod(holder.key, holder.uid)
+            message += f" (the node lock's holder is {holder.key})"
+        else:
+            target = ObjectRef.node(self.node)
+        self.recorder.record(target, EventType.WARNING, REFUSED, message)

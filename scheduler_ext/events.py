@@ -1,0 +1,69 @@
+"""The extender's Kubernetes Events: what a bind waited for, why it was refused, and an expired
+lock taken over, on the pod (``kubectl describe pod``) and the node (``describe node``).
+
+Guarantees: the messages name the node, the lock's holder and its fencing token where known;
+writes are rate-limited per object and reason and never delay or fail a bind
+(``kube.events.EventRecorder``).
+"""
+
+from __future__ import annotations
+
+from kube.events import EventRecorder, EventType, ObjectRef
+from lockd.model import LockRecord, NodeLockView
+from scheduler_ext.metrics import Result
+from scheduler_ext.protocol import BindingArgs
+
+WAITING = "WaitingForNodeLock"
+REFUSED = "BindRefused"
+TAKEOVER = "NodeLockTakenOver"
+
+
+def waiting_message(args: BindingArgs, view: NodeLockView, budget_s: float) -> str | None:
+    """Why the bind of ``args`` waits, when another pod holds the node's lock (else None)."""
+    holder = view.record.holder
+    if holder is None or holder.uid == args.pod_uid:
+        return None
+    return (
+        f"node {args.node}'s GPU lock is held by {holder.key} (token {view.record.token}, "
+        f"held {view.held_for_s:.1f}s{', expired' if view.expired else ''}); this bind waits "
+        f"its turn for up to {budget_s:g}s"
+    )
+
+
+class BindEvents:
+    """The extender's Events over one recorder."""
+
+    def __init__(self, recorder: EventRecorder, *, budget_s: float) -> None:
+        self.recorder = recorder
+        self.budget_s = budget_s
+
+    def bind_started(self, args: BindingArgs, view: NodeLockView | None) -> None:
+        """A bind arrives: say so on the pod when the node's lock is held by another."""
+        if view is None:
+            return
+        message = waiting_message(args, view, self.budget_s)
+        if message is not None:
+            pod = ObjectRef.pod(args.key, args.pod_uid)
+            self.recorder.record(pod, EventType.NORMAL, WAITING, message)
+
+    def bind_failed(self, args: BindingArgs, result: Result, error: str) -> None:
+        """A bind answered with ``error``: on the pod, with the reason kube-scheduler got."""
+        if result is Result.BAD_REQUEST:
+            return
+        pod = ObjectRef.pod(args.key, args.pod_uid)
+        self.recorder.record(
+            pod, EventType.WARNING, REFUSED, f"bind to {args.node} ({result.value}): {error}"
+        )
+
+    def takeover(self, record: LockRecord, why: str) -> None:
+        """An expired lock is about to be taken over: on the node and the previous holder."""
+        holder = record.holder
+        who = holder.key if holder is not None else "nobody"
+        message = (
+            f"node {record.node}'s GPU lock held by {who} (token {record.token}) expired and "
+            f"is taken over: {why}"
+        )
+        self.recorder.record(ObjectRef.node(record.node), EventType.WARNING, TAKEOVER, message)
+        if holder is not None and "/" in holder.key:
+            pod = ObjectRef.pod(holder.key, holder.uid)
+            self.recorder.record(pod, EventType.WARNING, TAKEOVER, message)

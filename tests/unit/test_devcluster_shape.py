@@ -1,0 +1,51 @@
+"""``devcluster.shape.check_resume``: which recorded state ``up`` may resume (plain data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from devcluster.errors import DevclusterError
+from devcluster.shape import SHAPE_FORMAT, Shape, check_resume, shape_record
+
+DIR = Path("/tmp/dc")
+THREE_BY_FOUR = Shape(3, 4)
+
+
+def test_no_data_starts_fresh_in_any_shape() -> None:
+    check_resume(None, has_data=False, wanted=THREE_BY_FOUR, state_dir=DIR)
+    check_resume(shape_record(Shape(1, 8)), has_data=False, wanted=THREE_BY_FOUR, state_dir=DIR)
+
+
+def test_the_same_shape_resumes() -> None:
+    check_resume(shape_record(THREE_BY_FOUR), has_data=True, wanted=THREE_BY_FOUR, state_dir=DIR)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [Shape(2, 4), Shape(3, 8), Shape(3, 4, "nvlink-pairs"), Shape(0, 0)],
+)
+def test_another_shape_is_refused_naming_purge(other: Shape) -> None:
+    with pytest.raises(DevclusterError) as caught:
+        check_resume(shape_record(THREE_BY_FOUR), has_data=True, wanted=other, state_dir=DIR)
+    message = str(caught.value)
+    assert "holds 3 GPU nodes x 4 GPUs" in message
+    assert other.describe() in message
+    assert "nodelock devcluster down --purge --state-dir /tmp/dc" in message
+
+
+@pytest.mark.parametrize(
+    ("recorded", "says"),
+    [
+        (None, "older nodelock version"),
+        ({"format": SHAPE_FORMAT + 1, "nodes": 3, "gpus_per_node": 4}, "format"),
+        ({"format": None}, "format"),
+        ({"format": SHAPE_FORMAT, "nodes": "x", "gpus_per_node": 4}, "not readable"),
+        ({"format": SHAPE_FORMAT}, "not readable"),
+    ],
+)
+def test_data_of_another_version_is_refused(recorded: dict[str, object] | None, says: str) -> None:
+    with pytest.raises(DevclusterError, match=says) as caught:
+        check_resume(recorded, has_data=True, wanted=THREE_BY_FOUR, state_dir=DIR)
+    assert "down --purge" in str(caught.value)
