@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from handoff.placement import NO_WISHES, Wishes, parse_wishes
+from handoff.sharing import BadShare, Slice, pod_slices, shares, slot_slices
 from handoff.wire import ContainerName, Keys
 
 _QUANTITY = re.compile(
@@ -87,6 +88,7 @@ class PodNeed:
     total: int
     plan: tuple[tuple[ContainerName, tuple[int, ...]], ...]
     wishes: Wishes = NO_WISHES
+    slices: tuple[Slice, ...] = ()  # per slot, when the pod asks for slices (handoff.sharing)
 
     @property
     def wants_gpus(self) -> bool:
@@ -200,9 +202,15 @@ def pod_need(pod: Mapping[str, Any], resource: str, keys: Keys | None = None) ->
     """The pod's GPU need for ``resource`` (``NO_GPUS`` when no container asks for it), with its
     placement wishes read from annotations under ``keys`` (a malformed one raises ``BadPod``)."""
     needs = container_needs(pod, resource)
+    try:  # shared GPUs: memory/core slices per slot (a slice without a GPU count is an error)
+        slices = pod_slices(pod, resource=resource)
+    except BadShare as exc:
+        raise BadPod(str(exc)) from exc
     if not any(c.count for c in needs):
         return NO_GPUS
     need = plan_slots(needs)
+    if shares(slices.values()):
+        need = replace(need, slices=slot_slices(slices, need.plan))
     meta = pod.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     if not isinstance(annotations, Mapping) or not annotations:
