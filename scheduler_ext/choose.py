@@ -149,6 +149,8 @@ def fit(node: NodeGPUs, need: PodNeed) -> Verdict:
         return FITS
     if node.problem is not None:
         return Verdict(Fit.NEVER, node.problem)
+    if need.problem:  # a sharing request no node can honour (scheduler_ext.need)
+        return Verdict(Fit.NEVER, need.problem)
     if need.slices or sharing.sharing_node(node.devices):  # shared GPUs (scheduler_ext.sharing)
         ok, ever, why = sharing.verdict(node.devices, node.taken, node.held, need)
         return FITS if ok else Verdict(Fit.NO_ROOM if ever else Fit.NEVER, why)
@@ -187,7 +189,7 @@ def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
     """Rank a node for a pod: 1..MAX_SCORE where it fits (higher is better under ``policy``),
     0 where it does not."""
     cap = node.capacity
-    if not need.wants_gpus or node.problem is not None or cap == 0:
+    if not need.wants_gpus or node.problem is not None or need.problem or cap == 0:
         return 0
     if cap < need.total or node.available < need.total:  # does not fit (same test as ``fit``)
         return 0

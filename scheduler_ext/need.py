@@ -89,10 +89,11 @@ class PodNeed:
     plan: tuple[tuple[ContainerName, tuple[int, ...]], ...]
     wishes: Wishes = NO_WISHES
     slices: tuple[Slice, ...] = ()  # per slot, when the pod asks for slices (handoff.sharing)
+    problem: str = ""  # a sharing request no node can honour: every node fails with this reason
 
     @property
     def wants_gpus(self) -> bool:
-        return self.total > 0
+        return self.total > 0 or bool(self.problem)
 
 
 NO_GPUS = PodNeed(containers=(), total=0, plan=())
@@ -202,10 +203,10 @@ def pod_need(pod: Mapping[str, Any], resource: str, keys: Keys | None = None) ->
     """The pod's GPU need for ``resource`` (``NO_GPUS`` when no container asks for it), with its
     placement wishes read from annotations under ``keys`` (a malformed one raises ``BadPod``)."""
     needs = container_needs(pod, resource)
-    try:  # shared GPUs: memory/core slices per slot (a slice without a GPU count is an error)
+    try:  # shared GPUs: memory/core slices per slot; a bad request fails the pod's filter
         slices = pod_slices(pod, resource=resource)
-    except BadShare as exc:
-        raise BadPod(str(exc)) from exc
+    except BadShare as exc:  # (not BadPod: kube-scheduler shows a filter's reasons, not a 400's)
+        return replace(plan_slots(needs), problem=str(exc))
     if not any(c.count for c in needs):
         return NO_GPUS
     need = plan_slots(needs)

@@ -15,8 +15,9 @@ from typing import Any
 from devcluster.cluster import LOCK_NAMESPACE, Cluster
 from devcluster.invariants import allocated, check_pods
 from devcluster.namespaces import create_namespace
+from handoff.wire import parse_inventory
 from lockd.errors import NotFound
-from lockd.kube import JSON, KubeClient, lease_path, namespace_path, pod_path
+from lockd.kube import JSON, KubeClient, lease_path, namespace_path, node_path, pod_path
 
 LEASE_S = 5
 RESOURCE = "nvidia.com/gpu"
@@ -196,9 +197,15 @@ async def held_locks(kube: KubeClient) -> dict[str, str]:
 
 
 async def assert_no_violations(kube: KubeClient) -> None:
-    """S1 and S2 over every pod in the cluster, from the simulated kubelets' records."""
+    """S1 and S2 over every pod in the cluster, from the simulated kubelets' records (S1 on
+    shared GPUs against the nodes' published inventories)."""
     pods = (await kube.list(pod_path()))["items"]
-    found = check_pods(pods, require_admitted=False)
+    inventories = {}
+    for node in (await kube.list(node_path()))["items"]:
+        raw = node["metadata"].get("annotations", {}).get("nodelock.io/gpus")
+        if raw:
+            inventories[node["metadata"]["name"]] = parse_inventory(raw)
+    found = check_pods(pods, require_admitted=False, inventories=inventories)
     assert not found.s1, found.s1
     assert not found.s2, found.s2
 

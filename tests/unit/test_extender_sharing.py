@@ -13,7 +13,7 @@ from handoff.wire import GPU, ContainerName, DeviceID, format_inventory
 from lockd.model import NodeName
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.choose import Fit, NodeGPUs, NoFit, Policy, choose, conflicts, fit, score
-from scheduler_ext.need import BadPod, PodNeed, pod_need
+from scheduler_ext.need import PodNeed, pod_need
 
 MIB_80G = 81920
 NODE = NodeName("n1")
@@ -153,10 +153,18 @@ def test_bad_input_has_a_reason() -> None:
     too_big = fit(picture(), need(gpumem="100000"))
     assert too_big.fit is Fit.NEVER
     assert "the largest GPU here has 81920 MiB" in too_big.reason
-    with pytest.raises(BadPod, match="over 100"):
-        need(gpucores="101")
-    with pytest.raises(BadPod, match=r"no nvidia\.com/gpu"):
-        pod_need(pod_obj("x", gpus=0, gpumem="10"), "nvidia.com/gpu")
+    # a bad request is a reason on every node (kube-scheduler shows it), nothing is chosen
+    for bad, words in [
+        (need(gpucores="101"), "over 100"),
+        (pod_need(pod_obj("x", gpus=0, gpumem="10"), "nvidia.com/gpu"), "no nvidia.com/gpu"),
+    ]:
+        assert bad.wants_gpus
+        verdict = fit(picture(), bad)
+        assert verdict.fit is Fit.NEVER
+        assert words in verdict.reason
+        assert score(picture(), bad, Policy.BINPACK) == 0
+        with pytest.raises(NoFit, match=words.replace(".", r"\.")):
+            choose(picture(), bad)
 
 
 def test_two_gpus_are_distinct_physical_gpus() -> None:
