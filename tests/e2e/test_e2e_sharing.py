@@ -99,8 +99,12 @@ async def test_eight_quarter_slices_then_a_pending_ninth_and_a_whole_gpu_only_on
     assert envs["NVIDIA_VISIBLE_DEVICES"] == freed
     assert not any(k.startswith(("CUDA_MPS", "CUDA_DEVICE")) for k in envs), envs
 
-    # nothing fits beside the whole GPU: a slice goes to the other GPU, which has room again
+    # nothing fits beside the whole GPU, however small: a slice waits for the other GPU
     await create(c, "slice-again", gpumem="1000", gpucores="30")
+    message = await stays_pending(c, "slice-again", seconds=0.5)
+    assert "held whole by another pod" in message, message
+    other = next(n for n, p in zip(names, pods, strict=True) if gpus_of(p) != [freed])
+    await c.kube.delete(pod_path(c.namespace, other))
     again = await c.wait_phase("slice-again", ["Running"], timeout_s=120)
     assert gpus_of(again) != [freed]
     envs = envs_of(again)

@@ -46,6 +46,8 @@ def c(
 def test_request_model_is_hamis() -> None:
     assert container_slice(c()) == WHOLE
     assert container_slice(c(mem="20000")) == Slice(memory_mib=20000)
+    assert container_slice(c(mem="20k")) == Slice(memory_mib=20000)  # as the API server stores it
+    assert container_slice(c(gpu="1", mem="1e3")) == Slice(memory_mib=1000)
     assert container_slice(c(pct="25", cores="30")) == Slice(memory_percent=25, cores=30)
     assert container_slice(c(cores="50")) == Slice(cores=50)  # all memory, half the cores
     assert container_slice({"name": "x", "resources": {}}) is None
