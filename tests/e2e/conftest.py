@@ -73,6 +73,8 @@ def sharing_cluster() -> Iterator[GPUCluster]:
             gpus_per_node=2,
             gpu_split=SHARING_SPLIT,
             gpu_memory_mib=SHARING_GPU_MIB,
+            extender_args=[f"--lease-duration={LEASE_S}"],
+            plugin_args=[f"--lease-duration={LEASE_S}"],
         )
         yield GPUCluster(cluster, [s.name for s in specs])
     finally:

@@ -12,7 +12,7 @@ from devcluster.invariants import allocated
 from handoff.sharing import physical_of
 from lockd.kube import pod_path
 from tests.e2e.conftest import SHARING_SPLIT
-from tests.e2e.kit import GPUCluster, gpu_pod
+from tests.e2e.kit import GPUCluster, assignment, gpu_pod, restart_extenders
 
 SLICE_MIB = 20000
 
@@ -119,3 +119,39 @@ async def test_bad_sharing_requests_stay_pending_with_a_reason(sharing: GPUClust
     await create(sharing, "too-many-cores", gpumem="1000", gpucores="101")
     message = await stays_pending(sharing, "too-many-cores", seconds=0.5)
     assert "over 100" in message, message
+
+
+async def test_a_mixed_burst_after_an_extender_crash_mid_bind_stays_within_capacity(
+    sharing: GPUCluster,
+) -> None:
+    """The extender dies holding the lock for a slice it never bound; the slice is placed after
+    the takeover, then a burst of a whole GPU and slices fills the node exactly: 80000 of 81920
+    MiB and four slices on one GPU, the whole GPU alone on the other.  The fixture checks every
+    GPU's committed memory and exclusivity from kubelet's records afterwards."""
+    c = sharing
+    node = c.nodes[0]
+    await restart_extenders(c.cluster, {"NODELOCK_FAILPOINTS": "bind.after-acquire"})
+    try:
+        await create(c, "first", gpumem="30000")
+        await c.wait_holder(node, c.key("first"))
+        assert not (await c.pod("first"))["spec"].get("nodeName")
+    finally:
+        await restart_extenders(c.cluster, {})
+    first = await c.wait_phase("first", ["Running"], timeout_s=120)
+    (shared_gpu,) = gpus_of(first)
+
+    await asyncio.gather(
+        create(c, "whole"),
+        create(c, "s30", gpumem="30000"),
+        create(c, "s10a", gpumem="10000", gpucores="50"),
+        create(c, "s10b", gpumem="10000", gpucores="50"),
+    )
+    pods = {
+        n: await c.wait_phase(n, ["Running"], timeout_s=120)
+        for n in ("whole", "s30", "s10a", "s10b")
+    }
+    assert gpus_of(pods["whole"]) != [shared_gpu]
+    for n in ("s30", "s10a", "s10b"):
+        assert gpus_of(pods[n]) == [shared_gpu], n
+        assert assignment(pods[n]) == {"c0": [shared_gpu]}
+    await c.wait_holder(node, None)
