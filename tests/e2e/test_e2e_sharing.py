@@ -10,7 +10,7 @@ from typing import Any
 
 from devcluster.invariants import allocated
 from handoff.sharing import physical_of
-from lockd.kube import pod_path
+from lockd.kube import node_path, pod_path
 from tests.e2e.conftest import SHARING_SPLIT
 from tests.e2e.kit import GPUCluster, assignment, gpu_pod, restart_extenders
 
@@ -40,6 +40,15 @@ def scheduling_message(pod: dict[str, Any]) -> str:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             return str(cond.get("message", ""))
     return ""
+
+
+async def nudge(c: GPUCluster, why: str) -> None:
+    """Make kube-scheduler retry its unschedulable pods now: it retries a pod an extender
+    rejected on a node event its plugins care about (a label change), or after five minutes in
+    the unschedulable queue, not on the deletion of another pod (docs/sharing.md)."""
+    await c.kube.patch(
+        node_path(c.nodes[0]), {"metadata": {"labels": {"nodelock.io/e2e-nudge": why}}}
+    )
 
 
 async def stays_pending(c: GPUCluster, name: str, *, seconds: float = 4.0) -> str:
@@ -92,6 +101,7 @@ async def test_eight_quarter_slices_then_a_pending_ninth_and_a_whole_gpu_only_on
     await asyncio.gather(*(c.kube.delete(pod_path(c.namespace, n)) for n in on_freed))
     for n in [*on_freed, "slice-ninth"]:
         await c.wait_gone(n)
+    await nudge(c, "gpu-freed")
 
     whole = await c.wait_phase("whole", ["Running"], timeout_s=120)
     assert gpus_of(whole) == [freed]
@@ -105,6 +115,8 @@ async def test_eight_quarter_slices_then_a_pending_ninth_and_a_whole_gpu_only_on
     assert "held whole by another pod" in message, message
     other = next(n for n, p in zip(names, pods, strict=True) if gpus_of(p) != [freed])
     await c.kube.delete(pod_path(c.namespace, other))
+    await c.wait_gone(other)
+    await nudge(c, "slice-freed")
     again = await c.wait_phase("slice-again", ["Running"], timeout_s=120)
     assert gpus_of(again) != [freed]
     envs = envs_of(again)
