@@ -266,7 +266,6 @@ class Use:
 
 
 FREE = Use()
-HELD_WHOLE = Use(slices=1, exclusive=True)  # a GPU held by a claim the scheduler cannot see
 
 
 def split_of(devices: Iterable[GPU]) -> int:
@@ -414,11 +413,6 @@ def fill(devices: Sequence[GPU], use: Mapping[DeviceID, Use]) -> tuple[int, int]
         total += g.memory_mib
         committed += g.memory_mib if u.exclusive else min(u.memory_mib, g.memory_mib)
     return committed, total
-
-
-def picture_key(devices: Sequence[GPU], use: Mapping[DeviceID, Use]) -> str:
-    """Everything placement reads of the node's commitments, as a string (for fit caches)."""
-    return repr(tuple(sorted((str(d), u) for d, u in use.items() if d in {g.id for g in devices})))
 
 
 # ---- virtual devices and the container's limits -----------------------------------------------
