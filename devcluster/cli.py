@@ -21,6 +21,7 @@ from devcluster.shape import (
     write_shape,
 )
 from deviceplugin.simulated import LAYOUTS, layout_of
+from handoff.sharing import check_split
 from handoff.topology import NumaPolicy
 
 
@@ -94,6 +95,20 @@ def register(sub: Any) -> None:
         default=NumaPolicy.NONE.value,
         help="the simulated kubelets' topology manager policy (needs --gpu-topology unless none)",
     )
+    u.add_argument(
+        "--gpu-split",
+        type=int,
+        default=1,
+        metavar="S",
+        help="share every GPU as S virtual devices (memory/core slices, docs/sharing.md; "
+        "default 1: whole GPUs)",
+    )
+    u.add_argument(
+        "--gpu-memory-mib",
+        type=int,
+        default=None,
+        help="memory of each simulated GPU in MiB (default 81559; 81920 is 80 GiB)",
+    )
     u.set_defaults(func=_up)
 
     d = dsub.add_parser("down", help="stop everything the cluster started")
@@ -127,6 +142,12 @@ def _up(args: argparse.Namespace) -> int:
     cluster = Cluster(_state_dir(args), binaries=binaries)
     if args.nodes < 0 or args.gpus_per_node < 1 or args.extender_replicas < 1:
         raise DevclusterError("--nodes must be >= 0, --gpus-per-node and --extender-replicas >= 1")
+    try:
+        check_split(args.gpu_split)
+    except ValueError as exc:
+        raise DevclusterError(str(exc)) from exc
+    if args.gpu_memory_mib is not None and args.gpu_memory_mib < 1:
+        raise DevclusterError("--gpu-memory-mib must be positive")
     policy = NumaPolicy(args.topology_manager_policy)
     if policy is not NumaPolicy.NONE and args.gpu_topology is None:
         raise DevclusterError(f"--topology-manager-policy {policy.value} needs --gpu-topology")
@@ -153,6 +174,8 @@ def _up(args: argparse.Namespace) -> int:
                 policy=args.policy,
                 gpu_topology=args.gpu_topology,
                 topology_policy=policy,
+                gpu_split=args.gpu_split,
+                gpu_memory_mib=args.gpu_memory_mib,
             )
         except BaseException:
             cluster.down()

@@ -26,7 +26,7 @@ from devcluster.binaries import ensure_simkubelet
 from devcluster.cluster import APISERVER_REQUEST_TIMEOUT_S, Cluster
 from devcluster.errors import DevclusterError
 from devcluster.pki import ADMIN
-from deviceplugin.simulated import layout_numa_nodes
+from deviceplugin.simulated import DEFAULT_MEMORY_MIB, layout_numa_nodes
 from handoff.topology import NumaPolicy
 from handoff.wire import DEFAULT_RESOURCE, Keys
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
@@ -72,9 +72,10 @@ class NodeSpec:
     name: str
     gpus: int
     model: str = "NVIDIA H100 80GB HBM3"
-    memory_mib: int = 81559
+    memory_mib: int = DEFAULT_MEMORY_MIB
     layout: str | None = None  # a simulated GPU layout (deviceplugin.simulated.LAYOUTS)
     topology_policy: NumaPolicy = NumaPolicy.NONE  # the simulated kubelet's topology manager
+    gpu_split: int = 1  # > 1: the device plugin shares each GPU as S virtual devices
 
     @property
     def numa_nodes(self) -> int:
@@ -224,6 +225,7 @@ def start_device_plugin(
         f"--sim-gpus={spec.gpus}",
         f"--sim-model={spec.model}",
         f"--sim-memory-mib={spec.memory_mib}",
+        *([f"--gpu-split={spec.gpu_split}"] if spec.gpu_split > 1 else []),
         f"--metrics-port={port}",
         *layout_args,
         *(extra_args or []),
@@ -247,7 +249,7 @@ def wait_nodes_ready(cluster: Cluster, specs: list[NodeSpec], *, timeout_s: floa
                 continue
             alloc = node.get("status", {}).get("allocatable", {}).get(DEFAULT_RESOURCE)
             annotations = node.get("metadata", {}).get("annotations", {})
-            if alloc == str(spec.gpus) and Keys().gpus in annotations:
+            if alloc == str(spec.gpus * spec.gpu_split) and Keys().gpus in annotations:
                 del pending[name]
         if not pending:
             return
@@ -298,12 +300,16 @@ def up_gpu_cluster(
     plugin_args: list[str] | None = None,
     gpu_topology: str | None = None,
     topology_policy: NumaPolicy = NumaPolicy.NONE,
+    gpu_split: int = 1,
+    gpu_memory_mib: int | None = None,
 ) -> list[NodeSpec]:
     """Install the GPU pod admission policies (as the chart does on a real cluster), start the
     extender and ``nodes`` simulated GPU nodes, and wait until all report GPUs.
 
     ``gpu_topology`` names a simulated GPU layout for every node; ``topology_policy`` is the
     simulated kubelets' topology manager policy (published as a node label for the extender).
+    ``gpu_split`` > 1 makes every node share its GPUs (S virtual devices each, docs/sharing.md);
+    ``gpu_memory_mib`` is each simulated GPU's memory (default: an H100's).
     """
     install_gpu_pod_policies(cluster)
     start_extender(
@@ -314,7 +320,14 @@ def up_gpu_cluster(
         extra_args=extender_args,
     )
     specs = [
-        NodeSpec(n, gpus_per_node, layout=gpu_topology, topology_policy=topology_policy)
+        NodeSpec(
+            n,
+            gpus_per_node,
+            layout=gpu_topology,
+            topology_policy=topology_policy,
+            gpu_split=gpu_split,
+            memory_mib=DEFAULT_MEMORY_MIB if gpu_memory_mib is None else gpu_memory_mib,
+        )
         for n in node_names(nodes)
     ]
     for spec in specs:

@@ -13,6 +13,11 @@ own device manager allocated and the environment our plugin answered with.  From
   it reuses an init container's devices, so it may differ from the container's own entry;
 - **L1** every GPU pod was bound and admitted (Running or Succeeded).
 
+On a node that shares GPUs (``handoff.sharing``) kubelet allocates virtual devices
+``<uuid>::<k>``; they are folded to their physical GPU, and S1 becomes: a GPU held whole is held by
+no other pod, and the slices on one GPU never commit more memory or cores than it has (memory is
+checked where the caller passes the nodes' inventories).
+
 S3 (no lock left held) is checked from the Leases: ``check_locks_free``.
 """
 
@@ -23,7 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from handoff.wire import DEFAULT_PREFIX, DEFAULT_RESOURCE
+from handoff.sharing import FULL_CORES, BadShare, Slice, container_slice, larger, physical_of
+from handoff.wire import DEFAULT_PREFIX, DEFAULT_RESOURCE, GPU
 
 ALLOCATED = "sim.nodelock.io/allocated"
 LIVE_PHASES = ("Pending", "Running", "Unknown")
@@ -86,10 +92,13 @@ def check_pods(
     resource: str = DEFAULT_RESOURCE,
     prefix: str = DEFAULT_PREFIX,
     require_admitted: bool = True,
+    inventories: Mapping[str, Sequence[GPU]] | None = None,
 ) -> Findings:
-    """Check S1, S2 and (when ``require_admitted``) L1 over a snapshot of pods."""
+    """Check S1, S2 and (when ``require_admitted``) L1 over a snapshot of pods;
+    ``inventories`` (node -> GPUs) lets S1 check the memory committed on shared GPUs."""
     found = Findings()
     holders: dict[tuple[str, str], str] = {}
+    claims: dict[tuple[str, str], dict[str, Slice]] = {}  # (node, GPU) -> pod -> its claim
     for pod in pods:
         if not _requests_gpu(pod, resource):
             continue
@@ -114,8 +123,14 @@ def check_pods(
         assigned_to_pod = {d for ids in assignment.values() if isinstance(ids, list) for d in ids}
         reusing = _reusing_init_containers(pod)
         kept: dict[str, str] = {}  # device -> container of this pod that keeps it
+        slices = _slices(pod)
         for container, seen in record.items():
-            ids = sorted(seen.get("deviceIDs", []))
+            ids = sorted(str(physical_of(d)) for d in seen.get("deviceIDs", []))
+            claim = slices.get(container)
+            for dev in ids:
+                if claim is not None:
+                    mine = claims.setdefault((str(node), dev), {})
+                    mine[key] = claim if key not in mine else larger(mine[key], claim)
             want = sorted(assignment.get(container, []))
             if not set(ids) <= assigned_to_pod or len(ids) != len(want):
                 found.s2.append(
@@ -137,12 +152,56 @@ def check_pods(
                             f"{dev} on {node} is held by both {key}/{other} and {key}/{container}"
                         )
         if phase == "Succeeded":
+            for dev in devices_of_pod:
+                claims.get((str(node), dev), {}).pop(key, None)
             continue  # its devices are free again
         for dev in devices_of_pod:
             other = holders.setdefault((str(node), dev), key)
-            if other != key:
+            if other != key and not _sliced(claims.get((str(node), dev), {}), other, key):
                 found.s1.append(f"{dev} on {node} is held by both {other} and {key}")
+    _check_shared(claims, inventories or {}, found)
     return found
+
+
+def _slices(pod: Mapping[str, Any]) -> dict[str, Slice]:
+    out: dict[str, Slice] = {}
+    spec = pod.get("spec", {})
+    for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+        try:
+            claim = container_slice(c)
+        except BadShare:
+            continue
+        if claim is not None:
+            out[str(c.get("name"))] = claim
+    return out
+
+
+def _sliced(on_gpu: Mapping[str, Slice], a: str, b: str) -> bool:
+    """Whether two pods on one GPU both hold slices of it (not the whole GPU)."""
+    return all(k in on_gpu and not on_gpu[k].exclusive for k in (a, b))
+
+
+def _check_shared(
+    claims: Mapping[tuple[str, str], Mapping[str, Slice]],
+    inventories: Mapping[str, Sequence[GPU]],
+    found: Findings,
+) -> None:
+    for (node, dev), pods in sorted(claims.items()):
+        if len(pods) < 2 or any(c.exclusive for c in pods.values()):
+            continue  # a GPU held whole by one of several pods is reported above
+        cores = sum(c.cores_claimed for c in pods.values())
+        if cores > FULL_CORES:
+            found.s1.append(f"{dev} on {node}: {cores}% cores committed ({sorted(pods)})")
+        gpu = next((g for g in inventories.get(node, ()) if g.id == dev), None)
+        if gpu is None:
+            continue
+        memory = sum(c.memory_on(gpu) for c in pods.values())
+        if memory > gpu.memory_mib:
+            found.s1.append(
+                f"{dev} on {node}: {memory} MiB committed of {gpu.memory_mib} ({sorted(pods)})"
+            )
+        if len(pods) > gpu.split:
+            found.s1.append(f"{dev} on {node}: {len(pods)} pods on {gpu.split} slices")
 
 
 def check_locks_free(leases: Iterable[Mapping[str, Any]], findings: Findings) -> None:

@@ -21,6 +21,7 @@ from deviceplugin.plugin import (
     PluginConfig,
 )
 from deviceplugin.simulated import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, SimSpec, SimulatedBackend
+from handoff.sharing import check_split
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
 from kube.client import KubeClient
 from kube.opsport import OpsServer
@@ -150,6 +151,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="write a Kubernetes Event for each refused Allocate, on the node lock's holder pod "
         "(else the node), at most one per pod and refusal kind a minute (default on)",
     )
+    p.add_argument(
+        "--gpu-split",
+        type=int,
+        default=1,
+        metavar="S",
+        help="share GPUs: advertise S virtual devices per GPU so up to S pods hold memory/core "
+        "slices of one GPU (nvidia.com/gpumem, nvidia.com/gpucores; docs/sharing.md). "
+        "Default 1: whole GPUs only",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
 
@@ -162,7 +172,12 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         raise ConfigError(f"--socket-name {args.socket_name!r} must be a plain file name")
     if not 0 <= args.metrics_port <= 65535:
         raise ConfigError("--metrics-port must be a port number (0 = off)")
+    try:
+        check_split(args.gpu_split)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     return PluginConfig(
+        gpu_split=args.gpu_split,
         node=NodeName(args.node_name),
         plugin_dir=args.plugin_dir,
         socket_name=args.socket_name,

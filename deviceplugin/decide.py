@@ -129,6 +129,7 @@ class Allocation:
     progress: HandoffProgress  # after this container
     last: bool  # no GPU container is left: release the lock with outcome ``allocated``
     kubelet_differs: bool = False  # kubelet chose other IDs; served the assignment by policy
+    pod: PodJSON | None = field(default=None, compare=False, repr=False)  # the holder's spec
 
 
 @dataclass(frozen=True)
@@ -504,6 +505,7 @@ def decide_allocate(
         progress=HandoffProgress(plan.holder.key, plan.holder.uid, plan.token, served, given),
         last=plan.next_index + 1 == len(plan.order),
         kubelet_differs=differs,
+        pod=pod,
     )
 
 

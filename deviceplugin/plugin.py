@@ -28,6 +28,7 @@ from deviceplugin.inventory import InventoryPublisher
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podwatch import NodePods
 from deviceplugin.servicer import DevicePluginServicer
+from deviceplugin.sharing import SharingServicer, SplitDeviceState
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from kube.client import KubeClient
 from kube.events import EventRecorder
@@ -57,6 +58,7 @@ class PluginConfig:
     policy: MismatchPolicy = MismatchPolicy.REFUSE
     poll_s: float = 0.2
     events: bool = True  # Kubernetes Events for refused Allocate calls (rate-limited)
+    gpu_split: int = 1  # > 1: S virtual devices per GPU, shared GPUs (deviceplugin.sharing)
     keys: Keys = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,7 +86,7 @@ class DevicePlugin:
             prefix=config.prefix,
             metrics=LockMetrics(registry=self.metrics.registry),
         )
-        self.state = DeviceState()
+        self.state = DeviceState() if config.gpu_split <= 1 else SplitDeviceState(config.gpu_split)
         self.pods = NodePods(kube, config.node)
         self.pods.on_synced = lambda: self.metrics.pod_watch_synced.set(1)
         self.events = AllocateEvents(
@@ -110,7 +112,9 @@ class DevicePlugin:
             plugin_dir=config.plugin_dir,
             socket_name=config.socket_name,
             resource=config.resource,
-            servicer=DevicePluginServicer(self.admission, self.state),
+            servicer=(SharingServicer if config.gpu_split > 1 else DevicePluginServicer)(
+                self.admission, self.state
+            ),
             metrics=self.metrics,
             poll_s=config.poll_s,
         )

@@ -35,6 +35,7 @@ Assignment = dict[ContainerName, list[DeviceID]]
 
 MAX_DEVICE_ID_LEN = 63  # kubelet's limit on device IDs
 MAX_DEVICES_PER_CONTAINER = 1024
+MAX_SPLIT = 64  # most virtual devices per shared GPU (``handoff.sharing``)
 _DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 
 
@@ -163,6 +164,7 @@ class GPU:
     numa: int | None
     healthy: bool
     topo: Topo = NO_TOPO  # link facts (``handoff.topology``); NO_TOPO when unknown
+    split: int = 1  # virtual devices kubelet sees for this GPU (> 1: shared, ``handoff.sharing``)
 
 
 def format_inventory(gpus: Sequence[GPU]) -> str:
@@ -179,6 +181,8 @@ def format_inventory(gpus: Sequence[GPU]) -> str:
         }
         if not g.topo.empty:  # absent rather than empty: inventories without topology unchanged
             row["topo"] = format_topo(g.topo)
+        if g.split > 1:  # absent for whole GPUs: inventories without sharing unchanged
+            row["split"] = g.split
         rows.append(row)
     return json.dumps(rows, separators=(",", ":"))
 
@@ -206,10 +210,13 @@ def parse_inventory(raw: str | None, *, key: str = Keys().gpus) -> list[GPU]:
                 numa=None if numa is None else int(numa),
                 healthy=bool(row.get("healthy", False)),
                 topo=parse_topo(row.get("topo")),
+                split=int(row.get("split", 1)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedAnnotation(f"annotation {key}: bad device entry {row!r}: {exc}") from exc
         if not isinstance(dev, str) or not valid_device_id(dev):
             raise MalformedAnnotation(f"annotation {key}: invalid device ID {dev!r}")
+        if not 1 <= gpu.split <= MAX_SPLIT:
+            raise MalformedAnnotation(f"annotation {key}: split of {dev!r} is not 1..{MAX_SPLIT}")
         out.append(gpu)
     return out

@@ -426,7 +426,7 @@ class Binder:
         self, held: HeldLock, args: BindingArgs, need: PodNeed, assignment: Assignment
     ) -> tuple[HeldLock, Assignment]:
         gpus = await self._complete_view(held, args.pod_uid)
-        problems = conflicts(assignment, gpus)
+        problems = conflicts(assignment, gpus, need)  # need: slices on sharing nodes
         if not problems and fit(gpus, need).fit is Fit.FITS:
             return held, assignment
         log.info(

@@ -34,6 +34,7 @@ from handoff.request import BadPod
 from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
 from lockd.model import NodeName
 from scheduler_ext.choose import NodeGPUs
+from scheduler_ext.sharing import Holding, holdings, sharing_node
 from scheduler_ext.state import BadObject, NodeState, PodState, node_state, pod_state
 
 log = logging.getLogger(__name__)
@@ -46,11 +47,15 @@ def node_gpus(node: NodeState, pods: Iterable[PodState]) -> NodeGPUs:
     """A node's GPU picture from its state and the pods bound to it (pure)."""
     taken: set[DeviceID] = set()
     unattributed = 0
+    shares = sharing_node(node.devices)
+    held: list[Holding] = []  # sharing nodes: each bound pod's slices (scheduler_ext.sharing)
     for pod in pods:
         if not pod.holds_gpus:
             continue
         if pod.assignment is not None:
             taken.update(d for ids in pod.assignment.values() for d in ids)
+            if shares:
+                held.extend(holdings(pod.need, pod.assignment))
         elif pod.need is not None:
             unattributed += pod.need.total
         else:
@@ -63,6 +68,7 @@ def node_gpus(node: NodeState, pods: Iterable[PodState]) -> NodeGPUs:
         allocatable=node.allocatable,
         problem=node.problem,
         numa_policy=node.numa_policy,
+        held=tuple(held),
     )
 
 

@@ -21,6 +21,7 @@ from typing import NewType
 from handoff.topology import Link, NumaPolicy, has_topology
 from handoff.wire import GPU, Assignment, ContainerName, DeviceID
 from lockd.model import NodeName
+from scheduler_ext import sharing
 from scheduler_ext.need import PodNeed
 from scheduler_ext.topology import Miss, Pick, ceiling, place, shape_key
 
@@ -77,6 +78,7 @@ class NodeGPUs:
     allocatable: int | None = None
     problem: str | None = None
     numa_policy: NumaPolicy = NumaPolicy.NONE
+    held: tuple[sharing.Holding, ...] = ()  # sharing nodes: what bound pods hold of each GPU
     free: tuple[GPU, ...] = field(init=False, repr=False, compare=False)
     healthy: int = field(init=False, repr=False, compare=False)
     capacity: int = field(init=False, repr=False, compare=False)
@@ -106,6 +108,8 @@ class NodeGPUs:
         if self.allocatable is not None:
             available = min(available, self.allocatable - assigned)
         shape = shape_key(self.devices, free, self.numa_policy)
+        if sharing.sharing_node(self.devices):  # shared GPUs: commitments decide, not IDs
+            shape += sharing.key(self.devices, self.taken, self.held)
         for name, value in (
             ("free", tuple(free)),
             ("healthy", healthy),
@@ -145,6 +149,11 @@ def fit(node: NodeGPUs, need: PodNeed) -> Verdict:
         return FITS
     if node.problem is not None:
         return Verdict(Fit.NEVER, node.problem)
+    if need.problem:  # a sharing request no node can honour (scheduler_ext.need)
+        return Verdict(Fit.NEVER, need.problem)
+    if need.slices or sharing.sharing_node(node.devices):  # shared GPUs (scheduler_ext.sharing)
+        ok, ever, why = sharing.verdict(node.devices, node.taken, node.held, need)
+        return FITS if ok else Verdict(Fit.NO_ROOM if ever else Fit.NEVER, why)
     if node.capacity < need.total:
         if node.allocatable is not None and node.allocatable < node.healthy:
             reason = (
@@ -180,12 +189,14 @@ def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
     """Rank a node for a pod: 1..MAX_SCORE where it fits (higher is better under ``policy``),
     0 where it does not."""
     cap = node.capacity
-    if not need.wants_gpus or node.problem is not None or cap == 0:
+    if not need.wants_gpus or node.problem is not None or need.problem or cap == 0:
         return 0
     if cap < need.total or node.available < need.total:  # does not fit (same test as ``fit``)
         return 0
     if need.wishes.policy is not None:
         policy = Policy(need.wishes.policy)
+    if need.slices or sharing.sharing_node(node.devices):  # shared GPUs: by memory committed
+        return _shared_score(node, need, policy)
     free_after = node.available - need.total
     filled = cap - free_after if policy is Policy.BINPACK else free_after
     # 1..MAX_SCORE for a node that fits (0 is kept for "does not fit"); round half up in
@@ -321,6 +332,11 @@ def choose(node: NodeGPUs, need: PodNeed) -> Assignment:
     verdict = fit(node, need)
     if verdict.fit is not Fit.FITS:
         raise NoFit(f"node {node.node}: {verdict.reason}")
+    if need.slices or sharing.sharing_node(node.devices):  # shared GPUs (scheduler_ext.sharing)
+        got = sharing.choice(node.devices, node.taken, node.held, need)
+        if isinstance(got, str):
+            raise NoFit(f"node {node.node}: {got}")
+        return {ContainerName(c): ids for c, ids in got.items()}
     if _placed(node, need):
         outcome = _place(node, need)
         assert isinstance(outcome, Pick)  # fit said so
@@ -330,8 +346,15 @@ def choose(node: NodeGPUs, need: PodNeed) -> Assignment:
     return {name: [devices[s] for s in slots] for name, slots in need.plan}
 
 
-def conflicts(assignment: Mapping[ContainerName, Sequence[DeviceID]], node: NodeGPUs) -> list[str]:
-    """Why ``assignment`` cannot stand on ``node`` now (empty when it can)."""
+def conflicts(
+    assignment: Mapping[ContainerName, Sequence[DeviceID]],
+    node: NodeGPUs,
+    need: PodNeed | None = None,
+) -> list[str]:
+    """Why ``assignment`` cannot stand on ``node`` now (empty when it can); on a node that
+    shares GPUs, by the room each GPU has for ``need``'s claims (whole GPUs without it)."""
+    if sharing.sharing_node(node.devices):
+        return sharing.conflicts(assignment, node.devices, node.taken, node.held, need)
     health = {g.id: g.healthy for g in node.devices}
     problems: list[str] = []
     for dev in sorted({d for ids in assignment.values() for d in ids}):
@@ -347,3 +370,17 @@ def conflicts(assignment: Mapping[ContainerName, Sequence[DeviceID]], node: Node
 def devices_of(assignment: Mapping[ContainerName, Sequence[DeviceID]]) -> frozenset[DeviceID]:
     """Every device an assignment names."""
     return frozenset(d for ids in assignment.values() for d in ids)
+
+
+def _shared_score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
+    """Score on a sharing node: the share of its GPU memory committed once the pod is placed
+    (binpack: fuller scores higher; spread: emptier), 1..MAX_SCORE; 0 where it does not fit."""
+    after = sharing.fill_after(
+        node.devices, node.taken, node.held, need, binpack=policy is Policy.BINPACK
+    )
+    if after is None or after[1] == 0:
+        return 0
+    committed, total = after
+    filled = committed if policy is Policy.BINPACK else total - committed
+    span = MAX_SCORE - 1
+    return 1 + min(span, (2 * span * filled + total) // (2 * total))

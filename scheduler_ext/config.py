@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from handoff.sharing import SHARING_RESOURCES
 from handoff.wire import DEFAULT_RESOURCE
 
 JSON = dict[str, Any]
@@ -103,12 +104,22 @@ def extender_entry(
         "enableHTTPS": https,
         "httpTimeout": go_duration(http_timeout_s),
         "nodeCacheCapable": node_cache_capable,
-        "managedResources": [{"name": resource_name, "ignoredByScheduler": False}],
+        "managedResources": managed_resources(resource_name),
         "ignorable": False,
     }
     if tls is not None:
         entry["tlsConfig"] = tls.as_config()
     return entry
+
+
+def managed_resources(resource_name: str = DEFAULT_RESOURCE) -> list[JSON]:
+    """The resources that send a pod to the extender: the GPU, counted by kube-scheduler too,
+    and the shared-GPU resources (``handoff.sharing``), which no kubelet advertises, so
+    kube-scheduler must leave them to the extender (``ignoredByScheduler: true``)."""
+    return [
+        {"name": resource_name, "ignoredByScheduler": False},
+        *({"name": r, "ignoredByScheduler": True} for r in SHARING_RESOURCES),
+    ]
 
 
 def scheduler_config(

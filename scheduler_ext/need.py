@@ -26,6 +26,7 @@ from typing import Any
 
 from handoff.placement import NO_WISHES, Wishes, parse_wishes
 from handoff.request import BadPod, ContainerKind, ContainerNeed, container_needs
+from handoff.sharing import BadShare, Slice, pod_slices, shares, slot_slices
 from handoff.wire import ContainerName, Keys
 
 
@@ -42,10 +43,12 @@ class PodNeed:
     total: int
     plan: tuple[tuple[ContainerName, tuple[int, ...]], ...]
     wishes: Wishes = NO_WISHES
+    slices: tuple[Slice, ...] = ()  # per slot, when the pod asks for slices (handoff.sharing)
+    problem: str = ""  # a sharing request no node can honour: every node fails with this reason
 
     @property
     def wants_gpus(self) -> bool:
-        return self.total > 0
+        return self.total > 0 or bool(self.problem)
 
 
 NO_GPUS = PodNeed(containers=(), total=0, plan=())
@@ -75,9 +78,15 @@ def pod_need(pod: Mapping[str, Any], resource: str, keys: Keys | None = None) ->
     """The pod's GPU need for ``resource`` (``NO_GPUS`` when no container asks for it), with its
     placement wishes read from annotations under ``keys`` (a malformed one raises ``BadPod``)."""
     needs = container_needs(pod, resource)
+    try:  # shared GPUs: memory/core slices per slot; a bad request fails the pod's filter
+        slices = pod_slices(pod, resource=resource)
+    except BadShare as exc:  # (not BadPod: kube-scheduler shows a filter's reasons, not a 400's)
+        return replace(plan_slots(needs), problem=str(exc))
     if not any(c.count for c in needs):
         return NO_GPUS
     need = plan_slots(needs)
+    if shares(slices.values()):
+        need = replace(need, slices=slot_slices(slices, need.plan))
     meta = pod.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     if not isinstance(annotations, Mapping) or not annotations:

@@ -52,3 +52,43 @@ async def e2e(gpu_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
     finally:
         await gpu_cluster.cleanup()
         await gpu_cluster.kube.close()
+
+
+SHARING_SPLIT = 4
+SHARING_GPU_MIB = 81920  # 80 GiB
+
+
+@pytest.fixture(scope="session")
+def sharing_cluster() -> Iterator[GPUCluster]:
+    """A small devcluster of its own: one node x two simulated 80 GiB GPUs, each shared as
+    ``SHARING_SPLIT`` virtual devices (``--gpu-split``)."""
+    state = Path(tempfile.mkdtemp(prefix="nls-", dir="/tmp"))
+    cluster = Cluster(state, binaries=ensure_control_plane())
+    cluster.up()
+    try:
+        specs = up_gpu_cluster(
+            cluster,
+            nodes=1,
+            gpus_per_node=2,
+            gpu_split=SHARING_SPLIT,
+            gpu_memory_mib=SHARING_GPU_MIB,
+            extender_args=[f"--lease-duration={LEASE_S}"],
+            plugin_args=[f"--lease-duration={LEASE_S}"],
+        )
+        yield GPUCluster(cluster, [s.name for s in specs])
+    finally:
+        cluster.down()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture
+async def sharing(sharing_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
+    """The sharing cluster with a fresh namespace and a client; checks S1/S2 after."""
+    sharing_cluster.kube = await KubeClient.connect(str(sharing_cluster.cluster.kubeconfig))
+    await sharing_cluster.new_namespace()
+    try:
+        yield sharing_cluster
+        await assert_no_violations(sharing_cluster.kube)
+    finally:
+        await sharing_cluster.cleanup()
+        await sharing_cluster.kube.close()

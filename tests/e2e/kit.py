@@ -15,8 +15,8 @@ from typing import Any
 from devcluster.cluster import Cluster
 from devcluster.invariants import allocated, check_pods
 from devcluster.namespaces import create_namespace
-from handoff.wire import DEFAULT_LOCK_NAMESPACE
-from kube.client import JSON, KubeClient, lease_path, namespace_path, pod_path
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, parse_inventory
+from kube.client import JSON, KubeClient, lease_path, namespace_path, node_path, pod_path
 from kube.errors import NotFound
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
 from scheduler_ext.metrics import LATENCY_BUCKETS
@@ -199,9 +199,15 @@ async def held_locks(kube: KubeClient) -> dict[str, str]:
 
 
 async def assert_no_violations(kube: KubeClient) -> None:
-    """S1 and S2 over every pod in the cluster, from the simulated kubelets' records."""
+    """S1 and S2 over every pod in the cluster, from the simulated kubelets' records (S1 on
+    shared GPUs against the nodes' published inventories)."""
     pods = (await kube.list(pod_path()))["items"]
-    found = check_pods(pods, require_admitted=False)
+    inventories = {}
+    for node in (await kube.list(node_path()))["items"]:
+        raw = node["metadata"].get("annotations", {}).get("nodelock.io/gpus")
+        if raw:
+            inventories[node["metadata"]["name"]] = parse_inventory(raw)
+    found = check_pods(pods, require_admitted=False, inventories=inventories)
     assert not found.s1, found.s1
     assert not found.s2, found.s2
 

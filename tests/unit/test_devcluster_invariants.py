@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from devcluster.invariants import check_locks_free, check_pods
+from handoff.wire import GPU, DeviceID
 
 
 def pod(
@@ -104,3 +105,27 @@ def test_s3_held_lock() -> None:
         found,
     )
     assert found.s3 == ["node n1 is still locked by ns/a"]
+
+
+def shared(name: str, gpu: str, k: int, *, mem: str | None, cores: str = "0") -> dict[str, Any]:
+    """A pod holding slice ``k`` of ``gpu`` (kubelet's virtual ID), or the whole GPU."""
+    p = pod(name, "n1", {"c": [gpu]}, {"c": [f"{gpu}::{k}"]}, env={"c": gpu})
+    limits = p["spec"]["containers"][0]["resources"]["limits"]
+    if mem is not None:
+        limits.update({"nvidia.com/gpumem": mem, "nvidia.com/gpucores": cores})
+    return p
+
+
+def test_shared_gpus_slices_may_share_within_capacity() -> None:
+    inventory = {"n1": [GPU(DeviceID("G0"), 0, "H100", 81920, None, True, split=4)]}
+    fits = [shared(f"p{k}", "G0", k, mem="20000", cores="25") for k in range(4)]
+    assert check_pods(fits, inventories=inventory).ok
+    over = [*fits[:3], shared("big", "G0", 3, mem="30000")]
+    found = check_pods(over, inventories=inventory)
+    assert found.s1 == [
+        "G0 on n1: 90000 MiB committed of 81920 (['ns/big', 'ns/p0', 'ns/p1', 'ns/p2'])"
+    ]
+    cores = check_pods([*fits[:3], shared("hot", "G0", 3, mem="1", cores="30")])
+    assert cores.s1 == ["G0 on n1: 105% cores committed (['ns/hot', 'ns/p0', 'ns/p1', 'ns/p2'])"]
+    whole = check_pods([fits[0], shared("w", "G0", 1, mem=None)])
+    assert whole.s1 == ["G0 on n1 is held by both ns/p0 and ns/w"]

@@ -31,7 +31,12 @@ def test_scheduler_config_for_devcluster() -> None:
         "enableHTTPS": False,
         "httpTimeout": "10s",
         "nodeCacheCapable": True,
-        "managedResources": [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
+        "managedResources": [
+            {"name": "nvidia.com/gpu", "ignoredByScheduler": False},
+            {"name": "nvidia.com/gpumem", "ignoredByScheduler": True},
+            {"name": "nvidia.com/gpumem-percentage", "ignoredByScheduler": True},
+            {"name": "nvidia.com/gpucores", "ignoredByScheduler": True},
+        ],
         "ignorable": False,
     }
     assert not scheduler_config("http://x:1", kubeconfig="k", node_cache_capable=False)[

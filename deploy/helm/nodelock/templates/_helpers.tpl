@@ -140,6 +140,10 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "nodelock.devicePlugin
   managedResources:
     - name: {{ .Values.resourceName }}
       ignoredByScheduler: false
+    {{- range list "nvidia.com/gpumem" "nvidia.com/gpumem-percentage" "nvidia.com/gpucores" }}
+    - name: {{ . }}
+      ignoredByScheduler: true
+    {{- end }}
   ignorable: false
   {{- if $https }}
   tlsConfig:
