@@ -70,14 +70,18 @@ class ContainerNeed:
     kind: ContainerKind
 
 
-def parse_quantity(raw: object, *, what: str) -> int:
-    """Parse a Kubernetes quantity that must be a non-negative whole number (extended resources)."""
+def whole_quantity(
+    raw: object, *, what: str, maximum: int, error: type[ValueError] = ValueError
+) -> int:
+    """A Kubernetes quantity that must be a whole number from 0 to ``maximum`` (the API server
+    may store ``20000`` as ``"20k"``); anything else raises ``error`` saying why.  The one
+    quantity reader of the handoff: GPU counts and shared-GPU slices both use it."""
     if isinstance(raw, bool) or not isinstance(raw, (str, int)):
-        raise BadPod(f"{what}: quantity must be a string, got {raw!r}")
+        raise error(f"{what}: quantity must be a string, got {raw!r}")
     text = str(raw)
     match = _QUANTITY.match(text)
     if match is None:
-        raise BadPod(f"{what}: {text!r} is not a Kubernetes quantity")
+        raise error(f"{what}: {text!r} is not a Kubernetes quantity")
     number, suffix = match.group(1), match.group(2) or ""
     try:
         if suffix[:1] in ("e", "E"):
@@ -85,12 +89,17 @@ def parse_quantity(raw: object, *, what: str) -> int:
         else:
             value = Decimal(number) * _SUFFIX[suffix]
     except (InvalidOperation, ValueError, OverflowError) as exc:
-        raise BadPod(f"{what}: {text!r} is not a Kubernetes quantity") from exc
+        raise error(f"{what}: {text!r} is not a Kubernetes quantity") from exc
     if value < 0 or value != value.to_integral_value():
-        raise BadPod(f"{what}: {text!r} must be a non-negative whole number")
-    if value > MAX_GPUS_PER_CONTAINER:
-        raise BadPod(f"{what}: {text!r} is more than {MAX_GPUS_PER_CONTAINER} devices")
+        raise error(f"{what}: {text!r} is not a whole number (negative or fractional)")
+    if value > maximum:
+        raise error(f"{what}: {text!r} is more than {maximum}")
     return int(value)
+
+
+def parse_quantity(raw: object, *, what: str) -> int:
+    """Parse a Kubernetes quantity that must be a non-negative whole number of devices."""
+    return whole_quantity(raw, what=what, maximum=MAX_GPUS_PER_CONTAINER, error=BadPod)
 
 
 def _container_count(container: Mapping[str, Any], resource: str, *, where: str) -> int:

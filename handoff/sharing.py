@@ -31,12 +31,11 @@ returns one that breaks capacity.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any, cast
 
+from handoff.request import whole_quantity
 from handoff.wire import GPU, MAX_SPLIT, DeviceID
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -47,27 +46,6 @@ SHARING_RESOURCES = (GPUMEM, GPUMEM_PERCENTAGE, GPUCORES)
 FULL_CORES = 100
 VIRTUAL_SEP = "::"
 MAX_AMOUNT = 10**12
-_QUANTITY = re.compile(
-    r"^([0-9]{1,15}(?:\.[0-9]{0,15})?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][0-9]{1,2})?$"
-)
-_SUFFIX = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal("1e3"),
-    "M": Decimal("1e6"),
-    "G": Decimal("1e9"),
-    "T": Decimal("1e12"),
-    "P": Decimal("1e15"),
-    "E": Decimal("1e18"),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-}
 
 
 class BadShare(ValueError):
@@ -116,25 +94,8 @@ WHOLE = Slice(exclusive=True)
 
 
 def _amount(raw: object, *, what: str) -> int:
-    """A sharing request's value: a Kubernetes quantity that is a whole number (the API server
-    stores ``20000`` as ``"20k"``)."""
-    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
-        raise BadShare(f"{what}: must be a whole number, got {raw!r}")
-    text = str(raw).strip()
-    match = _QUANTITY.match(text)
-    if match is None:
-        raise BadShare(f"{what}: {text!r} is not a Kubernetes quantity")
-    number, suffix = match.group(1), match.group(2) or ""
-    try:
-        if suffix[:1] in ("e", "E"):
-            value = Decimal(number) * (Decimal(10) ** int(suffix[1:]))
-        else:
-            value = Decimal(number) * _SUFFIX[suffix]
-    except (InvalidOperation, ValueError, OverflowError) as exc:
-        raise BadShare(f"{what}: {text!r} is not a Kubernetes quantity") from exc
-    if value != value.to_integral_value() or not 0 <= value <= MAX_AMOUNT:
-        raise BadShare(f"{what}: {text!r} is not a whole number (0 to {MAX_AMOUNT})")
-    return int(value)
+    """A sharing request's value: a Kubernetes quantity that is a whole number."""
+    return whole_quantity(raw, what=what, maximum=MAX_AMOUNT, error=BadShare)
 
 
 def _request(container: Mapping[str, Any], resource: str) -> object | None:
