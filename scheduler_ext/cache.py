@@ -117,8 +117,9 @@ class ClusterCache:
         return self._pods.get(uid)
 
     def pending_demand(self) -> tuple[int, int]:
-        """(GPUs, the largest pod's GPUs) asked for by the pods not bound yet and not terminal:
-        what a burst still needs, whether or not its binds are already on their way."""
+        """(GPUs, the largest pod's GPUs) asked for by the pods not bound yet and not terminal
+        (whole GPUs: slices of shared GPUs do not count): what a burst still needs, whether or
+        not its binds are already on their way."""
         largest = max(self._pending_sizes, default=0)
         return self._pending_gpus, largest
 
@@ -243,8 +244,8 @@ class ClusterCache:
 
     @staticmethod
     def _pending_size(pod: PodState) -> int:
-        if pod.node is not None or pod.phase.terminal or pod.need is None:
-            return 0
+        if pod.node is not None or pod.phase.terminal or pod.need is None or pod.need.slices:
+            return 0  # slices of shared GPUs are no whole-GPU demand
         return pod.need.total
 
     def _unindex(self, pod: PodState) -> None:

@@ -203,7 +203,7 @@ class Endpoints:
         gpus_of = self._gpus_of(args, uid)
         tolerance = queues.steering_tolerance_s()
         larger: dict[int, int] | None = None
-        if waits is not None:
+        if waits is not None and not need.slices:  # whole GPUs only
             demand, largest = self.cache.pending_demand()
             free = (g.available for g in map(gpus_of, args.node_names) if g is not None)
             if burst_fills_anyway(demand, largest, need, free):

@@ -248,3 +248,13 @@ def test_pending_demand_follows_binds_terminal_pods_deletes_and_relists() -> Non
     assert cache.pending_demand() == (0, 0)
     cache.replace_pods([pod_obj("e", gpus=3), pod_obj("f", gpus=0)])
     assert cache.pending_demand() == (3, 3)
+
+
+def test_slices_of_shared_gpus_are_no_whole_gpu_demand() -> None:
+    shared = pod_obj("s", gpus=1)
+    shared["spec"]["containers"][0]["resources"]["limits"] = {
+        RES: "1",
+        "nvidia.com/gpumem": "20000",
+    }
+    cache = cache_with(shared, pod_obj("w", gpus=2))
+    assert cache.pending_demand() == (2, 2)
