@@ -227,15 +227,16 @@ async def metric_value(url: str, name: str, **labels: str) -> float:
     return metric_sum(metric_samples(text), name, **labels)
 
 
-def extender_urls(c: GPUCluster) -> list[str]:
-    """The base URL of every extender replica (not the proxy in front of them)."""
-    urls: list[str] = c.cluster.settings()["extender"]["replicas"]
+def extender_metrics_urls(c: GPUCluster) -> list[str]:
+    """The base URL of every extender replica's plain-HTTP metrics port (not the proxy in front
+    of them, nor their HTTPS port, which serves no metrics)."""
+    urls: list[str] = c.cluster.settings()["extender"]["metrics"]
     return urls
 
 
 async def extender_sum(c: GPUCluster, name: str, **labels: str) -> float:
     """A metric's samples with these labels, summed over every extender replica."""
-    return sum([await metric_value(f"{u}/metrics", name, **labels) for u in extender_urls(c)])
+    return sum([await metric_value(f"{u}/metrics", name, **labels) for u in extender_metrics_urls(c)])
 
 
 async def binds_over_timeout(c: GPUCluster) -> float:
