@@ -36,6 +36,7 @@ extender's configuration check keeps below kube-scheduler's ``httpTimeout``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ from scheduler_ext.state import BadObject, PodState, pod_state
 from scheduler_ext.takeover import (
     DEFAULT_REQUEST_TIMEOUT_S,
     binding_may_still_land,
+    bound_elsewhere,
     holder_accounted,
     judge,
 )
@@ -69,6 +71,7 @@ log = logging.getLogger(__name__)
 CONFIRM_WAIT_S = 2.0
 UNKNOWN_HOLDER_WAIT_S = 0.2
 DEFAULT_WAIT_BUDGET_S = 4.0
+SWEEP_S = 2.0  # how often locks left behind by a pod bound elsewhere are looked for
 MIN_BINDING_BUDGET_S = 0.5
 PROVEN_OUTCOMES = frozenset({Outcome.ALLOCATED.value, Outcome.REJECTED.value})
 
@@ -189,6 +192,50 @@ class Binder:
         if verdict.allowed and self._on_takeover is not None:
             self._on_takeover(record, verdict.why)
         return bool(verdict.allowed)
+
+    # ---- locks left behind --------------------------------------------------------------------
+
+    async def release_bound_elsewhere(self) -> int:
+        """Release every held lock whose holder this cache saw bound to another node (see
+        ``takeover.bound_elsewhere``); returns how many it released.  Each release is fenced by
+        the lock's token, so a lock that changed hands meanwhile is left alone."""
+
+        def node_of(uid: str) -> NodeName | None:
+            pod = self._cache.pod(uid)
+            return pod.node if pod is not None else None
+
+        released = 0
+        for node, holder in bound_elsewhere(self._locks.holders(), node_of):
+            view = self._locks.view(node)
+            if view is None or view.record.holder is None or view.record.holder.uid != holder.uid:
+                continue
+            held = HeldLock(
+                node, view.record.holder, view.record.token, view.record.resource_version
+            )
+            try:
+                await self._locks.release(held, outcome=Outcome.BIND_FAILED)
+            except (LockError, ApiError, ApiUnavailable) as exc:
+                log.info("lock of %s left by %s not released: %s", node, holder.key, exc)
+                continue
+            self.queues.notify(node)
+            released += 1
+            log.info(
+                "released the lock of %s (token %d): its holder %s is bound to %s",
+                node,
+                held.token,
+                holder.key,
+                node_of(holder.uid),
+            )
+        return released
+
+    async def sweep(self, *, every_s: float = SWEEP_S) -> None:
+        """Release locks left behind (``release_bound_elsewhere``) every ``every_s``; forever."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.release_bound_elsewhere()
+            except Exception:  # a sweep must never stop the extender
+                log.exception("releasing locks left behind failed")
 
     # ---- bind -------------------------------------------------------------------------------
 

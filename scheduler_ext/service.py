@@ -241,6 +241,7 @@ class Extender:
                 self.locks.watch(on_change=self.binder.queues.lock_changed), name="leases"
             )
         )
+        self._tasks.append(asyncio.create_task(self.binder.sweep(), name="locks left behind"))
         ssl_ctx = None
         if self.settings.tls_cert is not None and self.settings.tls_key is not None:
             ssl_ctx = server_ssl_context(

@@ -19,11 +19,11 @@ any moment, so for it (and for a pod the cache never saw) ``judge`` asks for a f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from handoff.holder import HolderState, HolderStatus, classify
-from lockd.model import NodeLockView, NodeName
+from lockd.model import Holder, NodeLockView, NodeName
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.state import PodState
 
@@ -132,3 +132,22 @@ def holder_accounted(cache: ClusterCache, view: NodeLockView | None) -> Callable
         )
 
     return unneeded
+
+
+def bound_elsewhere(
+    held: Mapping[NodeName, Holder], node_of: Callable[[str], NodeName | None]
+) -> list[tuple[NodeName, Holder]]:
+    """The held locks whose holder this cache saw bound to another node (pure).
+
+    Such a lock will never be served: kubelet on its node never sees the pod, and a binding to
+    it can no longer land (a bound pod takes no second binding).  It is left behind when a
+    bind's binding write went unanswered and kube-scheduler bound the pod elsewhere on a retry;
+    the extender releases it (fenced by its token) instead of leaving it until some other bind
+    for that node takes it over.
+    """
+    out: list[tuple[NodeName, Holder]] = []
+    for node, holder in sorted(held.items()):
+        bound = node_of(holder.uid)
+        if bound is not None and bound != node:
+            out.append((node, holder))
+    return out

@@ -8,6 +8,7 @@ locks last ``LEASE_S`` seconds so that expiry paths are exercised quickly.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -38,7 +39,8 @@ def gpu_cluster() -> Iterator[GPUCluster]:
         yield GPUCluster(cluster, [s.name for s in specs])
     finally:
         cluster.down()
-        shutil.rmtree(state, ignore_errors=True)
+        if not os.environ.get("NODELOCK_KEEP_STATE"):  # keep the logs to debug a failure
+            shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture

@@ -236,7 +236,8 @@ def extender_metrics_urls(c: GPUCluster) -> list[str]:
 
 async def extender_sum(c: GPUCluster, name: str, **labels: str) -> float:
     """A metric's samples with these labels, summed over every extender replica."""
-    return sum([await metric_value(f"{u}/metrics", name, **labels) for u in extender_metrics_urls(c)])
+    urls = extender_metrics_urls(c)
+    return sum([await metric_value(f"{u}/metrics", name, **labels) for u in urls])
 
 
 async def binds_over_timeout(c: GPUCluster) -> float:

@@ -16,6 +16,7 @@ from scheduler_ext.takeover import (
     LATE_BINDING_MARGIN_S,
     HolderState,
     binding_may_still_land,
+    bound_elsewhere,
     holder_accounted,
     holder_state,
     judge,
@@ -198,3 +199,15 @@ def test_a_known_holder_in_handoff_keeps_counting_however_old() -> None:
         ]
     )
     assert not holder_accounted(cache, _view(expired=True))("uid-gone")
+
+
+def test_locks_whose_holder_is_bound_to_another_node_are_left_behind() -> None:
+    a, b, c = NodeName("a"), NodeName("b"), NodeName("c")
+    held = {
+        a: Holder(HolderKey("ns/moved"), "u-moved"),  # bound to c on a retry
+        b: Holder(HolderKey("ns/here"), "u-here"),  # bound here: its handoff is under way
+        c: Holder(HolderKey("ns/pending"), "u-pending"),  # not bound yet
+    }
+    nodes = {"u-moved": c, "u-here": b}
+    assert bound_elsewhere(held, nodes.get) == [(a, held[a])]
+    assert bound_elsewhere({}, nodes.get) == []
