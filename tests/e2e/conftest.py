@@ -75,12 +75,12 @@ def sharing_cluster() -> Iterator[GPUCluster]:
             gpu_split=SHARING_SPLIT,
             gpu_memory_mib=SHARING_GPU_MIB,
             extender_args=[f"--lease-duration={LEASE_S}"],
-            plugin_args=[f"--lease-duration={LEASE_S}"],
         )
         yield GPUCluster(cluster, [s.name for s in specs])
     finally:
         cluster.down()
-        shutil.rmtree(state, ignore_errors=True)
+        if not os.environ.get("NODELOCK_KEEP_STATE"):
+            shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture

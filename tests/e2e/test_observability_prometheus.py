@@ -4,7 +4,9 @@ Debian's ``prometheus`` binary (``apt-get install prometheus``; run as a plain s
 service) scrapes each extender replica and each device plugin of the e2e cluster the way
 docs/metrics.md's scrape setup says (device plugin targets labelled ``node``) and loads
 ``dashboards/alerts.yaml``.  The test sends a burst of GPU pods through the real kube-scheduler
-(twelve one-GPU pods for twelve GPUs, so binds contend for node locks), then holds one node's lock
+(a pod whose bind runs out of its wait budget behind a lock that nobody will release, and is
+bound on kube-scheduler's retry once the lock is taken over; then eleven one-GPU pods for the
+other eleven GPUs, so binds contend for node locks), then holds one node's lock
 past its duration with a holder that never progresses on every node (what a stuck handoff looks
 like to the metrics), and asks Prometheus's HTTP API:
 
@@ -212,13 +214,6 @@ async def test_every_dashboard_query_and_alert_returns_data(
         api = API(session, prometheus.url)
         await wait_for(api, f"count(up == 1) == {targets}")  # every target scraped once
 
-        names = [f"burst-{i}" for i in range(4 * len(e2e.nodes))]
-        await asyncio.gather(*(e2e.create_pod(n, [1]) for n in names))
-        for n in names:
-            await e2e.wait_phase(n, ["Running"], timeout_s=180)
-
-        # Handoffs that never progress: every node's lock held by a holder that is not a pod,
-        # past its duration, so that the stuck-lock series (unchanged seconds, expired) exist.
         locks = NodeLocks(
             e2e.kube,
             namespace=DEFAULT_LOCK_NAMESPACE,
@@ -226,6 +221,22 @@ async def test_every_dashboard_query_and_alert_returns_data(
             duration_s=LEASE_S,
             metrics=LockMetrics(registry=CollectorRegistry()),  # the test's own, not scraped
         )
+        # A bind that runs out of its wait budget and is bound on kube-scheduler's retry (the
+        # per-pod lock wait across retries): the first node's lock is held by a holder that is
+        # not a pod, so the pinned pod waits its whole budget, and binds once the lock expired
+        # and is taken over.
+        first = NodeName(e2e.nodes[0])
+        await locks.acquire(first, Holder(HolderKey(f"{e2e.namespace}/gone"), secrets.token_hex(8)))
+        await e2e.create_pod("retried", [1], node=first)
+        await e2e.wait_phase("retried", ["Running"], timeout_s=180)
+
+        names = [f"burst-{i}" for i in range(4 * len(e2e.nodes) - 1)]
+        await asyncio.gather(*(e2e.create_pod(n, [1]) for n in names))
+        for n in names:
+            await e2e.wait_phase(n, ["Running"], timeout_s=180)
+
+        # Handoffs that never progress: every node's lock held by a holder that is not a pod,
+        # past its duration, so that the stuck-lock series (unchanged seconds, expired) exist.
         held = [
             await locks.acquire(
                 NodeName(node), Holder(HolderKey(f"{e2e.namespace}/stuck-probe"), uid)
