@@ -248,14 +248,27 @@ class Admission:
         return await self._serve(result)
 
     async def _decide(self, ids: Sequence[DeviceID], ctx: Context) -> Allocation | Refusal:
-        """``decide_allocate`` on fresh reads: the Lease, then the holder pod, then the pods bound
-        here.  Read in that order, each read is at least as new as the one before, and the LIST
-        includes every pod kubelet can be admitting (kubelet learnt of it before it called)."""
-        view = await self._view(fresh=True)
-        pod = await self._holder_pod(view, fresh=True)
-        bound_here: list[PodJSON] = []
-        if self._pods is not None:
-            bound_here = await self._retrying(self._pods.list_now)
+        """``decide_allocate`` on fresh reads: the Lease then its holder pod, and, at the same
+        time, the pods bound here.  Every read starts after kubelet called, so each includes
+        everything kubelet knew: the LIST has every pod kubelet can be admitting.  The LIST may be
+        a moment older or newer than the Lease read; a lock that changes hands between them can
+        only make a pod look like a bystander, which refuses (never serves) the call."""
+
+        async def holder() -> tuple[NodeLockView | None, PodJSON | None]:
+            view = await self._view(fresh=True)
+            return view, await self._holder_pod(view, fresh=True)
+
+        async def bound() -> list[PodJSON]:
+            if self._pods is None:
+                return []
+            return await self._retrying(self._pods.list_now)
+
+        held, here = await asyncio.gather(holder(), bound(), return_exceptions=True)
+        if isinstance(held, BaseException):
+            raise held
+        if isinstance(here, BaseException):
+            raise here
+        (view, pod), bound_here = held, here
         return decide_allocate(
             view,
             pod,
