@@ -231,7 +231,9 @@ class Admission:
         if isinstance(ids, Refusal):
             return ids
         try:
-            result = await self._decide(ids, ctx)
+            result = await self._decide(ids, ctx, fresh_lease=False)
+            if isinstance(result, Refusal):
+                result = await self._decide(ids, ctx, fresh_lease=True)
             if isinstance(result, Refusal) and result.kind is RefusalKind.TAKEN_OVER:
                 result = await self._interrupted(ids, ctx, result)
         except (ApiUnavailable, ApiError) as exc:
@@ -247,16 +249,21 @@ class Admission:
             return result
         return await self._serve(result)
 
-    async def _decide(self, ids: Sequence[DeviceID], ctx: Context) -> Allocation | Refusal:
-        """``decide_allocate`` on fresh reads: the Lease then its holder pod, and, at the same
-        time, the pods bound here.  Every read starts after kubelet called, so each includes
-        everything kubelet knew: the LIST has every pod kubelet can be admitting.  The LIST may be
-        a moment older or newer than the Lease read; a lock that changes hands between them can
+    async def _decide(
+        self, ids: Sequence[DeviceID], ctx: Context, *, fresh_lease: bool
+    ) -> Allocation | Refusal:
+        """``decide_allocate`` on the holder pod and the pods bound here, both read afresh at the
+        same time, and the Lease from its watch (``fresh_lease``: one GET).  Every fresh read
+        starts after kubelet called, so it includes everything kubelet knew: the LIST has every
+        pod kubelet can be admitting, and the holder's GET shows it rejected, gone, admitted or
+        elsewhere if it is.  A Lease watch that lags a takeover names the old holder; kubelet no
+        longer asks for that pod once it left the handoff, so its fresh read refuses, and the
+        caller decides again with a fresh Lease.  A lock changing hands between the reads can
         only make a pod look like a bystander, which refuses (never serves) the call."""
+        view = await self._view(fresh=fresh_lease)
 
-        async def holder() -> tuple[NodeLockView | None, PodJSON | None]:
-            view = await self._view(fresh=True)
-            return view, await self._holder_pod(view, fresh=True)
+        async def holder() -> PodJSON | None:
+            return await self._holder_pod(view, fresh=True)
 
         async def bound() -> list[PodJSON]:
             if self._pods is None:
@@ -268,7 +275,7 @@ class Admission:
             raise held
         if isinstance(here, BaseException):
             raise here
-        (view, pod), bound_here = held, here
+        pod, bound_here = held, here
         return decide_allocate(
             view,
             pod,
@@ -303,7 +310,7 @@ class Admission:
         await self._save(self._cp.with_progress(None))
         log.info("dropped progress of interrupted handoff %s", old)
         if handoff_abandoned(pod, old, self.node):
-            return await self._decide(ids, ctx)
+            return await self._decide(ids, ctx, fresh_lease=True)
         return refusal
 
     async def _serve(self, alloc: Allocation) -> tuple[Allocation, ContainerAnswer] | Refusal:

@@ -3,8 +3,9 @@
 ``Plugin`` replays ``deviceplugin.admission.Admission`` around the project's decisions
 (``check_request``, ``decide_allocate``, ``decide_preferred``, ``handoff_abandoned``, the
 ``Checkpoint`` value type).  GLUE (replicated, since ``Admission`` reads the API server between
-decisions): Allocate is decided from fresh reads only (a Lease GET, the holder pod's GET, a LIST
-of the pods bound here for ``bystanders``); GetPreferredAllocation tries the watch-fed views first
+decisions): Allocate reads the holder pod (GET) and the pods bound here (LIST, for
+``bystanders``) afresh, the Lease from its watch, and decides again with a fresh Lease GET
+whenever that refuses; GetPreferredAllocation tries the watch-fed views first
 (the Lease watch, the node pod watch's copy of the holder, else the pod read for the same holder
 and token before), then fresh reads; a ``TAKEN_OVER`` refusal reads the interrupted
 pod and drops its progress; serving writes the checkpoint before answering and then releases
@@ -178,7 +179,9 @@ class Plugin:
         checked = check_request([ids], ctx)
         if isinstance(checked, Refusal):
             return checked
-        result = self._decide(checked, ctx, fresh=True)
+        result = self._decide(checked, ctx, fresh_lease=False)
+        if isinstance(result, Refusal):
+            result = self._decide(checked, ctx, fresh_lease=True)
         if isinstance(result, Refusal) and result.kind is RefusalKind.TAKEN_OVER:
             result = self._interrupted(checked, ctx, result)
         if isinstance(result, Refusal):
@@ -188,10 +191,10 @@ class Plugin:
         return self._serve(result)
 
     def _decide(
-        self, ids: Sequence[DeviceID], ctx: Context, *, fresh: bool
+        self, ids: Sequence[DeviceID], ctx: Context, *, fresh_lease: bool
     ) -> Allocation | Refusal:
-        view = self._view(fresh=fresh)
-        pod = self._holder_pod(view, fresh=fresh)
+        view = self._view(fresh=fresh_lease)
+        pod = self._holder_pod(view, fresh=True)
         return decide_allocate(
             view,
             pod,
@@ -199,7 +202,7 @@ class Plugin:
             self.cp.progress,
             ctx,
             policy=MismatchPolicy.REFUSE,
-            bound_here=self._bound_here(fresh=fresh),
+            bound_here=self._bound_here(fresh=True),
             served_pods=self._served(),
         )
 
@@ -226,7 +229,7 @@ class Plugin:
         pod = self._pod(old.holder)
         self.cp = self.cp.with_progress(None)
         if handoff_abandoned(pod, old, self.node):
-            return self._decide(ids, ctx, fresh=True)
+            return self._decide(ids, ctx, fresh_lease=True)
         return refusal
 
     def _serve(self, alloc: Allocation) -> Allocation:
