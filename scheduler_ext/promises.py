@@ -43,9 +43,9 @@ class Promises:
         """The pod's bind arrived: its promise has done its work."""
         self._by_pod.pop(pod_uid, None)
 
-    def uids(self) -> set[str]:
-        """The pods with a promise (expired ones included until the next count)."""
-        return set(self._by_pod)
+    def nodes(self) -> dict[str, NodeName]:
+        """Pod UID -> its promised node (expired ones included until the next count)."""
+        return {uid: node for uid, (node, _) in self._by_pod.items()}
 
     def promised_to_others(self, pod_uid: str) -> collections.Counter[NodeName]:
         """Per node, the unexpired promises of pods other than ``pod_uid``."""

@@ -205,13 +205,14 @@ class Endpoints:
         gpus_of = self._gpus_of(args, uid)
         tolerance = queues.steering_tolerance_s()
         larger: dict[int, int] | None = None
+        inflight: dict[NodeName, int] = {}
         if waits is not None and not need.slices:  # whole GPUs only
             demand, largest = self.cache.pending_demand()
             free = (g.available for g in map(gpus_of, args.node_names) if g is not None)
             if burst_fills_anyway(demand, largest, need, free):
                 tolerance = 0.0  # packing keeps nothing free for later: serve it soonest
             elif largest > need.total:
-                larger = self._larger_pending(need, uid)
+                larger, inflight = self._larger_pending(need, uid)
         scores = prioritize_nodes(
             need,
             args.node_names,
@@ -220,24 +221,31 @@ class Endpoints:
             waits=waits,
             tolerance_s=tolerance,
             larger=larger,
+            inflight=inflight,
         )
         if self.options.lock_aware:
             self.promises.promise(scores, uid)
         self._done(Verb.PRIORITIZE, Result.OK, started)
         return _json(host_priority_list(scores))
 
-    def _larger_pending(self, need: PodNeed, uid: str) -> dict[int, int]:
+    def _larger_pending(
+        self, need: PodNeed, uid: str
+    ) -> tuple[dict[int, int], dict[NodeName, int]]:
         """GPUs per pod -> pods not bound yet that need more GPUs than ``need``, less those
-        whose bind is already on its way (kube-scheduler counts them on their node)."""
+        whose bind is already on its way; and per node, the GPUs of the binds on their way there
+        (queued or promised: kube-scheduler counts them, the cache's pictures not yet)."""
         larger = self.cache.pending_sizes(above=need.total)
-        for other in self.promises.uids() | self.binder.queues.uids():
+        inflight: dict[NodeName, int] = {}
+        on_way = {**self.promises.nodes(), **self.binder.queues.nodes()}
+        for other, node in on_way.items():
             pod = self.cache.pod(other)
             if other == uid or pod is None or pod.node is not None or pod.need is None:
                 continue
             size = pod.need.total
+            inflight[node] = inflight.get(node, 0) + size
             if larger.get(size, 0) > 0:
                 larger[size] -= 1
-        return {size: n for size, n in larger.items() if n > 0}
+        return {size: n for size, n in larger.items() if n > 0}, inflight
 
     async def bind(self, request: web.Request) -> web.Response:
         started = time.perf_counter()

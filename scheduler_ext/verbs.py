@@ -164,10 +164,12 @@ def prioritize_nodes(
     waits: Mapping[NodeName, float] | None = None,
     tolerance_s: float = 0.0,
     larger: Mapping[int, int] | None = None,
+    inflight: Mapping[NodeName, int] | None = None,
 ) -> list[tuple[NodeName, int]]:
     """Score every candidate 0..10 by ``policy``; with ``larger`` (GPUs -> pods still pending
     that need more GPUs than this one), score 0 on the nodes where this pod would leave them
-    no room (``reserved_levels``); with ``waits`` (node -> expected wait of a bind there),
+    no room (``reserved_levels``; ``inflight``: node -> GPUs of binds on their way there, not
+    yet in the pictures); with ``waits`` (node -> expected wait of a bind there),
     steer to the fitting nodes where a bind is served soonest (``steer_by_wait``).
     Same order as ``names``.
 
@@ -177,9 +179,10 @@ def prioritize_nodes(
     by_key[None] = 0  # a node the extender does not know
     values = list(map(by_key.__getitem__, keys))
     if larger:  # the fitting nodes' free GPUs (a node this pod misses, a larger one misses too)
+        ahead = inflight or {}
         free = [
-            g.available if v > 0 and g is not None else -1
-            for v, g in zip(values, map(gpus_of, names), strict=True)
+            g.available - ahead.get(n, 0) if v > 0 and g is not None else -1
+            for n, v, g in zip(names, values, map(gpus_of, names), strict=True)
         ]
         safe = reserved_levels(collections.Counter(f for f in free if f >= 0), larger, need)
         if safe is not None:

@@ -278,9 +278,9 @@ class BindQueues:
         queue = self._queues.get(node)
         return len(queue) if queue is not None else 0
 
-    def uids(self) -> set[str]:
-        """The pods whose binds are queued here (the one being carried out included)."""
-        return {w.uid for queue in self._queues.values() for w in queue}
+    def nodes(self) -> dict[str, NodeName]:
+        """Pod UID -> node of every bind queued here (the ones being carried out included)."""
+        return {w.uid: node for node, queue in self._queues.items() for w in queue}
 
     def depths(self) -> dict[NodeName, int]:
         """Every node with a non-empty queue and its depth."""

@@ -175,3 +175,23 @@ def test_prioritize_keeps_the_empty_node_a_larger_pending_pod_needs() -> None:
     # where no node is safe (only the empty one fits), the policy decides as before
     big = prioritize_nodes(need(8), names, known.get, policy=Policy.SPREAD, larger={8: 1})
     assert big[0][1] > 0
+
+
+def test_binds_on_their_way_count_against_the_room_kept_for_a_larger_pod() -> None:
+    def picture(name: str) -> NodeGPUs:
+        devices = tuple(
+            GPU(DeviceID(f"GPU-{name}-{i}"), i, "H100", 81559, 0, True) for i in range(8)
+        )
+        return NodeGPUs(node=NodeName(name), devices=devices, taken=frozenset(), allocatable=8)
+
+    names = [NodeName("a"), NodeName("b")]
+    known = {n: picture(n) for n in names}
+    # both nodes look empty, but six GPUs of queued binds are on their way to a: only b can
+    # still take the pending 8-GPU pod, so a 2-GPU pod goes to a
+    on_way = {NodeName("a"): 6}
+    kept = prioritize_nodes(
+        need(2), names, known.get, policy=Policy.BINPACK, larger={8: 1}, inflight=on_way
+    )
+    assert kept[0][1] > 0 and kept[1][1] == 0
+    blind = prioritize_nodes(need(2), names, known.get, policy=Policy.BINPACK, larger={8: 1})
+    assert blind[0][1] == blind[1][1]  # without them, the two nodes look alike
