@@ -192,6 +192,7 @@ def test_binds_on_their_way_count_against_the_room_kept_for_a_larger_pod() -> No
     kept = prioritize_nodes(
         need(2), names, known.get, policy=Policy.BINPACK, larger={8: 1}, inflight=on_way
     )
-    assert kept[0][1] > 0 and kept[1][1] == 0
+    assert kept[0][1] > 0
+    assert kept[1][1] == 0
     blind = prioritize_nodes(need(2), names, known.get, policy=Policy.BINPACK, larger={8: 1})
     assert blind[0][1] == blind[1][1]  # without them, the two nodes look alike
