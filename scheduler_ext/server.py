@@ -55,8 +55,6 @@ from scheduler_ext.verbs import (
 
 log = logging.getLogger(__name__)
 
-WAITING_EVENT_AFTER_S = 1.0  # a bind still waiting for its node's lock this long gets an Event
-
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # 5,000 full Node objects fit (nodeCacheCapable: false)
 
 
@@ -255,18 +253,9 @@ class Endpoints:
             self._done(Verb.BIND, Result.BAD_REQUEST, started)
             return _error(400, str(exc))
         self.promises.forget(args.pod_uid)
-        bind = asyncio.ensure_future(self.binder.bind(args))
         if self.events is not None:
-            # a wait worth telling: one still going after WAITING_EVENT_AFTER_S (a burst's
-            # sub-second turns would be an Event per pod and say nothing)
-            events = self.events
-
-            def still_waiting() -> None:
-                if not bind.done():
-                    events.bind_started(args, self.locks.view(args.node))
-
-            waiting = asyncio.get_running_loop().call_later(WAITING_EVENT_AFTER_S, still_waiting)
-            bind.add_done_callback(lambda _: waiting.cancel())
+            self.events.bind_started(args, self.locks.view(args.node))
+        bind = asyncio.ensure_future(self.binder.bind(args))
         try:
             # shielded: a disconnect (kube-scheduler's timeout) only makes a queued bind leave
             # its queue; a bind holding the lock finishes, bounded by the binding's own budget
