@@ -227,6 +227,7 @@ def start_device_plugin(
         f"--sim-memory-mib={spec.memory_mib}",
         *([f"--gpu-split={spec.gpu_split}"] if spec.gpu_split > 1 else []),
         f"--metrics-port={port}",
+        f"--pod-resources-socket={pod_resources_socket(cluster.state_dir, spec.name)}",
         *layout_args,
         *(extra_args or []),
     ]

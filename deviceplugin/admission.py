@@ -5,12 +5,13 @@ Lease from the ``NodeLocks`` watch, one GET of the holder pod per Allocate call)
 checkpoint and releases the lock.  Calls are serialized (kubelet makes them one at a time anyway).
 
 Guarantees:
-- Allocate is decided from fresh reads only (one Lease GET, one GET of the holder pod, one LIST
-  of the pods bound to this node), never from the watches: kubelet's view of the node runs ahead
-  of any watch, and a watch-fed view can miss a takeover, a holder kubelet rejected, or the pod
-  kubelet is admitting (docs/deviceplugin.md, "Fresh reads").  A lagging watch thus never fails
-  a pod nor serves the wrong one.  GetPreferredAllocation (only a preference) tries the watch
-  view first.
+- Allocate is decided from fresh reads of the holder pod (one GET) and of who kubelet is
+  admitting: kubelet's own PodResources ``List`` on the node (else one LIST of the pods bound to
+  this node at the API server), with the Lease from its watch and again from one GET when that
+  decision refuses.  kubelet's view of the node runs ahead of any watch, and a watch-fed view
+  can miss a takeover, a holder kubelet rejected, or the pod kubelet is admitting
+  (docs/deviceplugin.md, "Fresh reads").  A lagging watch thus never fails a pod nor serves the
+  wrong one.  GetPreferredAllocation (only a preference) tries the watch view first.
 - Progress is written to the checkpoint before kubelet gets the answer; if it cannot be written
   the container is refused (kubelet then fails the pod) and the lock released ``rejected``.  It
   is made durable (fsync) while the pod has containers left to serve; the last container's
@@ -43,6 +44,7 @@ from deviceplugin.decide import (
     Allocation,
     Context,
     HandoffProgress,
+    KubeletAdmission,
     MismatchPolicy,
     PodJSON,
     Preference,
@@ -53,10 +55,13 @@ from deviceplugin.decide import (
     decide_preferred,
     handoff_abandoned,
     hint,
+    kubelet_admitting,
 )
 from deviceplugin.devices import DeviceState
+from deviceplugin.kubeletview import KubeletViewError, PodResources
 from deviceplugin.metrics import PluginMetrics, ReleaseResult
 from deviceplugin.podwatch import NodePods
+from handoff.audit import KubeletPod
 from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
 from kube import failpoints
 from kube.backoff import Backoff
@@ -103,7 +108,9 @@ class Admission:
         api_retry_s: float = API_RETRY_S,
         pods: NodePods | None = None,
         on_refused: Callable[[Refusal, Holder | None], None] | None = None,
+        kubelet: PodResources | None = None,
     ) -> None:
+        self._kubelet = kubelet  # kubelet's PodResources List: who it admits (else a LIST)
         self._on_refused = on_refused  # an Event on the holder pod (or the node)
         self.node = node
         self._kube = kube
@@ -252,40 +259,74 @@ class Admission:
     async def _decide(
         self, ids: Sequence[DeviceID], ctx: Context, *, fresh_lease: bool
     ) -> Allocation | Refusal:
-        """``decide_allocate`` on the holder pod and the pods bound here, both read afresh at the
-        same time, and the Lease from its watch (``fresh_lease``: one GET).  Every fresh read
-        starts after kubelet called, so it includes everything kubelet knew: the LIST has every
-        pod kubelet can be admitting, and the holder's GET shows it rejected, gone, admitted or
-        elsewhere if it is.  A Lease watch that lags a takeover names the old holder; kubelet no
-        longer asks for that pod once it left the handoff, so its fresh read refuses, and the
-        caller decides again with a fresh Lease.  A lock changing hands between the reads can
-        only make a pod look like a bystander, which refuses (never serves) the call."""
+        """``decide_allocate`` on the holder pod and who kubelet may be admitting, both read
+        afresh at the same time, and the Lease from its watch (``fresh_lease``: one GET).
+        Every fresh read starts after kubelet called, so it includes everything kubelet knew:
+        kubelet's PodResources List holds the pod it admits (a LIST at the API server, the
+        fallback, every pod it can be admitting), and the holder's GET shows it rejected, gone,
+        admitted or elsewhere if it is.  A Lease watch that lags a takeover names the old
+        holder; kubelet no longer asks for that pod once it left the handoff, so its fresh read
+        refuses, and the caller decides again with a fresh Lease.  A lock changing hands
+        between the reads can only make a pod look like a bystander, which refuses (never
+        serves) the call."""
         view = await self._view(fresh=fresh_lease)
+        holder = view.record.holder if view is not None else None
 
-        async def holder() -> PodJSON | None:
+        async def holder_pod() -> PodJSON | None:
             return await self._holder_pod(view, fresh=True)
 
-        async def bound() -> list[PodJSON]:
-            if self._pods is None:
-                return []
-            return await self._retrying(self._pods.list_now)
-
-        held, here = await asyncio.gather(holder(), bound(), return_exceptions=True)
+        held, here = await asyncio.gather(holder_pod(), self._admitting(), return_exceptions=True)
         if isinstance(held, BaseException):
             raise held
         if isinstance(here, BaseException):
             raise here
-        pod, bound_here = held, here
+        kubelet: KubeletAdmission | None = None
+        bound_here: list[PodJSON] = []
+        if isinstance(here, tuple):
+            if holder is not None:
+                specs = await self._specs(here[0], holder.key)
+                kubelet = kubelet_admitting(here[0], specs, holder.key, self._served(), ctx)
+        else:
+            bound_here = here
         return decide_allocate(
             view,
-            pod,
+            held,
             ids,
             self._cp.progress,
             ctx,
             policy=self._policy,
             bound_here=bound_here,
             served_pods=self._served(),
+            kubelet=kubelet,
         )
+
+    async def _admitting(self) -> tuple[list[KubeletPod]] | list[PodJSON]:
+        """kubelet's PodResources List (as a 1-tuple), else the pods bound here by one LIST."""
+        if self._kubelet is not None:
+            try:
+                listed = await self._kubelet.list()
+                self._metrics.kubelet_view.labels(result="ok").inc()
+                return (listed,)
+            except KubeletViewError as exc:
+                self._metrics.kubelet_view.labels(result="error").inc()
+                log.warning("%s; deciding from a LIST of the node's pods instead", exc)
+        if self._pods is None:
+            return []
+        return await self._retrying(self._pods.list_now)
+
+    async def _specs(
+        self, listed: Sequence[KubeletPod], holder: HolderKey
+    ) -> dict[str, PodJSON | None]:
+        """The pods kubelet lists (the holder left out), from the node's pod watch; a pod the
+        watch does not have yet is read (one GET each: None when the API server has none)."""
+        out: dict[str, PodJSON | None] = {}
+        for entry in listed:
+            if entry.key == holder:
+                continue
+            key = HolderKey(entry.key)
+            watched = self._pods.get(key) if self._pods is not None and self._pods.synced else None
+            out[entry.key] = watched if watched is not None else await self._pod(key)
+        return out
 
     def _served(self) -> set[str]:
         """UIDs of pods this plugin served: kubelet may not have written their statuses yet."""

@@ -11,6 +11,7 @@ from deviceplugin.answer import DEFAULT_DEVICE_MODE, DeviceMode
 from deviceplugin.decide import MismatchPolicy
 from deviceplugin.devices import DeviceBackend
 from deviceplugin.endpoint import KUBELET_SOCKET
+from deviceplugin.kubeletview import POD_RESOURCES_SOCKET
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.nvml import add_flags as add_nvml_flags
 from deviceplugin.plugin import (
@@ -160,6 +161,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "slices of one GPU (nvidia.com/gpumem, nvidia.com/gpucores; docs/sharing.md). "
         "Default 1: whole GPUs only",
     )
+    p.add_argument(
+        "--pod-resources-socket",
+        default=str(POD_RESOURCES_SOCKET),
+        help="kubelet's PodResources socket: Allocate asks it which pod kubelet admits (default "
+        f"{POD_RESOURCES_SOCKET}; an empty value: ask the API server for the node's pods instead)",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
 
@@ -188,6 +195,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         mode=DeviceMode(args.device_mode),
         policy=MismatchPolicy(args.mismatch_policy),
         events=args.events,
+        pod_resources_socket=Path(args.pod_resources_socket) if args.pod_resources_socket else None,
     )
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from handoff.audit import KubeletPod
 from handoff.holder import HolderState
 from handoff.holder import holder_status as handoff_status
 from handoff.request import container_needs
@@ -442,19 +443,45 @@ def decide_allocate(
     policy: MismatchPolicy = MismatchPolicy.REFUSE,
     bound_here: Sequence[PodJSON] = (),
     served_pods: Collection[str] = (),
+    kubelet: KubeletAdmission | None = None,
 ) -> Allocation | Refusal:
     """Answer kubelet's Allocate for one container that asked for ``requested``.
 
     ``view`` is the node's lock, ``pod`` the lock holder's pod as read from the API server (None
     when it was not found), ``progress`` the checkpointed progress of the current handoff.
-    ``bound_here`` are the pods bound to this node (from a watch) and ``served_pods`` the UIDs
-    of pods this plugin already served: while another GPU pod is bound here, Pending and not
-    admitted, the call is refused without a release (``bystanders``).
+    Who kubelet is admitting comes from ``kubelet`` (its own PodResources view, see
+    ``kubelet_admitting``) when given: the call is refused without a release unless the holder
+    is the one pod kubelet may be admitting.  Without it, from ``bound_here`` (the pods bound
+    to this node, from the API server) and ``served_pods`` (UIDs of pods this plugin already
+    served): while another GPU pod is bound here, Pending and not admitted, the call is refused
+    without a release (``bystanders``).
     """
     plan = _verify(view, pod, progress, ctx)
     if isinstance(plan, Refusal):
         return plan
     where = f"pod {plan.pod} on node {ctx.node}"
+    # first who kubelet admits: if it is another pod, nothing about the holder applies
+    if kubelet is not None:
+        if not kubelet.holder_listed:
+            waiting = f"; awaiting devices: {', '.join(kubelet.others)}" if kubelet.others else ""
+            return Refusal(
+                RefusalKind.AMBIGUOUS,
+                f"node {ctx.node}: kubelet is admitting another pod than the node lock's holder "
+                f"{plan.pod} (kubelet does not list the holder among the pods it admits or "
+                f"runs{waiting}); the holder keeps the lock and its devices. GPU pods on this "
+                "node must be bound by the nodelock scheduler extender",
+            )
+        others = list(kubelet.others)
+    else:
+        others = bystanders(bound_here, plan.holder.uid, served_pods, ctx)
+    if others:
+        return Refusal(
+            RefusalKind.AMBIGUOUS,
+            f"{where}: kubelet may be admitting another GPU pod bound to this node without the "
+            f"node lock ({', '.join(others)}); refusing rather than guessing which pod gets "
+            f"{plan.pod}'s devices. GPU pods on this node must be bound by the nodelock "
+            "scheduler extender",
+        )
     nxt = plan.next
     if nxt is None:
         return Refusal(
@@ -485,15 +512,6 @@ def decide_allocate(
             f"{where}: kubelet chose {sorted(requested)} for container {container!r} but the "
             f"assignment is {list(assigned)} and the pod's devices not held by its other "
             f"containers are {list(pool)}",
-        )
-    others = bystanders(bound_here, plan.holder.uid, served_pods, ctx)
-    if others:
-        return Refusal(
-            RefusalKind.AMBIGUOUS,
-            f"{where}: kubelet may be admitting another GPU pod bound to this node without the "
-            f"node lock ({', '.join(others)}); refusing rather than guessing which pod gets "
-            f"{plan.pod}'s devices. GPU pods on this node must be bound by the nodelock "
-            "scheduler extender",
         )
     served = (*plan.progress.served, container)
     given = (*_given(plan), devices)
@@ -532,6 +550,63 @@ def bystanders(
         if handoff_status(other, uid=uid, node=ctx.node).in_handoff:
             out.append(_pod_name(other))
     return sorted(out)
+
+
+@dataclass(frozen=True)
+class KubeletAdmission:
+    """Who kubelet may be admitting, by its own view (``kubelet_admitting``)."""
+
+    holder_listed: bool  # kubelet's pod manager holds the lock holder
+    others: tuple[str, ...]  # other pods it holds that may still be waiting for devices
+
+
+def kubelet_admitting(
+    listed: Sequence[KubeletPod],
+    specs: Mapping[str, PodJSON | None],
+    holder: HolderKey,
+    served_pods: Collection[str],
+    ctx: Context,
+) -> KubeletAdmission:
+    """Read kubelet's PodResources ``List`` for the pods it may be admitting.
+
+    kubelet adds a pod to its pod manager just before admitting it and admits one pod at a
+    time; a rejected pod leaves its active list at once (its status manager's copy is Failed
+    before the API server hears of it), and a container's devices are listed once its Allocate
+    was answered.  So the pod kubelet asks about is listed, and every other listed pod that
+    asks for ``ctx.resource`` already has its devices, unless it is that pod.  ``listed`` is
+    kubelet's answer, ``specs`` each listed pod by ``namespace/name`` as this plugin knows it
+    (None: unknown), ``holder`` the lock holder, ``served_pods`` the UIDs of pods this plugin
+    served.  A pod counts as possibly waiting (``others``) when it is unknown, its request is
+    unreadable, a listed GPU container of it has no devices, or it asks for GPUs only in init
+    containers (which kubelet does not list) and is still in handoff by its status; this errs
+    towards refusing, never towards serving another pod the holder's devices.
+    """
+    holder_listed = False
+    others: list[str] = []
+    for entry in listed:
+        if entry.key == holder:
+            holder_listed = True
+            continue
+        spec = specs.get(entry.key)
+        if spec is None:
+            others.append(f"{entry.key} (unknown)")
+            continue
+        uid = str((spec.get("metadata") or {}).get("uid") or "")
+        if uid and uid in served_pods:
+            continue
+        try:
+            wanted = gpu_containers(spec, ctx.resource)
+        except ValueError:
+            others.append(entry.key)  # kubelet parses it its own way: it may be asking
+            continue
+        if not wanted:
+            continue
+        names = [c for c, _ in wanted]
+        unserved = any(c in entry.containers and not entry.containers[c] for c in names)
+        init_only = not any(c in entry.containers for c in names)
+        if unserved or (init_only and handoff_status(spec, uid=uid, node=ctx.node).in_handoff):
+            others.append(entry.key)
+    return KubeletAdmission(holder_listed, tuple(sorted(others)))
 
 
 def _given(plan: _Plan) -> tuple[tuple[DeviceID, ...], ...]:

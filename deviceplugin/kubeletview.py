@@ -62,6 +62,41 @@ def list_pod_resources(
     return pods_from_list(response, resource=resource)
 
 
+class PodResources:
+    """kubelet's PodResources ``List`` for the device plugin's Allocate path, over one grpc.aio
+    channel kept open (it reconnects by itself when kubelet restarts and makes a new socket).
+
+    Guarantees: ``list`` returns kubelet's answer or raises ``KubeletViewError`` (socket
+    missing, kubelet not answering within ``timeout_s``); it never answers from an old copy.
+    """
+
+    def __init__(self, socket: Path, *, resource: str, timeout_s: float = 2.0) -> None:
+        self.socket = socket
+        self._resource = resource
+        self._timeout_s = timeout_s
+        self._channel: grpc.aio.Channel | None = None
+
+    async def list(self) -> list[KubeletPod]:
+        """Every pod kubelet lists now, with each listed container's devices of the resource."""
+        if not self.socket.exists():
+            raise KubeletViewError(f"kubelet's PodResources socket {self.socket} does not exist")
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
+        stub = pr_grpc.PodResourcesListerStub(self._channel)
+        try:
+            response = await stub.List(pr_pb.ListPodResourcesRequest(), timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise KubeletViewError(
+                f"PodResources List on {self.socket} failed: {exc.code().name}: {exc.details()}"
+            ) from exc
+        return pods_from_list(response, resource=self._resource)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close(None)
+            self._channel = None
+
+
 def pods_from_list(response: pr_pb.ListPodResourcesResponse, *, resource: str) -> list[KubeletPod]:
     """The plain-data form of a ``ListPodResourcesResponse`` (kubelet sends one entry per device
     and NUMA node; they are merged per container)."""

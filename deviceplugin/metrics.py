@@ -84,6 +84,13 @@ class PluginMetrics:
             "cannot see a GPU pod bound around the extender (result=ambiguous).",
             registry=r,
         )
+        self.kubelet_view = Counter(
+            f"{PREFIX}kubelet_view_reads",
+            "PodResources List reads on Allocate (who kubelet admits) by result: ok, or error "
+            "(the call then decides from a LIST of the node's pods at the API server).",
+            ["result"],
+            registry=r,
+        )
         self.registrations = Counter(
             f"{PREFIX}registrations",
             "Register calls to kubelet by result (ok, error).",
@@ -105,6 +112,7 @@ class PluginMetrics:
         for result in ("ok", "error"):
             self.registrations.labels(result=result)
             self.inventory_writes.labels(result=result)
+            self.kubelet_view.labels(result=result)
         for pref in ("hit", "miss"):
             self.preferred.labels(result=pref)
         for outcome in (Outcome.ALLOCATED, Outcome.REJECTED):

@@ -25,6 +25,7 @@ from deviceplugin.devices import DeviceBackend, DeviceState
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.events import AllocateEvents
 from deviceplugin.inventory import InventoryPublisher
+from deviceplugin.kubeletview import PodResources
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podwatch import NodePods
 from deviceplugin.servicer import DevicePluginServicer
@@ -59,6 +60,8 @@ class PluginConfig:
     poll_s: float = 0.2
     events: bool = True  # Kubernetes Events for refused Allocate calls (rate-limited)
     gpu_split: int = 1  # > 1: S virtual devices per GPU, shared GPUs (deviceplugin.sharing)
+    # kubelet's PodResources socket: who kubelet admits (None: a LIST at the API server)
+    pod_resources_socket: Path | None = None
     keys: Keys = field(init=False)
 
     def __post_init__(self) -> None:
@@ -93,6 +96,11 @@ class DevicePlugin:
             EventRecorder(kube, component="nodelock-device-plugin", host=config.node),
             config.node,
         )
+        self.kubelet = (
+            PodResources(config.pod_resources_socket, resource=config.resource)
+            if config.pod_resources_socket is not None
+            else None
+        )
         self.admission = Admission(
             node=config.node,
             kube=kube,
@@ -107,6 +115,7 @@ class DevicePlugin:
             mode=config.mode,
             pods=self.pods,
             on_refused=self.events.refused if config.events else None,
+            kubelet=self.kubelet,
         )
         self.endpoint = Endpoint(
             plugin_dir=config.plugin_dir,
@@ -186,6 +195,8 @@ class DevicePlugin:
         self._tasks.clear()
         with contextlib.suppress(TimeoutError):  # Events under way get a moment to be written
             await asyncio.wait_for(self.events.recorder.flush(), timeout=2.0)
+        if self.kubelet is not None:
+            await self.kubelet.close()
         self.backend.close()
 
     async def run(self) -> None:

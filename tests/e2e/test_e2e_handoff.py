@@ -171,6 +171,33 @@ async def test_forged_pod_bound_directly_is_refused_and_takes_no_lock(e2e: GPUCl
     await e2e.wait_phase("honest", ["Running"])
 
 
+async def test_bypass_pod_racing_a_handoff_fails_alone_and_the_holder_runs(
+    e2e: GPUCluster,
+) -> None:
+    """Hole 1(b) with the policy lifted: a GPU pod bound by hand reaches kubelet just before a pod
+    the extender binds.  kubelet admits the bypass pod while the other holds the node's lock,
+    then admits the holder before the bypass pod's rejection reaches the API server.  The plugin
+    asks kubelet (PodResources) which pod it admits: the bypass pod is refused without a
+    release, the holder runs with its assignment, no device goes to two pods."""
+    node = e2e.nodes[-1]
+    await e2e.allow_bypass()
+    async with slow_admission(e2e, node, seconds=3):
+        await e2e.create_pod("sneaky", [1], node=node, bind_directly=True, labels=BYPASS)
+        await asyncio.sleep(0.5)  # kubelet is inside the bypass pod's Allocate
+        await e2e.create_pod("holder", [1], node=node)
+        await e2e.wait_holder(node, e2e.key("holder"))
+        sneaky = await e2e.wait_phase("sneaky", ["Failed", "Running"], timeout_s=60)
+        holder = await e2e.wait_phase("holder", ["Failed", "Running"], timeout_s=60)
+    assert holder["status"]["phase"] == "Running", holder["status"]
+    assert kubelet_devices(holder)["c0"] == sorted(assignment(holder)["c0"])
+    assert sneaky["status"]["phase"] == "Failed"
+    assert sneaky["status"]["reason"] == "UnexpectedAdmissionError"
+    assert "kubelet is admitting another pod" in sneaky["status"]["message"]
+    assert kubelet_devices(sneaky) == {}
+    lease = await e2e.wait_holder(node, None)
+    assert lease["metadata"]["annotations"]["nodelock.io/last-outcome"] == "allocated"
+
+
 async def test_owner_editing_assignment_after_binding_gets_nothing(e2e: GPUCluster) -> None:
     """S2: the plugin serves the Lease's copy of the assignment, never the pod owner's edit."""
     node = e2e.nodes[1]

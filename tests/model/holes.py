@@ -53,8 +53,8 @@ AVOIDED_BY: dict[Hole, str] = {
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
 KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
-    Hole.BYPASS_POD,  # fixed: Allocate refuses (keeping the lock) while another GPU pod is
-    # bound here, Pending and not admitted, judged on a fresh LIST of the node's pods
+    Hole.BYPASS_POD,  # fixed: Allocate refuses (keeping the lock) unless kubelet's own
+    # PodResources List holds the holder as the one pod that may still await devices
     Hole.STALE_LEASE_VIEW,  # fixed: a holder that left the handoff is refused; Allocate is
     # decided from fresh reads only
     Hole.INIT_REUSE,  # fixed: any subset of the pod's unserved pool is served

@@ -184,8 +184,10 @@ class HandoffModel(RuleBasedStateMachine):
         line = f"{self.step_no:>3} t={self.clock.now:5.1f} {actor:<11} {text}  [{leases}]"
         self.trace.append(line)
 
-    def fault(self, actor: str, text: str) -> None:
-        self.faults += 1
+    def fault(self, actor: str, text: str, *, excuses_refusals: bool = True) -> None:
+        """Log a fault; unless ``excuses_refusals`` is False, L1 then no longer requires every
+        pod the extender bound to be admitted."""
+        self.faults += excuses_refusals
         self.log(actor, f"FAULT {text}")
 
     def violate(self, invariant: str, message: str) -> None:
@@ -350,6 +352,7 @@ class HandoffModel(RuleBasedStateMachine):
             node = NodeName(n)
             self.plugins[node] = Plugin(node, self.store, self.clock, skews[1], gpus)
             self.kubelets[node] = Kubelet(node, self.store, gpus)
+            self.plugins[node].kubelet_view = self.kubelets[node].listing
         self.started = True
         kinds = ", ".join(sorted(f.value for f in self.enabled)) or "none"
         self.log("world", f"nodes {dict(self.config.nodes)}, skews {skews}, faults: {kinds}")
@@ -799,7 +802,13 @@ class HandoffModel(RuleBasedStateMachine):
         name = f"bypass-{self.created}"
         stored = self.store.create_pod(pod_object(name, "one", node=n))
         self.bypass.add(stored["metadata"]["uid"])
-        self.fault("user", f"creates {POD_NAMESPACE}/{name} bound to {n} (bypassing the extender)")
+        # kubelet's own view tells the plugin which pod it admits, so a bypass pod fails alone:
+        # the holder it raced must still be admitted (L1 stays checked)
+        self.fault(
+            "user",
+            f"creates {POD_NAMESPACE}/{name} bound to {n} (bypassing the extender)",
+            excuses_refusals=False,
+        )
 
     # -- invariants ----------------------------------------------------------------------------
 

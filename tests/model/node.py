@@ -2,29 +2,30 @@
 
 ``Plugin`` replays ``deviceplugin.admission.Admission`` around the project's decisions
 (``check_request``, ``decide_allocate``, ``decide_preferred``, ``handoff_abandoned``, the
-``Checkpoint`` value type).  GLUE (replicated, since ``Admission`` reads the API server between
-decisions): Allocate reads the holder pod (GET) and the pods bound here (LIST, for
-``bystanders``) afresh, the Lease from its watch, and decides again with a fresh Lease GET
-whenever that refuses; GetPreferredAllocation tries the watch-fed views first
-(the Lease watch, the node pod watch's copy of the holder, else the pod read for the same holder
-and token before), then fresh reads; a ``TAKEN_OVER`` refusal reads the interrupted
-pod and drops its progress; serving writes the checkpoint before answering and then releases
-after the last container; a refusal that names a lock releases it ``rejected``; a release that
-fails stays pending in the checkpoint and is retried.
+``Checkpoint`` value type). GLUE (replicated, since ``Admission`` reads the API server between
+decisions): Allocate reads the holder pod (GET) and kubelet's PodResources List afresh (the listed
+pods' specs from the node pod watch, else a GET), the Lease from its watch, and decides again with a
+fresh Lease GET whenever that refuses; GetPreferredAllocation tries the watch-fed views first (the
+Lease watch, the node pod watch's copy of the holder, else the pod read for the same holder and
+token before), then fresh reads; a ``TAKEN_OVER`` refusal reads the interrupted pod and drops its
+progress; serving writes the checkpoint before answering and then releases after the last container;
+a refusal that names a lock releases it ``rejected``; a release that fails stays pending in the
+checkpoint and is retried.
 
-``Kubelet`` is the part of kubelet's device manager the handoff depends on: pods admitted one at
-a time in creation order (of those it has seen bound to it), per GPU container: devices of
-earlier init containers reused first in *arbitrary* order with no GetPreferredAllocation call,
-then GetPreferredAllocation over the free devices, its answer taken where available, the rest
-from the free devices; Allocate; any refusal fails the pod (UnexpectedAdmissionError) and frees
-its devices.  Its device accounting survives its restart (kubelet's checkpoint), so a restart
-asks again only for containers with no devices yet.  Not modelled: container start and runtime,
-probes, eviction, NUMA/topology alignment, sidecar init containers.
+``Kubelet`` is the part of kubelet's device manager the handoff depends on: pods admitted one at a
+time in creation order (of those it has seen bound to it), its PodResources List (the pods admission
+has reached, not failed or finished, with each listed container's devices), per GPU container:
+devices of earlier init containers reused first in *arbitrary* order with no GetPreferredAllocation
+call, then GetPreferredAllocation over the free devices, its answer taken where available, the rest
+from the free devices; Allocate; any refusal fails the pod (UnexpectedAdmissionError) and frees its
+devices. Its device accounting survives its restart (kubelet's checkpoint), so a restart asks again
+only for containers with no devices yet. Not modelled: container start and runtime, probes,
+eviction, NUMA/topology alignment, sidecar init containers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from deviceplugin.checkpoint import Checkpoint, PendingRelease
@@ -41,7 +42,9 @@ from deviceplugin.decide import (
     decide_preferred,
     gpu_containers,
     handoff_abandoned,
+    kubelet_admitting,
 )
+from handoff.audit import KubeletPod
 from handoff.wire import ContainerName, DeviceID
 from kube.errors import ApiUnavailable
 from lockd.errors import LockLost, StaleToken
@@ -71,6 +74,8 @@ class Plugin:
     bound: dict[str, JSON] = field(default_factory=dict)
     pod_cache: tuple[tuple[HolderKey, str, FencingToken], PodJSON] | None = None
     crash_after_checkpoint: bool = False  # a fault armed for the next serve
+    # kubelet's PodResources List on this node (``PodResources.list``)
+    kubelet_view: Callable[[], list[KubeletPod]] = list
 
     def __post_init__(self) -> None:
         self.cp = Checkpoint(self.node)
@@ -195,6 +200,16 @@ class Plugin:
     ) -> Allocation | Refusal:
         view = self._view(fresh=fresh_lease)
         pod = self._holder_pod(view, fresh=True)
+        listed = self.kubelet_view()
+        holder = view.record.holder if view is not None else None
+        kubelet = None
+        if holder is not None:
+            specs = {
+                e.key: self.bound.get(e.key) or self._pod(HolderKey(e.key))
+                for e in listed
+                if e.key != holder.key
+            }
+            kubelet = kubelet_admitting(listed, specs, holder.key, self._served(), ctx)
         return decide_allocate(
             view,
             pod,
@@ -202,16 +217,9 @@ class Plugin:
             self.cp.progress,
             ctx,
             policy=MismatchPolicy.REFUSE,
-            bound_here=self._bound_here(fresh=True),
             served_pods=self._served(),
+            kubelet=kubelet,
         )
-
-    def _bound_here(self, *, fresh: bool) -> Sequence[PodJSON]:
-        """The pods bound to this node: a LIST when ``fresh`` (``NodePods.list_now``), else the
-        pod watch's view."""
-        if fresh:
-            return self.store.list_pods(node=self.node)
-        return list(self.bound.values())
 
     def _served(self) -> set[str]:
         """``Admission._served``: pods this plugin served (their statuses may lag)."""
@@ -286,6 +294,7 @@ class Kubelet:
     served_holder: dict[str, dict[ContainerName, str]] = field(default_factory=dict)
     admitted: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)  # uid -> why admission failed
+    finished: set[str] = field(default_factory=set)  # uids whose containers all exited
     current: str | None = None
 
     def __post_init__(self) -> None:
@@ -345,6 +354,34 @@ class Kubelet:
         if not waiting:
             return None
         return min(waiting, key=lambda u: self.store.created.get(u, 0))
+
+    def listing(self) -> list[KubeletPod]:
+        """The PodResources List: pods in kubelet's pod manager (admitted, or the one being
+        admitted; added just before its admission), not rejected or finished, with each listed
+        container's devices (app containers and sidecars; a container's devices are recorded
+        once its Allocate was answered)."""
+        out: list[KubeletPod] = []
+        for uid, pod in self.seen.items():
+            if uid in self.failed or uid in self.finished:
+                continue
+            if uid not in self.admitted and uid != self.current:
+                continue
+            spec = pod["spec"]
+            names = [
+                c["name"]
+                for c in spec.get("initContainers") or []
+                if c.get("restartPolicy") == "Always"
+            ] + [c["name"] for c in spec["containers"]]
+            mine = self.allocated.get(uid, {})
+            meta = pod["metadata"]
+            out.append(
+                KubeletPod(
+                    meta["namespace"],
+                    meta["name"],
+                    {n: frozenset(mine.get(ContainerName(n), ())) for n in names},
+                )
+            )
+        return out
 
     def _in_use(self) -> set[DeviceID]:
         return {d for per in self.allocated.values() for ids in per.values() for d in ids}
@@ -442,6 +479,7 @@ class Kubelet:
         pod = self.seen[uid]
         key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
         self.store.write_pod_status(key, uid, {"phase": "Succeeded"})
+        self.finished.add(uid)
         self._free(uid)
         return f"{key} succeeded"
 

@@ -12,6 +12,7 @@ from deviceplugin.decide import (
     Allocation,
     Context,
     HandoffProgress,
+    KubeletAdmission,
     MismatchPolicy,
     Refusal,
     RefusalKind,
@@ -21,7 +22,9 @@ from deviceplugin.decide import (
     gpu_containers,
     handoff_abandoned,
     hint,
+    kubelet_admitting,
 )
+from handoff.audit import KubeletPod
 from handoff.wire import ContainerName, DeviceID, format_assignment
 from lockd.model import (
     FencingToken,
@@ -660,3 +663,106 @@ def test_a_pod_being_deleted_before_admission_is_a_bystander() -> None:
         decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=[other]),
         RefusalKind.AMBIGUOUS,
     )
+
+
+# -- who kubelet admits, by its own PodResources view (hole 1b without ambiguity) ---------------
+
+
+def listed(name: str, **containers: Sequence[str]) -> KubeletPod:
+    """One pod of kubelet's PodResources List: container -> the devices kubelet gave it."""
+    return KubeletPod("ns", name, {c: frozenset(d) for c, d in containers.items()})
+
+
+def admitting(
+    entries: list[KubeletPod], specs: dict[str, Any], served_uids: set[str] | None = None
+) -> KubeletAdmission:
+    return kubelet_admitting(entries, specs, HolderKey("ns/p"), served_uids or set(), CTX)
+
+
+def test_the_holder_alone_awaiting_devices_is_served() -> None:
+    """Other pods kubelet lists have their devices, ask for none, or were served by this plugin."""
+    running = bypass("running", uid="uid-r")
+    cpu_only = bypass("cpu", gpus=None, uid="uid-c")
+    previous = bypass("previous", uid="uid-prev")  # served: kubelet lists it with no devices yet
+    entries = [
+        listed("p", main=[]),
+        listed("running", c=ids(5)),
+        listed("cpu", c=[]),
+        listed("previous", c=[]),
+    ]
+    specs = {"ns/running": running, "ns/cpu": cpu_only, "ns/previous": previous}
+    seen = admitting(entries, specs, {"uid-prev"})
+    assert seen == KubeletAdmission(holder_listed=True, others=())
+    served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=seen))
+
+
+def test_kubelet_admitting_a_bypass_pod_is_refused_and_the_lock_kept() -> None:
+    """The bypass pod is listed and the holder not yet: kubelet admits the bypass pod."""
+    seen = admitting([listed("sneaky", c=[])], {"ns/sneaky": bypass()})
+    assert seen == KubeletAdmission(holder_listed=False, others=("ns/sneaky",))
+    r = refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=seen),
+        RefusalKind.AMBIGUOUS,
+    )
+    assert r.release is None
+    assert "kubelet is admitting another pod" in r.message
+    assert "awaiting devices: ns/sneaky" in r.message
+
+
+def test_a_holder_kubelet_rejected_is_not_listed_and_not_served() -> None:
+    """A rejected pod leaves kubelet's active list at once, before its Failed status is written."""
+    seen = admitting([listed("next", main=[])], {"ns/next": bypass("next", uid="uid-n")})
+    assert not seen.holder_listed
+    r = refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=seen),
+        RefusalKind.AMBIGUOUS,
+    )
+    assert r.release is None
+
+
+@pytest.mark.parametrize(
+    ("entry", "spec"),
+    [
+        (listed("other", c=[]), bypass("other")),  # a GPU container without devices
+        (listed("other", c=[]), None),  # unknown to the API server and the watch
+        (listed("other", c=[]), bypass("other", gpus="one")),  # unreadable request
+        (
+            listed("other", app=[]),  # GPUs in an init container only, not admitted by status
+            {
+                **bypass("other"),
+                "spec": {
+                    "nodeName": NODE,
+                    "initContainers": [container("c", 1)],
+                    "containers": [container("app", None)],
+                },
+            },
+        ),
+    ],
+    ids=["unserved", "unknown", "unreadable", "init-only-pending"],
+)
+def test_a_second_pod_awaiting_devices_makes_the_call_ambiguous(
+    entry: KubeletPod, spec: dict[str, Any] | None
+) -> None:
+    seen = admitting([listed("p", main=[]), entry], {"ns/other": spec})
+    assert seen.holder_listed
+    assert len(seen.others) == 1
+    assert seen.others[0].startswith("ns/other")
+    r = refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=seen),
+        RefusalKind.AMBIGUOUS,
+    )
+    assert r.release is None
+
+
+def test_an_admitted_init_only_gpu_pod_is_no_bystander() -> None:
+    """kubelet lists no init containers: such a pod counts as admitted once its status says so."""
+    spec = {
+        **bypass("other", phase="Running"),
+        "spec": {
+            "nodeName": NODE,
+            "initContainers": [container("c", 1)],
+            "containers": [container("app", None)],
+        },
+    }
+    seen = admitting([listed("p", main=[]), listed("other", app=[])], {"ns/other": spec})
+    assert seen == KubeletAdmission(holder_listed=True, others=())

@@ -203,3 +203,23 @@ def test_replay_second_bind_on_a_lagging_replica() -> None:
         m.server_applies(0)  # binding #1 lands with token 1
 
     replay(Hole.DOUBLE_BIND, frozenset({Fault.GIVE_UP}), steps)
+
+
+def test_replay_bypass_pod_seen_by_kubelet_beside_the_holder() -> None:
+    """Hole #12.1(b)'s liveness side: a pod bound by hand reaches kubelet beside the lock holder.
+    kubelet admits the holder first (the older pod); the bypass pod, bound and Pending, was
+    "another pod kubelet may be admitting" by a LIST of the node's pods, so the holder was
+    refused and failed (L1).  kubelet's own PodResources List does not hold the bypass pod
+    until kubelet reaches it: the holder is served, the bypass pod refused alone."""
+
+    def steps(m: HandoffModel) -> None:
+        m.create_pod(0)  # team/one-1
+        m.schedule(0, "E0", 0)
+        for _ in range(4):  # acquire, confirm, send, bound
+            m.extender_step(0)
+        m.bypass_pod_created(0)  # team/bypass-2 bound to n1 at create
+        m.deliver_to("kubelet/n1")  # kubelet sees both; the older one-1 is admitted first
+        m.kubelet_step(0, 0)  # Allocate for one-1: was refused (L1); now served, lock released
+        # settling: bypass-2 is refused (no pod holds the lock) and fails alone
+
+    replay(Hole.BYPASS_POD, frozenset({Fault.BYPASS}), steps)

@@ -62,6 +62,10 @@ type simKubelet struct {
 	// frees their devices, as kubelet's pod workers do.
 	mu       sync.Mutex
 	inactive sets.Set[types.UID]
+	// received holds pods admission has reached. kubelet adds a pod to its pod manager just
+	// before admitting it, one pod at a time, so the pod manager (what the PodResources List
+	// reports) never holds a pod that waits behind the one being admitted.
+	received sets.Set[types.UID]
 }
 
 func newSimKubelet(ctx context.Context, cfg config, restCfg *rest.Config) (*simKubelet, error) {
@@ -92,6 +96,7 @@ func newSimKubelet(ctx context.Context, cfg config, restCfg *rest.Config) (*simK
 		dm:       dm,
 		wake:     make(chan struct{}, 1),
 		inactive: sets.New[types.UID](),
+		received: sets.New[types.UID](),
 	}
 	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.nodeName).String()
@@ -203,6 +208,30 @@ func (s *simKubelet) forget(uid types.UID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inactive.Delete(uid)
+	s.received.Delete(uid)
+}
+
+// setReceived marks a pod as in kubelet's pod manager (called as its admission starts).
+func (s *simKubelet) setReceived(uid types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.received.Insert(uid)
+}
+
+// managedPods is kubelet's GetActivePods as the PodResources server sees it: the active pods
+// (activePods) that admission has reached. A pod that arrived but waits for the one being
+// admitted is not in kubelet's pod manager yet, so it is left out.
+func (s *simKubelet) managedPods() []*v1.Pod {
+	active := s.activePods()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*v1.Pod, 0, len(active))
+	for _, p := range active {
+		if s.received.Has(p.UID) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // activePods is the device manager's ActivePodsFunc: the pods bound to this node that are not

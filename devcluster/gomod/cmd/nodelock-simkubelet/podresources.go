@@ -33,9 +33,10 @@ var (
 	_ podresources.DynamicResourcesProvider = podResourcesProviders{}
 )
 
-// GetActivePods is the device manager's active pod list (what List reports with kubelet's
-// default KubeletPodResourcesListUseActivePods).
-func (p podResourcesProviders) GetActivePods() []*v1.Pod { return p.s.activePods() }
+// GetActivePods is kubelet's active pod list (what List reports with kubelet's default
+// KubeletPodResourcesListUseActivePods): the pods in its pod manager, i.e. those admission has
+// reached, that are not finished.
+func (p podResourcesProviders) GetActivePods() []*v1.Pod { return p.s.managedPods() }
 
 // GetPods is every pod bound to this node, terminal ones included.
 func (p podResourcesProviders) GetPods() []*v1.Pod {
@@ -49,7 +50,7 @@ func (p podResourcesProviders) GetPods() []*v1.Pod {
 
 // GetPodByName finds an active pod, as kubelet's pods provider does (inactive pods are not found).
 func (p podResourcesProviders) GetPodByName(namespace, name string) (*v1.Pod, bool) {
-	for _, pod := range p.s.activePods() {
+	for _, pod := range p.s.managedPods() {
 		if pod.Namespace == namespace && pod.Name == name {
 			return pod, true
 		}

@@ -6,6 +6,12 @@ import (
 	"strings"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 )
@@ -48,5 +54,34 @@ func TestParseFlagsPodResourcesSocket(t *testing.T) {
 	long := "/" + strings.Repeat("x", maxSocketPath)
 	if _, err := parseFlags([]string{"--kubeconfig=/k", "--node-name=n", "--pod-resources-socket=" + long}, io.Discard); err == nil {
 		t.Fatal("a socket path longer than sun_path was accepted")
+	}
+}
+
+func TestManagedPodsHoldOnlyPodsAdmissionReached(t *testing.T) {
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for name, phase := range map[string]v1.PodPhase{
+		"admitting": v1.PodPending, "arrived": v1.PodPending, "rejected": v1.PodPending, "done": v1.PodSucceeded,
+	} {
+		pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name)}, Status: v1.PodStatus{Phase: phase}}
+		if err := idx.Add(pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &simKubelet{podLister: corelisters.NewPodLister(idx), inactive: sets.New[types.UID](), received: sets.New[types.UID]()}
+	for _, uid := range []types.UID{"admitting", "rejected", "done"} {
+		s.setReceived(uid)
+	}
+	s.setInactive("rejected") // kubelet's status manager marks a rejected pod Failed at once
+	var got []string
+	for _, p := range s.managedPods() {
+		got = append(got, p.Name)
+	}
+	// "arrived" waits behind the pod being admitted: not in kubelet's pod manager yet
+	if strings.Join(got, " ") != "admitting" {
+		t.Fatalf("managedPods = %v, want [admitting]", got)
+	}
+	s.forget("admitting")
+	if out := s.managedPods(); len(out) != 0 {
+		t.Fatalf("a forgotten pod is still managed: %v", out)
 	}
 }

@@ -297,6 +297,7 @@ func (w *podWorker) syncPod(ctx context.Context, pod *v1.Pod, st *podState, now 
 // admit runs kubelet's resource allocation admission: the topology manager's Admit, which calls
 // the device manager's Allocate for each init container, then each container.
 func (w *podWorker) admit(ctx context.Context, pod *v1.Pod, st *podState, now time.Time) {
+	w.s.setReceived(pod.UID) // kubelet's podManager.AddPod, just before admission
 	attrs := &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: w.otherPods(pod), Operation: lifecycle.AddOperation}
 	result := w.s.tm.Admit(ctx, attrs)
 	if !result.Admit {
