@@ -605,7 +605,7 @@ def test_an_assignment_sharing_a_device_between_app_containers_is_rejected() -> 
 
 
 def bypass(
-    name: str = "sneaky", *, gpus: int | None = 1, uid: str = "uid-x", **status: Any
+    name: str = "sneaky", *, gpus: int | str | None = 1, uid: str = "uid-x", **status: Any
 ) -> dict[str, Any]:
     """A pod bound to this node by hand: no lock, no assignment."""
     return {
