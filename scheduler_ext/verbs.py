@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import compress
-from typing import cast
+from typing import Generic, TypeVar, cast
 
 from handoff.wire import LEASE_ASSIGNMENT, Keys, MalformedAnnotation, parse_assignment
 from lockd.model import Holder, NodeLockView, NodeName
@@ -21,6 +22,7 @@ from scheduler_ext.choose import (
     FitKey,
     NodeGPUs,
     Policy,
+    Verdict,
     devices_of,
     fit,
     reserved_levels,
@@ -33,6 +35,57 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_NODE = "node is not (yet) in the GPU extender's cache"
 DEFAULT_KEYS = Keys()
+
+
+V = TypeVar("V")
+
+
+class KeyMemo(Generic[V]):
+    """Answers per (pod need, policy) and node key, kept across requests.
+
+    ``NodeGPUs.fit_key`` holds everything ``fit`` and ``score`` read, so an answer for a key
+    holds for every node with that key, now and later: in a large cluster most keys recur from
+    one request to the next, and each then costs one lookup.  A pod that names devices is
+    judged per node (its keys name the node, not its state) and is never memoized.  Bounded:
+    the ``needs`` most recent (need, policy) pairs, at most ``keys`` answers each.
+    """
+
+    def __init__(
+        self,
+        answer: Callable[[NodeGPUs, PodNeed, Policy], V],
+        *,
+        needs: int = 64,
+        keys: int = 50_000,
+    ) -> None:
+        self._answer = answer
+        self._needs = needs
+        self._keys = keys
+        self._memo: OrderedDict[tuple[PodNeed, Policy], dict[FitKey, V]] = OrderedDict()
+
+    def answers(
+        self, one_each: Mapping[FitKey, NodeGPUs], need: PodNeed, policy: Policy
+    ) -> dict[FitKey | None, V]:
+        """The answer for each key of ``one_each`` (a node per distinct key)."""
+        if need.wishes.names_devices:
+            return {key: self._answer(g, need, policy) for key, g in one_each.items()}
+        memo = self._memo.get((need, policy))
+        if memo is None or len(memo) > self._keys:
+            memo = self._memo[(need, policy)] = {}
+            if len(self._memo) > self._needs:
+                self._memo.popitem(last=False)
+        else:
+            self._memo.move_to_end((need, policy))
+        out: dict[FitKey | None, V] = {}
+        for key, g in one_each.items():
+            value = memo.get(key)
+            if value is None:
+                value = memo[key] = self._answer(g, need, policy)
+            out[key] = value
+        return out
+
+
+SCORES: KeyMemo[int] = KeyMemo(score)
+VERDICTS: KeyMemo[Verdict] = KeyMemo(lambda gpus, need, _policy: fit(gpus, need))
 
 
 @dataclass(frozen=True)
@@ -130,8 +183,7 @@ def filter_nodes(
     fits: set[FitKey | None] = set()
     no_room: dict[FitKey | None, str] = {None: UNKNOWN_NODE}
     never: dict[FitKey | None, str] = {}
-    for key, gpus in one_each.items():
-        verdict = fit(gpus, need)
+    for key, verdict in VERDICTS.answers(one_each, need, Policy.BINPACK).items():
         if verdict.fit is Fit.FITS:
             fits.add(key)
         elif verdict.fit is Fit.NO_ROOM:
@@ -175,7 +227,7 @@ def prioritize_nodes(
 
     Scores each distinct ``NodeGPUs.fit_key`` once (nodes with equal keys score alike)."""
     keys, one_each = _fit_keys(names, gpus_of, need)
-    by_key: dict[FitKey | None, int] = {key: score(g, need, policy) for key, g in one_each.items()}
+    by_key = SCORES.answers(one_each, need, policy)
     by_key[None] = 0  # a node the extender does not know
     values = list(map(by_key.__getitem__, keys))
     if larger:  # the fitting nodes' free GPUs (a node this pod misses, a larger one misses too)
