@@ -21,8 +21,9 @@ from deviceplugin.plugin import (
     PluginConfig,
 )
 from deviceplugin.simulated import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, SimSpec, SimulatedBackend
+from handoff.flags import add_flags as add_handoff_flags
 from handoff.sharing import check_split
-from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
+from handoff.wire import DEFAULT_RESOURCE
 from kube.client import KubeClient
 from kube.opsport import OpsServer
 from kube.process import configure_logging, run_until_signalled
@@ -93,16 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="JSON file describing the simulated GPUs; edits (e.g. health) are picked up live",
     )
-    p.add_argument(
-        "--lock-namespace",
-        default=DEFAULT_LOCK_NAMESPACE,
-        help=f"namespace of the node lock Leases (default {DEFAULT_LOCK_NAMESPACE})",
-    )
-    p.add_argument(
-        "--annotation-prefix",
-        default=DEFAULT_PREFIX,
-        help=f"prefix of nodelock's annotations (default {DEFAULT_PREFIX})",
-    )
+    add_handoff_flags(p)
     p.add_argument(
         "--state-dir",
         type=Path,
