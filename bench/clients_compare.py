@@ -63,6 +63,21 @@ class Client:
     async def close(self) -> None: ...
 
 
+def _official_lease(models: Any, name: str, when: datetime) -> Any:
+    """The Lease every client creates, as the official clients' models (``kubernetes.client`` or
+    ``kubernetes_asyncio.client``: the same classes) spell it."""
+    return models.V1Lease(
+        metadata=models.V1ObjectMeta(name=name),
+        spec=models.V1LeaseSpec(
+            holder_identity="bench/holder",
+            lease_duration_seconds=15,
+            acquire_time=when,
+            renew_time=when,
+            lease_transitions=1,
+        ),
+    )
+
+
 class Official(Client):
     name = "kubernetes (sync, in a thread)"
 
@@ -77,17 +92,7 @@ class Official(Client):
         self.core = kubernetes.client.CoreV1Api(self.api)
 
     async def create_lease(self, ns: str, name: str, when: datetime) -> Any:
-        c = self.k.client
-        body = c.V1Lease(
-            metadata=c.V1ObjectMeta(name=name),
-            spec=c.V1LeaseSpec(
-                holder_identity="bench/holder",
-                lease_duration_seconds=15,
-                acquire_time=when,
-                renew_time=when,
-                lease_transitions=1,
-            ),
-        )
+        body = _official_lease(self.k.client, name, when)
         return await asyncio.to_thread(self.coord.create_namespaced_lease, ns, body)
 
     async def update_lease(self, obj: Any, transitions: int) -> Any:
@@ -131,18 +136,7 @@ class AsyncOfficial(Client):
         self.core = client.CoreV1Api(self.api)
 
     async def create_lease(self, ns: str, name: str, when: datetime) -> Any:
-        c = self.c
-        body = c.V1Lease(
-            metadata=c.V1ObjectMeta(name=name),
-            spec=c.V1LeaseSpec(
-                holder_identity="bench/holder",
-                lease_duration_seconds=15,
-                acquire_time=when,
-                renew_time=when,
-                lease_transitions=1,
-            ),
-        )
-        return await self.coord.create_namespaced_lease(ns, body)
+        return await self.coord.create_namespaced_lease(ns, _official_lease(self.c, name, when))
 
     async def update_lease(self, obj: Any, transitions: int) -> Any:
         obj.spec.renew_time = now_dt()
