@@ -8,17 +8,15 @@ kube-controller-manager and kube-scheduler built from the Kubernetes Go modules)
 from __future__ import annotations
 
 import secrets
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from devcluster.binaries import ensure_control_plane
 from devcluster.cluster import Cluster
 from devcluster.namespaces import create_namespace
 from kube.client import KubeClient, namespace_path
+from tests.devclusters import own_cluster
 
 _MARKS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
 
@@ -34,14 +32,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """A running devcluster control plane for the whole test session, stopped at the end."""
-    state = Path(tempfile.mkdtemp(prefix="nl-", dir="/tmp"))
-    c = Cluster(state, binaries=ensure_control_plane())
-    c.up()
-    try:
+    with own_cluster("nl-") as c:
         yield c
-    finally:
-        c.down()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture
