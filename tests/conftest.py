@@ -39,11 +39,8 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture
 async def kube(cluster: Cluster) -> AsyncIterator[KubeClient]:
     """An admin client to the session's cluster."""
-    client = await KubeClient.connect(str(cluster.kubeconfig))
-    try:
+    async with await KubeClient.connect(str(cluster.kubeconfig)) as client:
         yield client
-    finally:
-        await client.close()
 
 
 @pytest.fixture
