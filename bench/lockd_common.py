@@ -12,11 +12,8 @@ import argparse
 import contextlib
 import re
 import secrets
-import shutil
 import statistics
-import tempfile
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 from devcluster.namespaces import create_namespace
 from kube.client import KubeClient
@@ -34,18 +31,12 @@ def cluster_kubeconfig(kubeconfig: str | None) -> Iterator[str]:
     if kubeconfig:
         yield kubeconfig
         return
-    from devcluster.binaries import ensure_control_plane
-    from devcluster.cluster import Cluster
+    from devcluster.cluster import throwaway_cluster
 
-    state = Path(tempfile.mkdtemp(prefix="nl-bench-", dir="/tmp"))
-    cluster = Cluster(state, binaries=ensure_control_plane())
-    print(f"starting a throwaway devcluster in {state} ...", flush=True)
-    cluster.up()
-    try:
+    print("starting a throwaway devcluster ...", flush=True)
+    with throwaway_cluster("nl-bench-") as cluster:
+        print(f"a throwaway devcluster is up in {cluster.state_dir}", flush=True)
         yield str(cluster.kubeconfig)
-    finally:
-        cluster.down()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 async def fresh_namespace(kube: KubeClient, prefix: str) -> str:

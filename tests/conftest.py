@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.cluster import Cluster
+from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.namespaces import create_namespace
 from kube.client import KubeClient, namespace_path
-from tests.devclusters import own_cluster
 
 _MARKS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
 
@@ -32,7 +31,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """A running devcluster control plane for the whole test session, stopped at the end."""
-    with own_cluster("nl-") as c:
+    with throwaway_cluster("nl-") as c:
         yield c
 
 

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from devcluster.cluster import Cluster
+from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.gpunodes import NodeSpec
 from devcluster.invariants import allocated, check_pods
 from devcluster.namespaces import create_namespace
@@ -21,7 +21,6 @@ from kube.client import JSON, KubeClient, lease_path, namespace_path, node_path,
 from kube.errors import NotFound
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
 from scheduler_ext.metrics import LATENCY_BUCKETS
-from tests.devclusters import own_cluster
 
 LEASE_S = 5
 RESOURCE = "nvidia.com/gpu"
@@ -146,9 +145,9 @@ class GPUCluster:
 def gpu_cluster_of_its_own(
     prefix: str, start: Callable[[Cluster], Sequence[NodeSpec]]
 ) -> Iterator[GPUCluster]:
-    """A devcluster of its own (``tests.devclusters.own_cluster``) whose extender and GPU nodes
-    ``start`` starts (it returns the nodes); stopped when the ``with`` block ends."""
-    with own_cluster(prefix) as cluster:
+    """A devcluster of its own (``devcluster.cluster.throwaway_cluster``) whose extender and GPU
+    nodes ``start`` starts (it returns the nodes); stopped when the ``with`` block ends."""
+    with throwaway_cluster(prefix) as cluster:
         yield GPUCluster(cluster, [spec.name for spec in start(cluster)])
 
 
