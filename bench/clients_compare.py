@@ -34,10 +34,10 @@ from typing import Any
 
 from bench.lockd_common import (
     add_cluster_args,
-    cluster_kubeconfig,
     fresh_namespace,
     median,
     percentile,
+    run_and_report,
     table,
 )
 from kube.client import KubeClient, lease_path, namespace_path, pod_path
@@ -406,15 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--creates", type=int, default=10, help="Lease creates per round")
     parser.add_argument("--updates", type=int, default=40, help="Lease updates per round")
-    parser.add_argument("--json", help="also write the results to this file")
-    args = parser.parse_args(argv)
-    with cluster_kubeconfig(args.kubeconfig) as kubeconfig:
-        results = asyncio.run(run(args, kubeconfig))
-    print(report(results))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=2)
-    return 0
+    return run_and_report(parser.parse_args(argv), run, report)
 
 
 if __name__ == "__main__":

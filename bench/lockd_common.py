@@ -9,20 +9,43 @@ the end.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import json
 import re
 import secrets
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
 from devcluster.namespaces import create_namespace
 from kube.client import KubeClient
 
+Results = TypeVar("Results")
+
 
 def add_cluster_args(parser: argparse.ArgumentParser) -> None:
+    """``--kubeconfig`` and ``--json``, which ``run_and_report`` reads."""
     parser.add_argument(
         "--kubeconfig", help="a running cluster (default: start a throwaway devcluster)"
     )
+    parser.add_argument("--json", help="also write the results to this file")
+
+
+def run_and_report(
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace, str], Coroutine[Any, Any, Results]],
+    report: Callable[[Results], str],
+) -> int:
+    """Run one benchmark against ``--kubeconfig`` (or a throwaway devcluster), print its report
+    and, with ``--json``, write its results there; the exit status."""
+    with cluster_kubeconfig(args.kubeconfig) as kubeconfig:
+        results = asyncio.run(run(args, kubeconfig))
+    print(report(results))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=2)
+    return 0
 
 
 @contextlib.contextmanager
