@@ -202,8 +202,7 @@ def backend_from_args(args: argparse.Namespace) -> DeviceBackend:
 
 async def _serve(args: argparse.Namespace, config: PluginConfig) -> None:
     backend = backend_from_args(args)
-    kube = await KubeClient.connect(args.kubeconfig)
-    try:
+    async with await KubeClient.connect(args.kubeconfig) as kube:
         metrics = PluginMetrics()
         plugin = DevicePlugin(config, kube=kube, backend=backend, metrics=metrics)
         ops = OpsServer(metrics.registry, plugin.waiting_for)
@@ -213,8 +212,6 @@ async def _serve(args: argparse.Namespace, config: PluginConfig) -> None:
             await run_until_signalled(plugin.run())
         finally:
             await ops.stop()
-    finally:
-        await kube.close()
 
 
 def _run(args: argparse.Namespace) -> int:

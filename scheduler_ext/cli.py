@@ -158,12 +158,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> None:
-    kube = await KubeClient.connect(args.kubeconfig)
-    try:
-        extender = Extender(kube, settings)
-        await run_until_signalled(extender.serve_forever())
-    finally:
-        await kube.close()
+    async with await KubeClient.connect(args.kubeconfig) as kube:
+        await run_until_signalled(Extender(kube, settings).serve_forever())
 
 
 def _run(args: argparse.Namespace) -> int:
