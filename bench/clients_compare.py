@@ -34,10 +34,10 @@ from typing import Any
 
 from bench.lockd_common import (
     add_cluster_args,
-    cluster_kubeconfig,
     fresh_namespace,
     median,
     percentile,
+    run_and_report,
     table,
 )
 from kube.client import KubeClient, lease_path, namespace_path, pod_path
@@ -63,6 +63,21 @@ class Client:
     async def close(self) -> None: ...
 
 
+def _official_lease(models: Any, name: str, when: datetime) -> Any:
+    """The Lease every client creates, as the official clients' models (``kubernetes.client`` or
+    ``kubernetes_asyncio.client``: the same classes) spell it."""
+    return models.V1Lease(
+        metadata=models.V1ObjectMeta(name=name),
+        spec=models.V1LeaseSpec(
+            holder_identity="bench/holder",
+            lease_duration_seconds=15,
+            acquire_time=when,
+            renew_time=when,
+            lease_transitions=1,
+        ),
+    )
+
+
 class Official(Client):
     name = "kubernetes (sync, in a thread)"
 
@@ -77,17 +92,7 @@ class Official(Client):
         self.core = kubernetes.client.CoreV1Api(self.api)
 
     async def create_lease(self, ns: str, name: str, when: datetime) -> Any:
-        c = self.k.client
-        body = c.V1Lease(
-            metadata=c.V1ObjectMeta(name=name),
-            spec=c.V1LeaseSpec(
-                holder_identity="bench/holder",
-                lease_duration_seconds=15,
-                acquire_time=when,
-                renew_time=when,
-                lease_transitions=1,
-            ),
-        )
+        body = _official_lease(self.k.client, name, when)
         return await asyncio.to_thread(self.coord.create_namespaced_lease, ns, body)
 
     async def update_lease(self, obj: Any, transitions: int) -> Any:
@@ -131,18 +136,7 @@ class AsyncOfficial(Client):
         self.core = client.CoreV1Api(self.api)
 
     async def create_lease(self, ns: str, name: str, when: datetime) -> Any:
-        c = self.c
-        body = c.V1Lease(
-            metadata=c.V1ObjectMeta(name=name),
-            spec=c.V1LeaseSpec(
-                holder_identity="bench/holder",
-                lease_duration_seconds=15,
-                acquire_time=when,
-                renew_time=when,
-                lease_transitions=1,
-            ),
-        )
-        return await self.coord.create_namespaced_lease(ns, body)
+        return await self.coord.create_namespaced_lease(ns, _official_lease(self.c, name, when))
 
     async def update_lease(self, obj: Any, transitions: int) -> Any:
         obj.spec.renew_time = now_dt()
@@ -412,15 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--creates", type=int, default=10, help="Lease creates per round")
     parser.add_argument("--updates", type=int, default=40, help="Lease updates per round")
-    parser.add_argument("--json", help="also write the results to this file")
-    args = parser.parse_args(argv)
-    with cluster_kubeconfig(args.kubeconfig) as kubeconfig:
-        results = asyncio.run(run(args, kubeconfig))
-    print(report(results))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=2)
-    return 0
+    return run_and_report(parser.parse_args(argv), run, report)
 
 
 if __name__ == "__main__":

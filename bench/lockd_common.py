@@ -9,23 +9,43 @@ the end.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import json
 import re
 import secrets
-import shutil
 import statistics
-import tempfile
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
 from devcluster.namespaces import create_namespace
 from kube.client import KubeClient
 
+Results = TypeVar("Results")
+
 
 def add_cluster_args(parser: argparse.ArgumentParser) -> None:
+    """``--kubeconfig`` and ``--json``, which ``run_and_report`` reads."""
     parser.add_argument(
         "--kubeconfig", help="a running cluster (default: start a throwaway devcluster)"
     )
+    parser.add_argument("--json", help="also write the results to this file")
+
+
+def run_and_report(
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace, str], Coroutine[Any, Any, Results]],
+    report: Callable[[Results], str],
+) -> int:
+    """Run one benchmark against ``--kubeconfig`` (or a throwaway devcluster), print its report
+    and, with ``--json``, write its results there; the exit status."""
+    with cluster_kubeconfig(args.kubeconfig) as kubeconfig:
+        results = asyncio.run(run(args, kubeconfig))
+    print(report(results))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=2)
+    return 0
 
 
 @contextlib.contextmanager
@@ -34,18 +54,12 @@ def cluster_kubeconfig(kubeconfig: str | None) -> Iterator[str]:
     if kubeconfig:
         yield kubeconfig
         return
-    from devcluster.binaries import ensure_control_plane
-    from devcluster.cluster import Cluster
+    from devcluster.cluster import throwaway_cluster
 
-    state = Path(tempfile.mkdtemp(prefix="nl-bench-", dir="/tmp"))
-    cluster = Cluster(state, binaries=ensure_control_plane())
-    print(f"starting a throwaway devcluster in {state} ...", flush=True)
-    cluster.up()
-    try:
+    print("starting a throwaway devcluster ...", flush=True)
+    with throwaway_cluster("nl-bench-") as cluster:
+        print(f"a throwaway devcluster is up in {cluster.state_dir}", flush=True)
         yield str(cluster.kubeconfig)
-    finally:
-        cluster.down()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 async def fresh_namespace(kube: KubeClient, prefix: str) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import time
@@ -29,12 +28,12 @@ from prometheus_client import CollectorRegistry
 
 from bench.lockd_common import (
     add_cluster_args,
-    cluster_kubeconfig,
     delta,
     fresh_namespace,
     lease_requests,
     median,
     percentile,
+    run_and_report,
     table,
 )
 from handoff.wire import DEFAULT_PREFIX
@@ -333,15 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=200, help="Leases per counting phase")
     parser.add_argument("--rounds", type=int, default=300, help="timed round trips per mode")
     parser.add_argument("--idle-s", type=float, default=3.0, help="idle window for background")
-    parser.add_argument("--json", help="also write the results to this file")
-    args = parser.parse_args(argv)
-    with cluster_kubeconfig(args.kubeconfig) as kubeconfig:
-        out = asyncio.run(run(args, kubeconfig))
-    print(report(out))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-    return 0
+    return run_and_report(parser.parse_args(argv), run, report)
 
 
 if __name__ == "__main__":

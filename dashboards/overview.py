@@ -6,6 +6,8 @@ with ``max by (node)``; counters and histograms are summed over processes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dashboards.grafana import (
     JSON,
     NODE_UID,
@@ -28,66 +30,69 @@ ASSIGNED = "sum(max by (node) (nodelock_extender_gpus_assigned))"
 TOTAL = "sum(max by (node) (nodelock_extender_gpus))"
 
 
+def _stat(
+    title: str,
+    targets: Sequence[Target],
+    description: str,
+    *,
+    unit: str = "short",
+    thresholds: Sequence[tuple[float, str]] = (),
+) -> Panel:
+    """A stat panel of the top row (4 x 4)."""
+    return Panel(
+        title,
+        targets,
+        description,
+        kind="stat",
+        unit=unit,
+        width=4,
+        height=4,
+        thresholds=thresholds,
+    )
+
+
 def model() -> JSON:
     """The dashboard's JSON model."""
     handoffs = Row(
         "Handoffs",
         [
-            Panel(
+            _stat(
                 "Handoffs/s",
                 [Target(f'sum(rate(nodelock_lock_releases_total{{outcome="allocated"}}[{RI}]))')],
                 "Locks released by the device plugins after serving a pod: completed handoffs.",
-                kind="stat",
                 unit="ops",
-                width=4,
-                height=4,
             ),
-            Panel(
+            _stat(
                 "GPU use",
                 [Target(f"{ASSIGNED} / {TOTAL}")],
                 "GPUs assigned to live pods over GPUs in the published inventories.",
-                kind="stat",
                 unit="percentunit",
-                width=4,
-                height=4,
                 thresholds=[(0.9, "orange"), (0.98, "red")],
             ),
-            Panel(
+            _stat(
                 "Locks held now",
                 [Target("sum(max by (node) (nodelock_lock_held))")],
                 "Nodes whose lock is held at the last scrape (a pod between Bind and Allocate).",
-                kind="stat",
-                width=4,
-                height=4,
             ),
-            Panel(
+            _stat(
                 "Expired locks",
                 [Target('max(nodelock_locks_observed{state="expired"})')],
                 "Held locks unchanged for longer than their duration. Above 0 for minutes: a "
                 "stuck handoff; `nodelock locks` says which pod and why.",
-                kind="stat",
-                width=4,
-                height=4,
                 thresholds=[(1, "red")],
             ),
-            Panel(
+            _stat(
                 "Bind p99",
                 [quantiles("nodelock_extender_request_duration_seconds", BIND_SELECTOR)[1]],
                 "99th percentile of the extender's bind (choose, lock, confirm, binding write).",
-                kind="stat",
                 unit="s",
-                width=4,
-                height=4,
                 thresholds=[(0.25, "orange"), (1, "red")],
             ),
-            Panel(
+            _stat(
                 "Allocate p99",
                 [quantiles("nodelock_deviceplugin_allocate_seconds")[1]],
                 "99th percentile of the device plugins' Allocate (lookup, checkpoint, release).",
-                kind="stat",
                 unit="s",
-                width=4,
-                height=4,
                 thresholds=[(0.25, "orange"), (1, "red")],
             ),
             Panel(

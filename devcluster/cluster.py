@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import ssl
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from typing import Any
 import yaml
 
 from devcluster import processes
-from devcluster.binaries import Binaries
+from devcluster.binaries import Binaries, ensure_control_plane
 from devcluster.errors import DevclusterError
 from devcluster.pki import ADMIN, CONTROLLER_MANAGER, PKI, SCHEDULER
 from devcluster.processes import Proc, StateFile
@@ -370,3 +372,23 @@ class Cluster:
             },
         }
         self.kubectl("apply", "-f", "-", input_text=json.dumps(manifest))
+
+
+@contextlib.contextmanager
+def throwaway_cluster(prefix: str) -> Iterator[Cluster]:
+    """A control plane of its own for a test session or a benchmark run.
+
+    Its state folder is new, under /tmp (unix socket paths must stay short), named ``prefix``
+    and a random tail.  The cluster is up inside the ``with`` block and stopped when the block
+    ends, however it ends; the folder is removed then, unless ``$NODELOCK_KEEP_STATE`` is set
+    (to read the components' logs after a failure).
+    """
+    state = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    cluster = Cluster(state, binaries=ensure_control_plane())
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.down()
+        if not os.environ.get("NODELOCK_KEEP_STATE"):
+            shutil.rmtree(state, ignore_errors=True)

@@ -22,8 +22,9 @@ from deviceplugin.plugin import (
     PluginConfig,
 )
 from deviceplugin.simulated import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, SimSpec, SimulatedBackend
+from handoff.flags import add_flags as add_handoff_flags
 from handoff.sharing import check_split
-from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
+from handoff.wire import DEFAULT_RESOURCE
 from kube.client import KubeClient
 from kube.opsport import OpsServer
 from kube.process import configure_logging, run_until_signalled
@@ -94,16 +95,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="JSON file describing the simulated GPUs; edits (e.g. health) are picked up live",
     )
-    p.add_argument(
-        "--lock-namespace",
-        default=DEFAULT_LOCK_NAMESPACE,
-        help=f"namespace of the node lock Leases (default {DEFAULT_LOCK_NAMESPACE})",
-    )
-    p.add_argument(
-        "--annotation-prefix",
-        default=DEFAULT_PREFIX,
-        help=f"prefix of nodelock's annotations (default {DEFAULT_PREFIX})",
-    )
+    add_handoff_flags(p)
     p.add_argument(
         "--state-dir",
         type=Path,
@@ -218,8 +210,7 @@ def backend_from_args(args: argparse.Namespace) -> DeviceBackend:
 
 async def _serve(args: argparse.Namespace, config: PluginConfig) -> None:
     backend = backend_from_args(args)
-    kube = await KubeClient.connect(args.kubeconfig)
-    try:
+    async with await KubeClient.connect(args.kubeconfig) as kube:
         metrics = PluginMetrics()
         plugin = DevicePlugin(config, kube=kube, backend=backend, metrics=metrics)
         ops = OpsServer(metrics.registry, plugin.waiting_for)
@@ -229,8 +220,6 @@ async def _serve(args: argparse.Namespace, config: PluginConfig) -> None:
             await run_until_signalled(plugin.run())
         finally:
             await ops.stop()
-    finally:
-        await kube.close()
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -8,15 +8,15 @@ message names the pod (when known), the node and what is wrong.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
 from deviceplugin.admission import Admission, PreferenceAsk
 from deviceplugin.answer import ContainerAnswer
-from deviceplugin.decide import Refusal, RefusalKind
+from deviceplugin.decide import Allocation, Refusal, RefusalKind
 from deviceplugin.devices import DeviceState
-from handoff.wire import GPU
+from handoff.wire import GPU, DeviceID
 from proto import deviceplugin_v1beta1_pb2 as pb
 from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -40,8 +40,10 @@ def options() -> pb.DevicePluginOptions:
     return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
 
-def device_message(gpu: GPU) -> pb.Device:
-    dev = pb.Device(ID=gpu.id, health=HEALTHY if gpu.healthy else UNHEALTHY)
+def device_message(gpu: GPU, device_id: str | None = None) -> pb.Device:
+    """kubelet's device ``device_id`` (default: the GPU's own ID) with the GPU's health and NUMA
+    node."""
+    dev = pb.Device(ID=device_id or gpu.id, health=HEALTHY if gpu.healthy else UNHEALTHY)
     if gpu.numa is not None:
         dev.topology.nodes.add(ID=gpu.numa)
     return dev
@@ -59,11 +61,38 @@ def container_response(answer: ContainerAnswer) -> pb.ContainerAllocateResponse:
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
-    """kubelet's view of this plugin."""
+    """kubelet's view of this plugin.
+
+    kubelet's device IDs are the GPUs' own here; a node that shows kubelet other IDs (a shared
+    GPU's slices: ``deviceplugin.sharing``) overrides the five translation methods below and
+    nothing else, so every RPC's flow stays in this class.
+    """
 
     def __init__(self, admission: Admission, state: DeviceState) -> None:
         self._admission = admission
         self._state = state
+
+    def _devices(self) -> list[pb.Device]:
+        """What ListAndWatch tells kubelet: one device per GPU."""
+        return [device_message(g) for g in self._state.gpus]
+
+    def _physical_ids(self, ids: Sequence[str]) -> list[str]:
+        """The GPUs that kubelet's device IDs ``ids`` name, each once, first appearance first."""
+        return list(ids)
+
+    def _kubelet_ids(
+        self, gpus: Sequence[DeviceID], request: pb.ContainerPreferredAllocationRequest
+    ) -> list[str]:
+        """kubelet's device IDs for the preferred ``gpus`` of one container's ``request``."""
+        return list(gpus)
+
+    def _allocate_request(self, requests: list[list[str]]) -> list[list[str]] | Refusal:
+        """kubelet's Allocate request (device IDs per container) on GPUs, or why not."""
+        return requests
+
+    def _container_answer(self, alloc: Allocation, answer: ContainerAnswer) -> ContainerAnswer:
+        """The container's answer as sent to kubelet (here: as decided)."""
+        return answer
 
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
@@ -77,7 +106,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         while True:
             version = self._state.version
-            yield pb.ListAndWatchResponse(devices=[device_message(g) for g in self._state.gpus])
+            yield pb.ListAndWatchResponse(devices=self._devices())
             await self._state.wait_newer(version)
 
     async def GetPreferredAllocation(
@@ -87,18 +116,20 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
         ],
     ) -> pb.PreferredAllocationResponse:
+        reqs = list(request.container_requests)
         asks = [
             PreferenceAsk(
-                available=list(r.available_deviceIDs),
-                must_include=list(r.must_include_deviceIDs),
+                available=self._physical_ids(r.available_deviceIDs),
+                must_include=self._physical_ids(r.must_include_deviceIDs),
                 size=r.allocation_size,
             )
-            for r in request.container_requests
+            for r in reqs
         ]
         prefs = await self._admission.preferred(asks)
         return pb.PreferredAllocationResponse(
             container_responses=[
-                pb.ContainerPreferredAllocationResponse(deviceIDs=list(p.devices)) for p in prefs
+                pb.ContainerPreferredAllocationResponse(deviceIDs=self._kubelet_ids(p.devices, r))
+                for p, r in zip(prefs, reqs, strict=True)
             ]
         )
 
@@ -107,13 +138,16 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         request: pb.AllocateRequest,
         context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
     ) -> pb.AllocateResponse:
-        result = await self._admission.allocate(
-            [list(r.devices_ids) for r in request.container_requests]
-        )
+        phys = self._allocate_request([list(r.devices_ids) for r in request.container_requests])
+        if isinstance(phys, Refusal):
+            await context.abort(status_code(phys), phys.message)
+        result = await self._admission.allocate(phys)
         if isinstance(result, Refusal):
             await context.abort(status_code(result), result.message)
-        _, answer = result
-        return pb.AllocateResponse(container_responses=[container_response(answer)])
+        alloc, answer = result
+        return pb.AllocateResponse(
+            container_responses=[container_response(self._container_answer(alloc, answer))]
+        )
 
     async def PreStartContainer(
         self,

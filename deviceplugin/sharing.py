@@ -20,22 +20,13 @@ change after creation (resources of extended resources are immutable).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
-import grpc
-
-from deviceplugin.admission import Admission, PreferenceAsk
 from deviceplugin.answer import ContainerAnswer
 from deviceplugin.decide import Allocation, Refusal, RefusalKind
 from deviceplugin.devices import DeviceState
-from deviceplugin.servicer import (
-    HEALTHY,
-    UNHEALTHY,
-    DevicePluginServicer,
-    container_response,
-    status_code,
-)
+from deviceplugin.servicer import DevicePluginServicer, device_message
 from handoff.sharing import (
     BadShare,
     check_split,
@@ -62,14 +53,7 @@ class SplitDeviceState(DeviceState):
 
 def virtual_devices(gpus: Sequence[GPU]) -> list[pb.Device]:
     """What kubelet is told: ``split`` virtual devices per GPU, in index order."""
-    out: list[pb.Device] = []
-    for g in gpus:
-        for k in range(max(g.split, 1)):
-            dev = pb.Device(ID=virtual_id(g.id, k), health=HEALTHY if g.healthy else UNHEALTHY)
-            if g.numa is not None:
-                dev.topology.nodes.add(ID=g.numa)
-            out.append(dev)
-    return out
+    return [device_message(g, virtual_id(g.id, k)) for g in gpus for k in range(max(g.split, 1))]
 
 
 def fold(ids: Sequence[str]) -> list[DeviceID]:
@@ -130,60 +114,23 @@ def with_limits(answer: ContainerAnswer, alloc: Allocation, state: DeviceState) 
 class SharingServicer(DevicePluginServicer):
     """``DevicePluginServicer`` for a node that shares its GPUs (see the module docstring)."""
 
-    def __init__(self, admission: Admission, state: DeviceState) -> None:
-        super().__init__(admission, state)
-        self._admission = admission
-        self._state = state
+    def _devices(self) -> list[pb.Device]:
+        return virtual_devices(self._state.gpus)
 
-    async def ListAndWatch(
-        self,
-        request: pb.Empty,
-        context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
-    ) -> AsyncIterator[pb.ListAndWatchResponse]:
-        while True:
-            version = self._state.version
-            yield pb.ListAndWatchResponse(devices=virtual_devices(self._state.gpus))
-            await self._state.wait_newer(version)
+    def _physical_ids(self, ids: Sequence[str]) -> list[str]:
+        return list(fold(ids))
 
-    async def GetPreferredAllocation(
-        self,
-        request: pb.PreferredAllocationRequest,
-        context: grpc.aio.ServicerContext[
-            pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
-        ],
-    ) -> pb.PreferredAllocationResponse:
-        reqs = list(request.container_requests)
-        asks = [
-            PreferenceAsk(
-                available=list(fold(r.available_deviceIDs)),
-                must_include=list(fold(r.must_include_deviceIDs)),
-                size=r.allocation_size,
+    def _kubelet_ids(
+        self, gpus: Sequence[DeviceID], request: pb.ContainerPreferredAllocationRequest
+    ) -> list[str]:
+        return list(
+            virtual_choice(
+                gpus, list(request.available_deviceIDs), list(request.must_include_deviceIDs)
             )
-            for r in reqs
-        ]
-        prefs = await self._admission.preferred(asks)
-        return pb.PreferredAllocationResponse(
-            container_responses=[
-                pb.ContainerPreferredAllocationResponse(
-                    deviceIDs=virtual_choice(
-                        p.devices, list(r.available_deviceIDs), list(r.must_include_deviceIDs)
-                    )
-                )
-                for p, r in zip(prefs, reqs, strict=True)
-            ]
         )
 
-    async def Allocate(
-        self,
-        request: pb.AllocateRequest,
-        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
-    ) -> pb.AllocateResponse:
-        phys = physical_request([list(r.devices_ids) for r in request.container_requests])
-        if isinstance(phys, Refusal):
-            await context.abort(status_code(phys), phys.message)
-        result = await self._admission.allocate(phys)
-        if isinstance(result, Refusal):
-            await context.abort(status_code(result), result.message)
-        alloc, answer = result
-        answer = with_limits(answer, alloc, self._state)
-        return pb.AllocateResponse(container_responses=[container_response(answer)])
+    def _allocate_request(self, requests: list[list[str]]) -> list[list[str]] | Refusal:
+        return physical_request(requests)
+
+    def _container_answer(self, alloc: Allocation, answer: ContainerAnswer) -> ContainerAnswer:
+        return with_limits(answer, alloc, self._state)

@@ -98,6 +98,16 @@ class Keys:
         return f"{self.prefix}gpu-uuid-exclude"
 
 
+def _json_annotation(raw: str | None, key: str) -> Any:
+    """The JSON value of annotation ``key``; ``MalformedAnnotation`` when missing or not JSON."""
+    if raw is None:
+        raise MalformedAnnotation(f"annotation {key} is missing")
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise MalformedAnnotation(f"annotation {key} is not JSON: {exc}") from exc
+
+
 def format_assignment(assignment: Mapping[ContainerName, Sequence[DeviceID]]) -> str:
     """Serialize an assignment; key order (container order) is kept."""
     return json.dumps({name: list(ids) for name, ids in assignment.items()}, separators=(",", ":"))
@@ -105,12 +115,7 @@ def format_assignment(assignment: Mapping[ContainerName, Sequence[DeviceID]]) ->
 
 def parse_assignment(raw: str | None, *, key: str = Keys().assignment) -> Assignment:
     """Parse an assignment annotation, checking every rule of the format."""
-    if raw is None:
-        raise MalformedAnnotation(f"annotation {key} is missing")
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise MalformedAnnotation(f"annotation {key} is not JSON: {exc}") from exc
+    value = _json_annotation(raw, key)
     if not isinstance(value, dict) or not value:
         raise MalformedAnnotation(
             f"annotation {key} must be a non-empty JSON object of container name -> device IDs"
@@ -189,12 +194,7 @@ def format_inventory(gpus: Sequence[GPU]) -> str:
 
 def parse_inventory(raw: str | None, *, key: str = Keys().gpus) -> list[GPU]:
     """Parse a node's GPU inventory annotation."""
-    if raw is None:
-        raise MalformedAnnotation(f"annotation {key} is missing")
-    try:
-        rows = json.loads(raw)
-    except ValueError as exc:
-        raise MalformedAnnotation(f"annotation {key} is not JSON: {exc}") from exc
+    rows = _json_annotation(raw, key)
     if not isinstance(rows, list):
         raise MalformedAnnotation(f"annotation {key} must be a JSON list")
     out: list[GPU] = []

@@ -102,6 +102,31 @@ def _query(**params: str | int | bool | None) -> list[tuple[str, str]]:
     return out
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One request as sent; it reads ``METHOD path`` in error messages."""
+
+    method: str
+    path: str
+    query: Query | None = None
+    body: Body | None = None
+    content_type: str = "application/json"
+    timeout_s: float | None = None  # None: the client's own
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path}"
+
+
+async def _read(resp: aiohttp.ClientResponse, call: _Call) -> bytes:
+    """The whole body of ``resp``, which is released; a broken read raises ``ApiUnavailable``."""
+    try:
+        return await resp.read()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise ApiUnavailable(f"{call}: {exc!r}") from exc
+    finally:
+        resp.release()
+
+
 async def _load_configuration(kubeconfig: str | None, context: str | None) -> Any:
     cfg = k8s_client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
@@ -156,38 +181,24 @@ class KubeClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Query | None = None,
-        body: Body | None = None,
-        content_type: str = "application/json",
-        timeout_s: float | None = None,
-    ) -> aiohttp.ClientResponse:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+    async def _send(self, call: _Call) -> aiohttp.ClientResponse:
+        """Send ``call``; an answer of status 300 or more is read, released and raised."""
+        headers = {"Accept": "application/json", "Content-Type": call.content_type}
         try:
             resp: aiohttp.ClientResponse = await self._api.call_api(
-                path,
-                method,
-                query_params=query or [],
+                call.path,
+                call.method,
+                query_params=call.query or [],
                 header_params=headers,
-                body=body,
+                body=call.body,
                 auth_settings=["BearerToken"],
                 _preload_content=False,
-                _request_timeout=timeout_s if timeout_s is not None else self._timeout_s,
+                _request_timeout=call.timeout_s if call.timeout_s is not None else self._timeout_s,
             )
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
+            raise ApiUnavailable(f"{call}: {exc!r}") from exc
         if resp.status >= 300:
-            text = ""
-            try:
-                text = (await resp.read()).decode("utf-8", "replace")
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
-            finally:
-                resp.release()
+            text = (await _read(resp, call)).decode("utf-8", "replace")
             reason, message = resp.reason or "", text
             try:
                 status_obj = json.loads(text)
@@ -196,7 +207,7 @@ class KubeClient:
             except ValueError:
                 pass
             if resp.status == 429 or resp.status >= 500:
-                raise ApiUnavailable(f"{method} {path}: {resp.status} {reason}: {message}")
+                raise ApiUnavailable(f"{call}: {resp.status} {reason}: {message}")
             raise api_error(resp.status, str(reason), str(message))
         return resp
 
@@ -211,28 +222,15 @@ class KubeClient:
         timeout_s: float | None = None,
     ) -> JSON:
         """Send one request and return the decoded JSON answer."""
-        resp = await self._send(
-            method, path, query=query, body=body, content_type=content_type, timeout_s=timeout_s
-        )
-        try:
-            raw = await resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
-        finally:
-            resp.release()
+        call = _Call(method, path, query, body, content_type, timeout_s)
+        raw = await _read(await self._send(call), call)
         decoded: JSON = orjson.loads(raw) if raw else {}
         return decoded
 
     async def request_text(self, method: str, path: str) -> str:
         """Send one request and return the answer as text (e.g. ``/metrics``)."""
-        resp = await self._send(method, path)
-        try:
-            raw = await resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise ApiUnavailable(f"{method} {path}: {exc!r}") from exc
-        finally:
-            resp.release()
-        return raw.decode("utf-8", "replace")
+        call = _Call(method, path)
+        return (await _read(await self._send(call), call)).decode("utf-8", "replace")
 
     async def get(self, path: str) -> JSON:
         """GET one object."""
@@ -313,12 +311,7 @@ class KubeClient:
             timeoutSeconds=timeout_seconds,
             allowWatchBookmarks=allow_bookmarks,
         )
-        resp = await self._send(
-            "GET",
-            path,
-            query=query,
-            timeout_s=None if timeout_seconds is None else timeout_seconds + 30,
-        )
+        resp = await self._send(_Call("GET", path, query, timeout_s=timeout_seconds + 30))
         try:
             async for line in _lines(resp.content, path):
                 if not line.strip():

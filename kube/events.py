@@ -111,9 +111,13 @@ def event_body(
     }
 
 
+def _series_name(obj: ObjectRef) -> str:
+    return f"{obj.name}.{secrets.token_hex(8)}"
+
+
 @dataclass
 class _Series:
-    name: str  # the Event written for this (object, reason)
+    name: str  # the Event written for this (object, reason); "" before the first create
     count: int  # occurrences so far (the Event says ``written`` of them)
     written: int
     last_write: float  # monotonic
@@ -162,13 +166,11 @@ class EventRecorder:
                 self.suppressed += 1
                 return
             series.last_write = now
-            self._spawn(self._patch(obj, kind, reason, message, series))
-            return
-        series = _Series(f"{obj.name}.{secrets.token_hex(8)}", 1, 0, now)
-        self._series[key] = series
-        while len(self._series) > self._max_keys:
-            self._series.popitem(last=False)
-        self._spawn(self._create(obj, kind, reason, message, series))
+        else:
+            series = self._series[key] = _Series("", 1, 0, now)
+            while len(self._series) > self._max_keys:
+                self._series.popitem(last=False)
+        self._spawn(self._write(obj, kind, reason, message, series))
 
     def _spawn(self, write: Coroutine[Any, Any, None]) -> None:
         if len(self._tasks) >= self._max_in_flight:
@@ -179,22 +181,42 @@ class EventRecorder:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _create(
+    async def _write(
         self, obj: ObjectRef, kind: EventType, reason: str, message: str, series: _Series
     ) -> None:
+        """Bring the series' Event to ``series.count``: patch it once written, else (none written
+        yet, or the API server's event TTL removed it) create a new one under a new name."""
         count = series.count
-        body = event_body(
-            obj,
-            kind,
-            reason,
-            message,
-            name=series.name,
-            component=self.component,
-            host=self.host,
-            wall=self._wall(),
-        )
-        body["count"] = count
         try:
+            if series.written:
+                patch = {
+                    "count": count,
+                    "lastTimestamp": _timestamp(self._wall()),
+                    "message": message[:MAX_MESSAGE],
+                }
+                try:
+                    await self._kube.patch(
+                        event_path(obj.event_namespace, series.name),
+                        patch,
+                        patch_type=PatchType.MERGE,
+                    )
+                    series.written = count
+                    self.patched += 1
+                    return
+                except NotFound:
+                    pass  # removed by the TTL: a new series below
+            series.name = _series_name(obj)
+            body = event_body(
+                obj,
+                kind,
+                reason,
+                message,
+                name=series.name,
+                component=self.component,
+                host=self.host,
+                wall=self._wall(),
+            )
+            body["count"] = count
             await self._kube.create(event_path(obj.event_namespace), body)
         except (ApiError, ApiUnavailable) as exc:
             self.failed += 1
@@ -202,34 +224,6 @@ class EventRecorder:
             return
         series.written = count
         self.created += 1
-
-    async def _patch(
-        self, obj: ObjectRef, kind: EventType, reason: str, message: str, series: _Series
-    ) -> None:
-        count = series.count
-        if series.written == 0:  # the create failed or is still on its way: start afresh
-            series.name = f"{obj.name}.{secrets.token_hex(8)}"
-            await self._create(obj, kind, reason, message, series)
-            return
-        patch = {
-            "count": count,
-            "lastTimestamp": _timestamp(self._wall()),
-            "message": message[:MAX_MESSAGE],
-        }
-        try:
-            await self._kube.patch(
-                event_path(obj.event_namespace, series.name), patch, patch_type=PatchType.MERGE
-            )
-        except NotFound:  # the API server's event TTL removed it: a new series
-            series.name = f"{obj.name}.{secrets.token_hex(8)}"
-            await self._create(obj, kind, reason, message, series)
-            return
-        except (ApiError, ApiUnavailable) as exc:
-            self.failed += 1
-            log.debug("event %s on %s %s not updated: %s", reason, obj.kind, obj.name, exc)
-            return
-        series.written = count
-        self.patched += 1
 
     async def flush(self) -> None:
         """Wait for the writes under way (tests; a clean stop)."""

@@ -7,9 +7,9 @@ Guarantees: events reach ``apply`` in the order the API server sent them, each w
 (``KubeClient.watch``); after a 410 Gone, an unexpected error, or (unless told otherwise) a whole
 watch round with no event and no bookmark (a resourceVersion the server will not reach, e.g. after
 etcd was restored from a backup) the collection is listed again and handed whole to ``replace``, so
-objects deleted while the stream was down are dropped.  A broken connection is retried with capped
-exponential backoff, resuming from the last resourceVersion seen (or, with
-``relist_after_error``, from a fresh list).  ``on_broken`` is called whenever a list or a watch
+objects deleted while the stream was down are dropped.  A broken connection is retried with capped,
+jittered exponential backoff (``kube.backoff``), resuming from the last resourceVersion seen (or,
+with ``relist_after_error``, from a fresh list).  ``on_broken`` is called whenever a list or a watch
 round ends in an error, before the loop waits or lists again.
 Non-guarantee: while the API server is unreachable the cache stays as it was (its staleness is
 exported as a metric).
@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kube.backoff import Backoff
 from kube.client import KubeClient
 from kube.errors import ApiError, ApiUnavailable, Gone
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
+
+FIRST_BACKOFF_S = 0.2  # the first wait after an error (``max_backoff_s`` caps the later ones)
 
 
 class Reflector:
@@ -67,7 +69,7 @@ class Reflector:
         self._label_selector = label_selector
         self._page_size = page_size
         self._watch_timeout_s = watch_timeout_s
-        self._max_backoff_s = max_backoff_s
+        self._backoff = Backoff(min(FIRST_BACKOFF_S, max_backoff_s), max_backoff_s)
         self.resource_version: str | None = None
 
     async def list_all(self) -> tuple[list[JSON], str]:
@@ -118,7 +120,7 @@ class Reflector:
 
     async def run(self) -> None:
         """List, then watch forever; relist on 410 Gone; back off on errors."""
-        backoff = 0.2
+        backoff = self._backoff
         need_list = True
         while True:
             try:
@@ -131,25 +133,23 @@ class Reflector:
                     # restored from a backup): start again from a fresh list
                     log.info("%s: watch round brought nothing; listing again", self.name)
                     need_list = True
-                backoff = 0.2
+                backoff.reset()
+                continue
             except asyncio.CancelledError:
                 raise
             except Gone:
                 log.info("%s: watch too old (410), listing again", self.name)
                 self._on_broken()
                 need_list = True
+                continue
             except (ApiUnavailable, ApiError) as exc:
-                log.warning("%s: %s; retrying in about %.1fs", self.name, exc, backoff)
-                self._on_broken()
-                await asyncio.sleep(backoff * (0.5 + random.random()))
-                backoff = min(backoff * 2, self._max_backoff_s)
+                delay = backoff.next_s()
+                log.warning("%s: %s; retrying in %.1fs", self.name, exc, delay)
                 if self.resource_version is None or self._relist_after_error:
                     need_list = True
             except Exception:
-                log.exception(
-                    "%s: unexpected error; listing again in about %.1fs", self.name, backoff
-                )
-                self._on_broken()
-                await asyncio.sleep(backoff * (0.5 + random.random()))
-                backoff = min(backoff * 2, self._max_backoff_s)
+                delay = backoff.next_s()
+                log.exception("%s: unexpected error; listing again in %.1fs", self.name, delay)
                 need_list = True
+            self._on_broken()
+            await asyncio.sleep(delay)

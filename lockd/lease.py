@@ -137,17 +137,7 @@ class LeaseFormat:
         meta = out.setdefault("metadata", {})
         meta.setdefault("labels", {})[MANAGED_BY_LABEL] = MANAGED_BY
         annotations = self._without_holder(meta.get("annotations") or {})
-        if taken_from is not None and taken_from.holder is not None:
-            annotations.update(
-                self._last(
-                    LastHandoff(
-                        holder=taken_from.holder.key,
-                        uid=taken_from.holder.uid,
-                        token=taken_from.token,
-                        outcome=Outcome.TAKEN_OVER.value,
-                    )
-                )
-            )
+        annotations.update(self._last(taken_from, Outcome.TAKEN_OVER))
         annotations[self.key(HOLDER_UID)] = holder.uid
         annotations.update({self.key(k): v for k, v in holder.data.items()})
         meta["annotations"] = annotations
@@ -183,17 +173,7 @@ class LeaseFormat:
         record = self.parse(out)
         meta = out.setdefault("metadata", {})
         annotations = self._without_holder(meta.get("annotations") or {})
-        if record.holder is not None:
-            annotations.update(
-                self._last(
-                    LastHandoff(
-                        holder=record.holder.key,
-                        uid=record.holder.uid,
-                        token=record.token,
-                        outcome=outcome.value,
-                    )
-                )
-            )
+        annotations.update(self._last(record, outcome))
         meta["annotations"] = annotations
         spec = out.setdefault("spec", {})
         spec.pop("holderIdentity", None)
@@ -227,12 +207,16 @@ class LeaseFormat:
             if not k.startswith(self.prefix) or k[len(self.prefix) :] in _LAST
         }
 
-    def _last(self, last: LastHandoff) -> dict[str, str]:
+    def _last(self, record: LockRecord | None, outcome: Outcome) -> dict[str, str]:
+        """The ``last-*`` annotations recording that ``record``'s holder left with ``outcome``
+        (none when there was no holder)."""
+        if record is None or record.holder is None:
+            return {}
         return {
-            self.key(LAST_HOLDER): last.holder,
-            self.key(LAST_HOLDER_UID): last.uid,
-            self.key(LAST_TOKEN): str(last.token),
-            self.key(LAST_OUTCOME): last.outcome,
+            self.key(LAST_HOLDER): record.holder.key,
+            self.key(LAST_HOLDER_UID): record.holder.uid,
+            self.key(LAST_TOKEN): str(record.token),
+            self.key(LAST_OUTCOME): outcome.value,
         }
 
 

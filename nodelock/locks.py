@@ -31,8 +31,8 @@ from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry
 
+from handoff.flags import add_flags as add_handoff_flags
 from handoff.holder import HolderState, HolderStatus, holder_status
-from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX
 from kube.client import KubeClient, lease_path, pod_path
 from kube.errors import ApiError, Conflict, Forbidden, NotFound
 from kube.events import EventRecorder, EventType, ObjectRef
@@ -115,16 +115,7 @@ def _common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     parser.add_argument(
         "--kubeconfig", default=default(None), help="kubeconfig file (default $KUBECONFIG)"
     )
-    parser.add_argument(
-        "--lock-namespace",
-        default=default(DEFAULT_LOCK_NAMESPACE),
-        help=f"namespace of the node lock Leases (default {DEFAULT_LOCK_NAMESPACE})",
-    )
-    parser.add_argument(
-        "--annotation-prefix",
-        default=default(DEFAULT_PREFIX),
-        help=f"annotation prefix (default {DEFAULT_PREFIX})",
-    )
+    add_handoff_flags(parser, suppress_defaults=suppress)
     parser.add_argument(
         "--context",
         default=default(None),

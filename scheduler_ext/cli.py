@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE
+from handoff.flags import add_flags as add_handoff_flags
+from handoff.wire import DEFAULT_RESOURCE
 from kube.client import KubeClient
 from kube.process import configure_logging, run_until_signalled
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
@@ -49,16 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=DEFAULT_METRICS_PORT,
         help=f"port of that plain-HTTP port (default {DEFAULT_METRICS_PORT}; 0: any free port)",
     )
-    p.add_argument(
-        "--lock-namespace",
-        default=DEFAULT_LOCK_NAMESPACE,
-        help=f"namespace of the node lock Leases (default {DEFAULT_LOCK_NAMESPACE})",
-    )
-    p.add_argument(
-        "--annotation-prefix",
-        default=DEFAULT_PREFIX,
-        help=f"prefix of nodelock's annotations (default {DEFAULT_PREFIX})",
-    )
+    add_handoff_flags(p)
     p.add_argument(
         "--resource-name",
         default=DEFAULT_RESOURCE,
@@ -166,12 +158,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> None:
-    kube = await KubeClient.connect(args.kubeconfig)
-    try:
-        extender = Extender(kube, settings)
-        await run_until_signalled(extender.serve_forever())
-    finally:
-        await kube.close()
+    async with await KubeClient.connect(args.kubeconfig) as kube:
+        await run_until_signalled(Extender(kube, settings).serve_forever())
 
 
 def _run(args: argparse.Namespace) -> int:

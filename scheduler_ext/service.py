@@ -13,14 +13,15 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
-from kube.client import KubeClient, node_path, pod_path
+from kube.client import JSON, KubeClient, node_path, pod_path
 from kube.events import EventRecorder
 from kube.opsport import OpsServer
 from kube.reflector import Reflector
@@ -211,25 +212,26 @@ class Extender:
 
     def _reflectors(self) -> list[Reflector]:
         cache = self.cache
+
+        def reflector(
+            path: str,
+            name: str,
+            replace: Callable[[list[JSON]], None],
+            apply: Callable[[str, Mapping[str, Any]], None],
+        ) -> Reflector:
+            return Reflector(
+                self.kube,
+                path,
+                name=name,
+                replace=replace,
+                apply=apply,
+                alive=lambda: cache.mark_alive(name),
+                on_relist=lambda: self.metrics.relists.labels(name).inc(),
+            )
+
         return [
-            Reflector(
-                self.kube,
-                node_path(),
-                name="nodes",
-                replace=cache.replace_nodes,
-                apply=cache.apply_node,
-                alive=lambda: cache.mark_alive("nodes"),
-                on_relist=lambda: self.metrics.relists.labels("nodes").inc(),
-            ),
-            Reflector(
-                self.kube,
-                pod_path(),
-                name="pods",
-                replace=cache.replace_pods,
-                apply=cache.apply_pod,
-                alive=lambda: cache.mark_alive("pods"),
-                on_relist=lambda: self.metrics.relists.labels("pods").inc(),
-            ),
+            reflector(node_path(), "nodes", cache.replace_nodes, cache.apply_node),
+            reflector(pod_path(), "pods", cache.replace_pods, cache.apply_pod),
         ]
 
     async def start(self, *, wait_synced_s: float | None = 60.0) -> None:

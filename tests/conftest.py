@@ -8,15 +8,12 @@ kube-controller-manager and kube-scheduler built from the Kubernetes Go modules)
 from __future__ import annotations
 
 import secrets
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from devcluster.binaries import ensure_control_plane
-from devcluster.cluster import Cluster
+from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.namespaces import create_namespace
 from kube.client import KubeClient, namespace_path
 
@@ -34,24 +31,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """A running devcluster control plane for the whole test session, stopped at the end."""
-    state = Path(tempfile.mkdtemp(prefix="nl-", dir="/tmp"))
-    c = Cluster(state, binaries=ensure_control_plane())
-    c.up()
-    try:
+    with throwaway_cluster("nl-") as c:
         yield c
-    finally:
-        c.down()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture
 async def kube(cluster: Cluster) -> AsyncIterator[KubeClient]:
     """An admin client to the session's cluster."""
-    client = await KubeClient.connect(str(cluster.kubeconfig))
-    try:
+    async with await KubeClient.connect(str(cluster.kubeconfig)) as client:
         yield client
-    finally:
-        await client.close()
 
 
 @pytest.fixture

@@ -8,89 +8,54 @@ locks last ``LEASE_S`` seconds so that expiry paths are exercised quickly.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
-from devcluster.binaries import ensure_control_plane
 from devcluster.cluster import Cluster
-from devcluster.gpunodes import up_gpu_cluster
-from kube.client import KubeClient
-from tests.e2e.kit import LEASE_S, GPUCluster, assert_no_violations
+from devcluster.gpunodes import NodeSpec, up_gpu_cluster
+from tests.e2e.kit import LEASE_S, GPUCluster, for_one_test, gpu_cluster_of_its_own
+
+SHARING_SPLIT = 4
+SHARING_GPU_MIB = 81920  # 80 GiB
+
+
+def _short_locks(**shape: Any) -> Callable[[Cluster], list[NodeSpec]]:
+    """Start the extender and GPU nodes of ``shape`` (``up_gpu_cluster``'s arguments), with node
+    locks of ``LEASE_S`` seconds."""
+    return lambda cluster: up_gpu_cluster(
+        cluster, extender_args=[f"--lease-duration={LEASE_S}"], **shape
+    )
 
 
 @pytest.fixture(scope="session")
 def gpu_cluster() -> Iterator[GPUCluster]:
-    state = Path(tempfile.mkdtemp(prefix="nle-", dir="/tmp"))
-    cluster = Cluster(state, binaries=ensure_control_plane())
-    cluster.up()
-    try:
-        specs = up_gpu_cluster(
-            cluster,
-            nodes=3,
-            gpus_per_node=4,
-            extender_replicas=2,
-            extender_args=[f"--lease-duration={LEASE_S}"],
-        )
-        yield GPUCluster(cluster, [s.name for s in specs])
-    finally:
-        cluster.down()
-        if not os.environ.get("NODELOCK_KEEP_STATE"):  # keep the logs to debug a failure
-            shutil.rmtree(state, ignore_errors=True)
+    shape = _short_locks(nodes=3, gpus_per_node=4, extender_replicas=2)
+    with gpu_cluster_of_its_own("nle-", shape) as c:
+        yield c
 
 
 @pytest.fixture
 async def e2e(gpu_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
     """The e2e cluster with a fresh namespace and a client; checks S1/S2 over all pods after."""
-    gpu_cluster.kube = await KubeClient.connect(str(gpu_cluster.cluster.kubeconfig))
-    await gpu_cluster.new_namespace()
-    try:
-        yield gpu_cluster
-        await assert_no_violations(gpu_cluster.kube)
-    finally:
-        await gpu_cluster.cleanup()
-        await gpu_cluster.kube.close()
-
-
-SHARING_SPLIT = 4
-SHARING_GPU_MIB = 81920  # 80 GiB
+    async with for_one_test(gpu_cluster) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")
 def sharing_cluster() -> Iterator[GPUCluster]:
     """A small devcluster of its own: one node x two simulated 80 GiB GPUs, each shared as
     ``SHARING_SPLIT`` virtual devices (``--gpu-split``)."""
-    state = Path(tempfile.mkdtemp(prefix="nls-", dir="/tmp"))
-    cluster = Cluster(state, binaries=ensure_control_plane())
-    cluster.up()
-    try:
-        specs = up_gpu_cluster(
-            cluster,
-            nodes=1,
-            gpus_per_node=2,
-            gpu_split=SHARING_SPLIT,
-            gpu_memory_mib=SHARING_GPU_MIB,
-            extender_args=[f"--lease-duration={LEASE_S}"],
-        )
-        yield GPUCluster(cluster, [s.name for s in specs])
-    finally:
-        cluster.down()
-        if not os.environ.get("NODELOCK_KEEP_STATE"):
-            shutil.rmtree(state, ignore_errors=True)
+    shape = _short_locks(
+        nodes=1, gpus_per_node=2, gpu_split=SHARING_SPLIT, gpu_memory_mib=SHARING_GPU_MIB
+    )
+    with gpu_cluster_of_its_own("nls-", shape) as c:
+        yield c
 
 
 @pytest.fixture
 async def sharing(sharing_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
     """The sharing cluster with a fresh namespace and a client; checks S1/S2 after."""
-    sharing_cluster.kube = await KubeClient.connect(str(sharing_cluster.cluster.kubeconfig))
-    await sharing_cluster.new_namespace()
-    try:
-        yield sharing_cluster
-        await assert_no_violations(sharing_cluster.kube)
-    finally:
-        await sharing_cluster.cleanup()
-        await sharing_cluster.kube.close()
+    async with for_one_test(sharing_cluster) as c:
+        yield c

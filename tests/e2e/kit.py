@@ -7,12 +7,13 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from devcluster.cluster import Cluster
+from devcluster.cluster import Cluster, throwaway_cluster
+from devcluster.gpunodes import NodeSpec
 from devcluster.invariants import allocated, check_pods
 from devcluster.namespaces import create_namespace
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, parse_inventory
@@ -138,6 +139,33 @@ class GPUCluster:
 
     def key(self, name: str) -> str:
         return f"{self.namespace}/{name}"
+
+
+@contextlib.contextmanager
+def gpu_cluster_of_its_own(
+    prefix: str, start: Callable[[Cluster], Sequence[NodeSpec]]
+) -> Iterator[GPUCluster]:
+    """A devcluster of its own (``devcluster.cluster.throwaway_cluster``) whose extender and GPU
+    nodes ``start`` starts (it returns the nodes); stopped when the ``with`` block ends."""
+    with throwaway_cluster(prefix) as cluster:
+        yield GPUCluster(cluster, [spec.name for spec in start(cluster)])
+
+
+@asynccontextmanager
+async def for_one_test(c: GPUCluster, *, judge: bool = True) -> AsyncIterator[GPUCluster]:
+    """``c`` with a client and a fresh namespace for one test.  With ``judge``, S1/S2 are checked
+    over all pods after the test, then the namespace is deleted and the locks waited free;
+    without, the test judges by itself and the namespace stays (its cluster goes with it)."""
+    c.kube = await KubeClient.connect(str(c.cluster.kubeconfig))
+    await c.new_namespace()
+    try:
+        yield c
+        if judge:
+            await assert_no_violations(c.kube)
+    finally:
+        if judge:
+            await c.cleanup()
+        await c.kube.close()
 
 
 def gpu_pod(

@@ -18,17 +18,12 @@ default lock duration.  What must hold after the burst:
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 
-from devcluster.binaries import ensure_control_plane
-from devcluster.cluster import Cluster
 from devcluster.gpunodes import up_gpu_cluster
 from devcluster.invariants import check_pods
 from deviceplugin.simulated import simulated_id
@@ -40,6 +35,8 @@ from tests.e2e.kit import (
     assignment,
     binds_over_timeout,
     extender_sum,
+    for_one_test,
+    gpu_cluster_of_its_own,
     kubelet_devices,
 )
 
@@ -55,27 +52,19 @@ Holds = dict[str, list[tuple[str, int]]]
 
 @pytest.fixture(scope="module")
 def scale_cluster() -> Iterator[GPUCluster]:
-    state = Path(tempfile.mkdtemp(prefix="nlb-", dir="/tmp"))
-    cluster = Cluster(state, binaries=ensure_control_plane())
-    cluster.up()
-    try:
-        specs = up_gpu_cluster(
+    with gpu_cluster_of_its_own(
+        "nlb-",
+        lambda cluster: up_gpu_cluster(
             cluster, nodes=NODES, gpus_per_node=GPUS_PER_NODE, extender_replicas=2
-        )
-        yield GPUCluster(cluster, [s.name for s in specs])
-    finally:
-        cluster.down()
-        shutil.rmtree(state, ignore_errors=True)
+        ),
+    ) as c:
+        yield c
 
 
 @pytest.fixture
 async def scale(scale_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
-    scale_cluster.kube = await KubeClient.connect(str(scale_cluster.cluster.kubeconfig))
-    await scale_cluster.new_namespace()
-    try:
-        yield scale_cluster
-    finally:
-        await scale_cluster.kube.close()
+    async with for_one_test(scale_cluster, judge=False) as c:  # the test judges S1/S2 itself
+        yield c
 
 
 async def _watch_holds(kube: KubeClient, since: str, holds: Holds) -> None:

@@ -10,24 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devcluster.binaries import ensure_control_plane
 from devcluster.cluster import Cluster
 from devcluster.gpunodes import NodeSpec, start_extender, start_node, wait_nodes_ready
 from handoff.topology import Link, NumaPolicy, set_link
 from handoff.wire import GPU, parse_inventory
-from kube.client import KubeClient, node_path, pod_path
+from kube.client import node_path, pod_path
 from tests.e2e.kit import (
     GPUCluster,
-    assert_no_violations,
     assignment,
+    for_one_test,
+    gpu_cluster_of_its_own,
     gpu_pod,
     kubelet_devices,
 )
@@ -37,42 +34,29 @@ PAIRS = "gpu-node-03"
 PAIRS_MODEL = "NVIDIA A100-SXM4-80GB"
 
 
+def _start(cluster: Cluster) -> list[NodeSpec]:
+    start_extender(cluster)
+    specs = [
+        NodeSpec(name, 8, layout="pcie-2numa", topology_policy=NumaPolicy.SINGLE_NUMA_NODE)
+        for name in ALIGNED
+    ]
+    specs.append(NodeSpec(PAIRS, 8, model=PAIRS_MODEL, layout="nvlink-pairs"))
+    for spec in specs:
+        start_node(cluster, spec)
+    wait_nodes_ready(cluster, specs)
+    return specs
+
+
 @pytest.fixture(scope="session")
 def topo_cluster() -> Iterator[GPUCluster]:
-    state = Path(tempfile.mkdtemp(prefix="nlt-", dir="/tmp"))
-    cluster = Cluster(state, binaries=ensure_control_plane())
-    cluster.up()
-    try:
-        start_extender(cluster)
-        specs = [
-            NodeSpec(
-                name,
-                8,
-                layout="pcie-2numa",
-                topology_policy=NumaPolicy.SINGLE_NUMA_NODE,
-            )
-            for name in ALIGNED
-        ]
-        specs.append(NodeSpec(PAIRS, 8, model=PAIRS_MODEL, layout="nvlink-pairs"))
-        for spec in specs:
-            start_node(cluster, spec)
-        wait_nodes_ready(cluster, specs)
-        yield GPUCluster(cluster, [s.name for s in specs])
-    finally:
-        cluster.down()
-        shutil.rmtree(state, ignore_errors=True)
+    with gpu_cluster_of_its_own("nlt-", _start) as c:
+        yield c
 
 
 @pytest.fixture
 async def topo(topo_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
-    topo_cluster.kube = await KubeClient.connect(str(topo_cluster.cluster.kubeconfig))
-    await topo_cluster.new_namespace()
-    try:
-        yield topo_cluster
-        await assert_no_violations(topo_cluster.kube)
-    finally:
-        await topo_cluster.cleanup()
-        await topo_cluster.kube.close()
+    async with for_one_test(topo_cluster) as c:
+        yield c
 
 
 async def inventory(c: GPUCluster, node: str) -> dict[str, GPU]:

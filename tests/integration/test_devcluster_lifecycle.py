@@ -96,30 +96,19 @@ def test_corrupt_cache_is_a_clear_error(tmp_path: Path) -> None:
     for name in json.loads((real / "MANIFEST.json").read_text())["sha256"]:
         (fake / name).write_bytes(b"truncated download")
         (fake / name).chmod(0o755)
-    res = run(
-        "devcluster",
-        "up",
-        "--state-dir",
-        str(tmp_path / "dc"),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--no-build",
-    )
+
+    def up_from_cache() -> subprocess.CompletedProcess[str]:
+        where = ["--state-dir", str(tmp_path / "dc"), "--cache-dir", str(tmp_path / "cache")]
+        return run("devcluster", "up", *where, "--no-build")
+
+    res = up_from_cache()
     assert res.returncode == 2
     assert "does not match the checksum" in res.stderr
     assert "nodelock devcluster build" in res.stderr
     assert "Traceback" not in res.stderr
 
     (fake / "MANIFEST.json").write_text("{not json")
-    res = run(
-        "devcluster",
-        "up",
-        "--state-dir",
-        str(tmp_path / "dc"),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--no-build",
-    )
+    res = up_from_cache()
     assert res.returncode == 2
     assert "manifest" in res.stderr
     assert "Traceback" not in res.stderr

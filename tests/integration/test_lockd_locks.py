@@ -66,11 +66,8 @@ def make_locks(kube: KubeClient, namespace: str, registry: CollectorRegistry) ->
 @pytest.fixture
 async def other_client(cluster: Cluster) -> AsyncIterator[KubeClient]:
     """A second client: another process, as far as the API server can tell."""
-    client = await KubeClient.connect(str(cluster.kubeconfig))
-    try:
+    async with await KubeClient.connect(str(cluster.kubeconfig)) as client:
         yield client
-    finally:
-        await client.close()
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
