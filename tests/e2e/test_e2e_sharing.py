@@ -9,6 +9,8 @@ import time
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from devcluster.gpunodes import kubelet_checkpoint, pod_resources_socket
 from devcluster.invariants import allocated
 from deviceplugin.kubeletview import list_pod_resources, read_checkpoint
@@ -294,22 +296,38 @@ def over_capacity(use: dict[DeviceID, Use], inventory: list[GPU]) -> list[str]:
     return bad
 
 
+# how the plugin dies mid-handoff: (its failpoint, the line it logs there, whether the test
+# SIGKILLs it then; otherwise it exits there by itself, without cleanup, like a SIGKILL)
+CRASHES = {
+    # kubelet waits on Allocate for the lock's holder; nothing is recorded yet
+    "sigkill-in-allocate": ("allocate.start=sleep:120", SLEEPING, True),
+    # the answer is recorded in the plugin's checkpoint (release pending), never sent
+    "exit-after-recording": (
+        "allocate.after-checkpoint",
+        "nodelock failpoint allocate.after-checkpoint: exiting now",
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("crash", sorted(CRASHES))
 async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_within_capacity(
-    sharing: GPUCluster,
+    sharing: GPUCluster, crash: str
 ) -> None:
     """A burst of shared and exclusive pods (ReplicaSets, so a pod kubelet fails is replaced);
-    the node's device plugin is SIGKILLed while it answers the first Allocate of the burst (the
-    holder bound, its lock held, kubelet waiting on the answer) and restarted.  Every
-    ReplicaSet ends with all its replicas Running; a pod that failed says why; kubelet's
-    PodResources, its device checkpoint (the plugin's answers) and the simulated kubelet's
-    records all keep every GPU within capacity, the whole GPU unshared; no lock stays held."""
+    the node's device plugin dies in the first Allocate of the burst (the holder bound, its lock
+    held, kubelet waiting on the answer) and is restarted.  Every ReplicaSet ends with all its
+    replicas Running; a pod that failed says why; kubelet's PodResources, its device checkpoint
+    (the plugin's answers) and the simulated kubelet's records all keep every GPU within
+    capacity, the whole GPU unshared; no lock stays held."""
+    failpoint, line, sigkill = CRASHES[crash]
     c = sharing
     node = c.nodes[0]
     plugin = f"deviceplugin-{node}"
     seen = plugin_registrations(c.cluster, node)
-    c.cluster.restart_component(plugin, env={"NODELOCK_FAILPOINTS": "allocate.start=sleep:120"})
+    c.cluster.restart_component(plugin, env={"NODELOCK_FAILPOINTS": failpoint})
     await wait_registrations(c.cluster, node, seen)
-    sleeping = log_count(c, plugin, SLEEPING)
+    logged = log_count(c, plugin, line)
     try:
         await asyncio.gather(
             *(
@@ -317,15 +335,16 @@ async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_wit
                 for n, r, limits in MIXED
             )
         )
-        await wait_log(c, plugin, SLEEPING, sleeping)
+        await wait_log(c, plugin, line, logged)
         # mid-handoff: kubelet is in Allocate for the pod that holds the node's lock
         lease = await c.lease(node)
         victim = lease["spec"]["holderIdentity"]
         assert str(victim).startswith(f"{c.namespace}/"), lease["spec"]
         assert (await c.kube.get(pod_path(*victim.split("/"))))["spec"]["nodeName"] == node
-        seen = plugin_registrations(c.cluster, node)
-        c.cluster.kill_component(plugin)
+        if sigkill:
+            c.cluster.kill_component(plugin)
     finally:
+        seen = plugin_registrations(c.cluster, node)
         c.cluster.restart_component(plugin, env={})
         await wait_registrations(c.cluster, node, seen)
 
