@@ -22,6 +22,7 @@ from tests.e2e.kit import (
     RESOURCE,
     GPUCluster,
     assignment,
+    extender_sum,
     gpu_pod,
     held_locks,
     plugin_registrations,
@@ -319,7 +320,8 @@ async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_wit
     held, kubelet waiting on the answer) and is restarted.  Every ReplicaSet ends with all its
     replicas Running; a pod that failed says why; kubelet's PodResources, its device checkpoint
     (the plugin's answers) and the simulated kubelet's records all keep every GPU within
-    capacity, the whole GPU unshared; no lock stays held."""
+    capacity, the whole GPU unshared; no lock stays held.  A lock whose release the plugin had
+    recorded is released by the restarted plugin, not taken over after it expired."""
     failpoint, line, sigkill = CRASHES[crash]
     c = sharing
     node = c.nodes[0]
@@ -328,6 +330,7 @@ async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_wit
     c.cluster.restart_component(plugin, env={"NODELOCK_FAILPOINTS": failpoint})
     await wait_registrations(c.cluster, node, seen)
     logged = log_count(c, plugin, line)
+    takeovers = await extender_sum(c, "nodelock_lock_acquisitions_total", result="takeover")
     try:
         await asyncio.gather(
             *(
@@ -373,3 +376,8 @@ async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_wit
         assert {physical_of(d) for d in a.kubelet_devices} == set(a.answered), a
     await c.wait_holder(node, None)
     assert not await held_locks(c.kube)
+    if not sigkill:
+        # the restarted plugin released the lock from its checkpoint: nobody had to wait for
+        # it to expire and take it over
+        after = await extender_sum(c, "nodelock_lock_acquisitions_total", result="takeover")
+        assert after == takeovers
