@@ -17,6 +17,7 @@ from deviceplugin.kubeletview import list_pod_resources, read_checkpoint
 from handoff.sharing import FULL_CORES, Slice, Use, commitments, physical_of, pod_slices
 from handoff.wire import GPU, DeviceID, parse_inventory
 from kube.client import node_path, pod_path
+from nodelock.audit import audit, devcluster_sources
 from tests.e2e.conftest import SHARING_SPLIT
 from tests.e2e.kit import (
     RESOURCE,
@@ -374,6 +375,9 @@ async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_wit
     for a in answered:
         assert a.answered is not None, a
         assert {physical_of(d) for d in a.kubelet_devices} == set(a.answered), a
+    # and `nodelock audit` finds the scheduler, kubelet and the plugin in agreement
+    result = await audit(c.kube, devcluster_sources(c.cluster.state_dir))
+    assert result.disagreements == [], result.text()
     await c.wait_holder(node, None)
     assert not await held_locks(c.kube)
     if not sigkill:
