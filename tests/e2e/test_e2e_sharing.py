@@ -312,6 +312,18 @@ CRASHES = {
 }
 
 
+async def sample_capacity(c: GPUCluster, node: str, found: list[str], stop: asyncio.Event) -> int:
+    """Until ``stop``: read kubelet's PodResources over and over and add every per-GPU
+    violation seen to ``found``; returns how many looks it took."""
+    looks = 0
+    while not stop.is_set():
+        use, inventory = await kubelet_gpu_use(c, node)
+        found += [f"look {looks}: {v}" for v in over_capacity(use, inventory)]
+        looks += 1
+        await asyncio.sleep(0.1)
+    return looks
+
+
 @pytest.mark.parametrize("crash", sorted(CRASHES))
 async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_within_capacity(
     sharing: GPUCluster, crash: str
@@ -321,7 +333,8 @@ async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_wit
     held, kubelet waiting on the answer) and is restarted.  Every ReplicaSet ends with all its
     replicas Running; a pod that failed says why; kubelet's PodResources, its device checkpoint
     (the plugin's answers) and the simulated kubelet's records all keep every GPU within
-    capacity, the whole GPU unshared; no lock stays held.  A lock whose release the plugin had
+    capacity, the whole GPU unshared (PodResources also at every look while the burst runs); no
+    lock stays held.  A lock whose release the plugin had
     recorded is released by the restarted plugin, not taken over after it expired."""
     failpoint, line, sigkill = CRASHES[crash]
     c = sharing
@@ -332,6 +345,9 @@ async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_wit
     await wait_registrations(c.cluster, node, seen)
     logged = log_count(c, plugin, line)
     takeovers = await extender_sum(c, "nodelock_lock_acquisitions_total", result="takeover")
+    violations: list[str] = []
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample_capacity(c, node, violations, stop))
     try:
         await asyncio.gather(
             *(
@@ -347,12 +363,23 @@ async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_wit
         assert (await c.kube.get(pod_path(*victim.split("/"))))["spec"]["nodeName"] == node
         if sigkill:
             c.cluster.kill_component(plugin)
+    except BaseException:
+        stop.set()
+        await asyncio.gather(sampler, return_exceptions=True)
+        raise
     finally:
         seen = plugin_registrations(c.cluster, node)
         c.cluster.restart_component(plugin, env={})
         await wait_registrations(c.cluster, node, seen)
 
-    pods = await wait_replica_sets_ready(c, timeout_s=180)
+    try:
+        pods = await wait_replica_sets_ready(c, timeout_s=180)
+    finally:
+        stop.set()
+        looks = await sampler
+    # kubelet's PodResources all along: within capacity on every GPU at every look
+    assert looks > 10
+    assert violations == []
     failed = [p for p in pods if p.get("status", {}).get("phase") == "Failed"]
     assert victim in {c.key(p["metadata"]["name"]) for p in failed}, [
         (p["metadata"]["name"], p.get("status", {}).get("phase")) for p in pods
