@@ -30,6 +30,15 @@ What counts (``Kind``):
 - ``kubelet-unreachable``: the PodResources view could not be read (nothing else is judged for
   the kubelet side of that node).
 
+On a node that shares its GPUs (``handoff.sharing``) kubelet's devices are virtual, ``<uuid>::<k>``,
+and several pods' assignments name one physical GPU.  kubelet's IDs are folded to their GPU
+wherever they are compared with an assignment, the inventory or the plugin's answer;
+``device-in-two-pods`` is judged on kubelet's own (virtual) IDs, which it never gives twice; and
+a GPU assigned to several live pods is ``assigned-twice`` only when one of them takes it whole
+(a container asking for no slice), not when every one takes a slice of it.  Whether the slices
+fit the GPU's memory and cores is not this module's question (``devcluster.invariants`` and the
+extender's choice answer it).
+
 Not judged: pods that are finished (``Succeeded``/``Failed``) or being deleted (kubelet frees
 their devices and forgets them on its own schedule), containers kubelet does not list (init
 containers that are not sidecars), and a pod that kubelet lists without devices while it is still
@@ -46,6 +55,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from handoff.sharing import BadShare, physical_of, pod_slices
 from handoff.wire import Keys, MalformedAnnotation, parse_assignment
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -77,6 +87,7 @@ class PodRecord:
     deleting: bool
     assignment_raw: str | None  # the assignment annotation as written; None when absent
     init_containers: frozenset[str] = frozenset()  # non-restartable ones (kubelet won't list)
+    sliced: frozenset[str] = frozenset()  # containers that take slices of GPUs, not whole GPUs
 
     @property
     def key(self) -> str:
@@ -156,6 +167,11 @@ class Disagreement:
         return (self.node, self.kind, self.pod, self.container, self.devices)
 
 
+def _gpus(devices: Iterable[str]) -> frozenset[str]:
+    """kubelet's device IDs folded to their physical GPUs (a physical ID is its own)."""
+    return frozenset(physical_of(d) for d in devices)
+
+
 def _ids(devices: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(devices))
 
@@ -223,11 +239,15 @@ def audit_node(views: NodeViews) -> list[Disagreement]:
     assigned = _assignments(views, out)
 
     assigned_to: dict[str, set[str]] = {}
-    for key, (_, assignment) in assigned.items():
-        for devs in assignment.values():
+    held_whole: set[str] = set()  # GPUs some live pod is assigned whole
+    for key, (pod, assignment) in assigned.items():
+        for container, devs in assignment.items():
             for dev in devs:
                 assigned_to.setdefault(dev, set()).add(key)
-    out += _shared(node, Kind.ASSIGNED_TWICE, assigned_to, "are assigned to")
+                if container not in pod.sliced:
+                    held_whole.add(dev)
+    exclusive = {d: keys for d, keys in assigned_to.items() if d in held_whole}
+    out += _shared(node, Kind.ASSIGNED_TWICE, exclusive, "are assigned to")
 
     if views.kubelet is None:
         out.append(
@@ -244,7 +264,7 @@ def audit_node(views: NodeViews) -> list[Disagreement]:
         for dev in kp.devices:
             held_by.setdefault(dev, set()).add(kp.key)
         if views.inventory is not None:
-            unknown = kp.devices - views.inventory
+            unknown = frozenset(d for d in kp.devices if physical_of(d) not in views.inventory)
             if unknown:
                 out.append(
                     Disagreement(
@@ -290,7 +310,7 @@ def audit_node(views: NodeViews) -> list[Disagreement]:
             holder = uid_to_key.get(answer.pod_uid)
             if holder is None or answer.answered is None:
                 continue
-            if answer.answered != answer.kubelet_devices:
+            if answer.answered != _gpus(answer.kubelet_devices):
                 out.append(
                     Disagreement(
                         node,
@@ -313,10 +333,11 @@ def _compare_containers(
     reuse = any(c in pod.init_containers for c in assignment)  # app containers may reuse these
     pool = frozenset().union(*assignment.values())
     for container in sorted(set(kp.containers) | (set(assignment) - pod.init_containers)):
-        got = kp.containers.get(container, frozenset())
+        given = kp.containers.get(container, frozenset())
+        got = _gpus(given)  # two slices of one GPU fold to one: never a container's N GPUs
         want = assignment.get(container, frozenset())
         agrees = len(got) == len(want) and got <= pool if reuse else got == want
-        if agrees:
+        if agrees and len(got) == len(given):
             continue
         if container not in kp.containers and pod.phase != "Running":
             continue  # not listed yet
@@ -326,8 +347,8 @@ def _compare_containers(
                 Kind.KUBELET_DIFFERS,
                 pod.key,
                 container,
-                _ids(got ^ want),
-                f"kubelet gave it {_show(got)}, the assignment {_show(want)}",
+                _ids(got ^ want or given),
+                f"kubelet gave it {_show(given)}, the assignment {_show(want)}",
             )
         )
     return out
@@ -359,7 +380,18 @@ def pod_record(pod: Mapping[str, Any], keys: Keys) -> PodRecord:
         deleting=meta.get("deletionTimestamp") is not None,
         assignment_raw=raw if isinstance(raw, str) else None,
         init_containers=init,
+        sliced=_sliced(pod),
     )
+
+
+def _sliced(pod: Mapping[str, Any]) -> frozenset[str]:
+    """The pod's containers that take slices of their GPUs.  A pod whose sharing request does
+    not parse has none (the extender never binds it, so its GPUs count as held whole)."""
+    try:
+        slices = pod_slices(pod)
+    except BadShare:
+        return frozenset()
+    return frozenset(c for c, s in slices.items() if not s.exclusive)
 
 
 def table(disagreements: Sequence[Disagreement], nodes: Sequence[str]) -> str:

@@ -5,14 +5,30 @@ judged from kubelet's records (``sim.nodelock.io/allocated``)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from typing import Any
 
+import pytest
+
+from devcluster.gpunodes import kubelet_checkpoint, pod_resources_socket
 from devcluster.invariants import allocated
-from handoff.sharing import physical_of
+from deviceplugin.kubeletview import list_pod_resources, read_checkpoint
+from handoff.sharing import FULL_CORES, Slice, Use, commitments, physical_of, pod_slices
+from handoff.wire import GPU, DeviceID, parse_inventory
 from kube.client import node_path, pod_path
+from nodelock.audit import audit, devcluster_sources
 from tests.e2e.conftest import SHARING_SPLIT
-from tests.e2e.kit import GPUCluster, assignment, gpu_pod, restart_extenders
+from tests.e2e.kit import (
+    RESOURCE,
+    GPUCluster,
+    assignment,
+    gpu_pod,
+    held_locks,
+    plugin_registrations,
+    restart_extenders,
+    wait_registrations,
+)
 
 SLICE_MIB = 20000
 
@@ -167,3 +183,232 @@ async def test_a_mixed_burst_after_an_extender_crash_mid_bind_stays_within_capac
         assert gpus_of(pods[n]) == [shared_gpu], n
         assert assignment(pods[n]) == {"c0": [shared_gpu]}
     await c.wait_holder(node, None)
+
+
+# ---- the device plugin killed mid-handoff under a mixed burst ---------------------------------
+
+# (ReplicaSet, replicas, sharing limits): one GPU whole, the other filled exactly by four slices
+# (80000 of 81920 MiB, 100 % of its cores, its four virtual devices)
+MIXED: list[tuple[str, int, dict[str, str]]] = [
+    ("whole", 1, {}),
+    ("s20", 2, {"gpumem": "20000", "gpucores": "25"}),
+    ("s30", 1, {"gpumem": "30000", "gpucores": "30"}),
+    ("s10", 1, {"gpumem": "10000", "gpucores": "20"}),
+]
+SLEEPING = "nodelock failpoint allocate.start: sleeping"
+
+
+def replica_set(name: str, replicas: int, limits: dict[str, str]) -> dict[str, Any]:
+    """A ReplicaSet of single-container GPU pods with these sharing limits (none: a whole GPU)."""
+    pod = gpu_pod(name, [1], labels={"rs": name})
+    pod["spec"]["containers"][0]["resources"]["limits"].update(
+        {f"nvidia.com/{k}": v for k, v in limits.items()}
+    )
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"rs": name}},
+            "template": {"metadata": pod["metadata"], "spec": pod["spec"]},
+        },
+    }
+
+
+def replica_sets_path(namespace: str, name: str | None = None) -> str:
+    return f"/apis/apps/v1/namespaces/{namespace}/replicasets" + (f"/{name}" if name else "")
+
+
+def log_count(c: GPUCluster, component: str, text: str) -> int:
+    try:
+        return (c.cluster.log_dir / f"{component}.log").read_text(errors="replace").count(text)
+    except FileNotFoundError:
+        return 0
+
+
+async def wait_log(c: GPUCluster, component: str, text: str, more_than: int) -> None:
+    for _ in range(600):
+        if log_count(c, component, text) > more_than:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{component} never logged {text!r}")
+
+
+async def wait_replica_sets_ready(c: GPUCluster, *, timeout_s: float) -> list[dict[str, Any]]:
+    """Wait until every ReplicaSet of ``MIXED`` has all its replicas Running; their pods."""
+    deadline = time.monotonic() + timeout_s
+    running: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        pods: list[dict[str, Any]] = (await c.kube.list(pod_path(c.namespace)))["items"]
+        running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+        per_rs = Counter(p["metadata"]["labels"]["rs"] for p in running)
+        if all(per_rs[name] == n for name, n, _ in MIXED):
+            return pods
+        await asyncio.sleep(0.25)
+    raise AssertionError(
+        f"not every replica Running in {timeout_s}s: "
+        f"{[(p['metadata']['name'], p.get('status', {}).get('phase')) for p in running]}"
+    )
+
+
+async def kubelet_gpu_use(c: GPUCluster, node: str) -> tuple[dict[DeviceID, Use], list[GPU]]:
+    """What kubelet's PodResources says each physical GPU of ``node`` holds: every container
+    kubelet lists with devices, its virtual IDs folded to their GPUs, with its claim read from
+    its pod's spec (a pod kubelet lists but the API server does not know is an error)."""
+    socket = pod_resources_socket(c.cluster.state_dir, node)
+    listed = await asyncio.to_thread(list_pod_resources, socket, resource=RESOURCE)
+    node_obj = await c.kube.get(node_path(node))
+    inventory = parse_inventory(node_obj["metadata"]["annotations"]["nodelock.io/gpus"])
+    pods = {
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}": p
+        for p in (await c.kube.list(pod_path(), field_selector=f"spec.nodeName={node}"))["items"]
+    }
+    holdings: list[tuple[DeviceID, Slice]] = []
+    for entry in listed:
+        for container, ids in entry.containers.items():
+            if not ids:
+                continue
+            assert entry.key in pods, f"kubelet holds {sorted(ids)} for unknown pod {entry.key}"
+            claim = pod_slices(pods[entry.key]).get(container)
+            assert claim is not None, f"{entry.key}/{container} holds {sorted(ids)} unasked"
+            gpus = [physical_of(d) for d in ids]
+            assert len(set(gpus)) == len(gpus), f"{entry.key}/{container}: one GPU twice {ids}"
+            holdings += [(g, claim) for g in gpus]
+    return commitments(inventory, holdings), inventory
+
+
+def over_capacity(use: dict[DeviceID, Use], inventory: list[GPU]) -> list[str]:
+    """The per-GPU invariant: committed memory and cores within capacity, at most ``split``
+    slices, a GPU held whole held by nothing else."""
+    bad: list[str] = []
+    for gpu in inventory:
+        u = use.get(gpu.id)
+        if u is None:
+            continue
+        if u.exclusive and u.slices > 1:
+            bad.append(f"{gpu.id}: held whole and shared ({u.slices} holders)")
+        if u.memory_mib > gpu.memory_mib:
+            bad.append(f"{gpu.id}: {u.memory_mib} MiB committed of {gpu.memory_mib}")
+        if u.cores > FULL_CORES:
+            bad.append(f"{gpu.id}: {u.cores}% cores committed")
+        if u.slices > gpu.split:
+            bad.append(f"{gpu.id}: {u.slices} slices of {gpu.split}")
+    return bad
+
+
+# how the plugin dies mid-handoff: (its failpoint, the line it logs there, whether the test
+# SIGKILLs it then; otherwise it exits there by itself, without cleanup, like a SIGKILL)
+CRASHES = {
+    # kubelet waits on Allocate for the lock's holder; nothing is recorded yet
+    "sigkill-in-allocate": ("allocate.start=sleep:120", SLEEPING, True),
+    # the answer is recorded in the plugin's checkpoint (release pending), never sent
+    "exit-after-recording": (
+        "allocate.after-checkpoint",
+        "nodelock failpoint allocate.after-checkpoint: exiting now",
+        False,
+    ),
+}
+
+
+async def sample_capacity(c: GPUCluster, node: str, found: list[str], stop: asyncio.Event) -> int:
+    """Until ``stop``: read kubelet's PodResources over and over and add every per-GPU
+    violation seen to ``found``; returns how many looks it took."""
+    looks = 0
+    while not stop.is_set():
+        use, inventory = await kubelet_gpu_use(c, node)
+        found += [f"look {looks}: {v}" for v in over_capacity(use, inventory)]
+        looks += 1
+        await asyncio.sleep(0.1)
+    return looks
+
+
+@pytest.mark.parametrize("crash", sorted(CRASHES))
+async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_within_capacity(
+    sharing: GPUCluster, crash: str
+) -> None:
+    """A burst of shared and exclusive pods (ReplicaSets, so a pod kubelet fails is replaced);
+    the node's device plugin dies in the first Allocate of the burst (the holder bound, its lock
+    held, kubelet waiting on the answer) and is restarted.  Every ReplicaSet ends with all its
+    replicas Running; a pod that failed says why; kubelet's PodResources, its device checkpoint
+    (the plugin's answers) and the simulated kubelet's records all keep every GPU within
+    capacity, the whole GPU unshared (PodResources also at every look while the burst runs); no
+    lock stays held.  A release the plugin had recorded before dying is done by the restarted
+    plugin."""
+    failpoint, line, sigkill = CRASHES[crash]
+    c = sharing
+    node = c.nodes[0]
+    plugin = f"deviceplugin-{node}"
+    seen = plugin_registrations(c.cluster, node)
+    c.cluster.restart_component(plugin, env={"NODELOCK_FAILPOINTS": failpoint})
+    await wait_registrations(c.cluster, node, seen)
+    logged = log_count(c, plugin, line)
+    violations: list[str] = []
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample_capacity(c, node, violations, stop))
+    try:
+        await asyncio.gather(
+            *(
+                c.kube.create(replica_sets_path(c.namespace), replica_set(n, r, limits))
+                for n, r, limits in MIXED
+            )
+        )
+        await wait_log(c, plugin, line, logged)
+        # mid-handoff: kubelet is in Allocate for the pod that holds the node's lock
+        lease = await c.lease(node)
+        victim = lease["spec"]["holderIdentity"]
+        assert str(victim).startswith(f"{c.namespace}/"), lease["spec"]
+        assert (await c.kube.get(pod_path(*victim.split("/"))))["spec"]["nodeName"] == node
+        if sigkill:
+            c.cluster.kill_component(plugin)
+    except BaseException:
+        stop.set()
+        await asyncio.gather(sampler, return_exceptions=True)
+        raise
+    finally:
+        seen = plugin_registrations(c.cluster, node)
+        c.cluster.restart_component(plugin, env={})
+        await wait_registrations(c.cluster, node, seen)
+
+    try:
+        pods = await wait_replica_sets_ready(c, timeout_s=180)
+    finally:
+        stop.set()
+        looks = await sampler
+    # kubelet's PodResources all along: within capacity on every GPU at every look
+    assert looks > 10
+    assert violations == []
+    failed = [p for p in pods if p.get("status", {}).get("phase") == "Failed"]
+    assert victim in {c.key(p["metadata"]["name"]) for p in failed}, [
+        (p["metadata"]["name"], p.get("status", {}).get("phase")) for p in pods
+    ]
+    for p in failed:
+        assert p["status"].get("reason"), p["status"]
+        assert p["status"].get("message"), p["status"]
+        assert allocated(p) == {}, p["metadata"]["name"]  # kubelet gave it nothing
+
+    # kubelet's PodResources: per physical GPU, within capacity, the whole GPU alone
+    use, inventory = await kubelet_gpu_use(c, node)
+    assert over_capacity(use, inventory) == []
+    shares = sorted((u.exclusive, u.slices, u.memory_mib, u.cores) for u in use.values())
+    assert shares == [(False, 4, 80000, 100), (True, 1, 81920, 100)], shares
+    # the plugin's answers in kubelet's checkpoint: each container got the GPU kubelet gave it
+    answers = read_checkpoint(kubelet_checkpoint(c.cluster.state_dir, node), resource=RESOURCE)
+    running = {p["metadata"]["uid"]: p for p in pods if p["status"]["phase"] == "Running"}
+    answered = [a for a in answers if a.pod_uid in running]
+    assert len(answered) == len(running) == sum(r for _, r, _ in MIXED)
+    for a in answered:
+        assert a.answered is not None, a
+        assert {physical_of(d) for d in a.kubelet_devices} == set(a.answered), a
+    # and `nodelock audit` finds the scheduler, kubelet and the plugin in agreement
+    result = await audit(c.kube, devcluster_sources(c.cluster.state_dir))
+    assert result.disagreements == [], result.text()
+    await c.wait_holder(node, None)
+    assert not await held_locks(c.kube)
+    if not sigkill:
+        # the restarted plugin finished the release its checkpoint held (released, or found
+        # that a takeover had come first: it may start after the lock expired)
+        log = (c.cluster.log_dir / f"{plugin}.log").read_text(errors="replace")
+        assert f"released node lock of {victim} (" in log or (
+            f"lock of {victim} needs no release" in log
+        ), log[-3000:]

@@ -12,7 +12,9 @@ import base64
 import datetime as dt
 import ipaddress
 import json
+import secrets
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,7 @@ from deviceplugin import cli as deviceplugin_cli
 from handoff.wire import Keys
 from scheduler_ext import cli as extender_cli
 from scheduler_ext.config import ExtenderTLS, extender_entry
-from tests.integration.deploy_kit import JSON, apply, parse_documents
+from tests.integration.deploy_kit import JSON, TEST_LABEL, apply, parse_documents
 
 NS = "nodelock-system"
 
@@ -168,6 +170,16 @@ def test_manifests_apply_with_server_side_dry_run(cluster: Cluster) -> None:
                 "dashboards.enabled": "true",
             },
             id="pod-conventions-dashboards",
+        ),
+        pytest.param(
+            {
+                "devicePlugin.pools[0].name": "inference",
+                "devicePlugin.pools[0].gpuSplit": "4",
+                "devicePlugin.pools[1].name": "training",
+                "devicePlugin.pools[1].gpuSplit": "1",
+                "metrics.service.enabled": "true",
+            },
+            id="two-node-pools",
         ),
     ],
 )
@@ -434,6 +446,224 @@ def test_simulated_backend_mounts_no_driver(helm: Path) -> None:
     spec = ds["spec"]["template"]["spec"]
     assert "initContainers" not in spec
     assert all(v["name"] != "driver-root" for v in spec["volumes"])
+
+
+# ---- node pools: a split count per pool, one DaemonSet each -------------------------------------
+
+POOL_LABEL = "nodelock.io/gpu-pool"
+TWO_POOLS = {
+    "devicePlugin.pools[0].name": "inference",
+    "devicePlugin.pools[0].gpuSplit": "4",
+    "devicePlugin.pools[1].name": "training",
+    "devicePlugin.pools[1].gpuSplit": "2",
+}
+
+
+def plugin_daemonsets(objs: list[JSON]) -> dict[str, JSON]:
+    return {
+        o["metadata"]["name"]: o
+        for o in objs
+        if o["kind"] == "DaemonSet" and "device-plugin" in o["metadata"]["name"]
+    }
+
+
+def gpu_split_args(ds: JSON) -> list[str]:
+    return [a for a in container(ds, "device-plugin")["args"] if a.startswith("--gpu-split")]
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_two_node_pools_render_a_daemonset_each_and_the_default_keeps_off_them(
+    helm: Path,
+) -> None:
+    objs = objects(helm, *MONITORING_CRDS, "--set", "metrics.service.enabled=true", **TWO_POOLS)
+    sets = plugin_daemonsets(objs)
+    assert set(sets) == {
+        "nodelock-device-plugin",
+        "nodelock-device-plugin-inference",
+        "nodelock-device-plugin-training",
+    }
+    default = sets["nodelock-device-plugin"]
+    # a node in no pool keeps whole GPUs: the default DaemonSet runs without --gpu-split there
+    assert gpu_split_args(default) == []
+    spec = default["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nodelock.io/enabled": "true"}
+    [term] = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term == {
+        "matchExpressions": [
+            {"key": POOL_LABEL, "operator": "NotIn", "values": ["inference", "training"]}
+        ]
+    }
+    for pool, split in (("inference", 4), ("training", 2)):
+        ds = sets[f"nodelock-device-plugin-{pool}"]
+        assert gpu_split_args(ds) == [f"--gpu-split={split}"]
+        pod = ds["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"nodelock.io/enabled": "true", POOL_LABEL: pool}
+        assert "affinity" not in pod
+        # the pool's plugin is the default one in everything but its split
+        want = [a for a in container(default, "device-plugin")["args"] if "--gpu-split" not in a]
+        got = [a for a in container(ds, "device-plugin")["args"] if "--gpu-split" not in a]
+        assert got == want
+        assert pod["serviceAccountName"] == spec["serviceAccountName"]
+    # the DaemonSets' selectors are disjoint (none adopts another's pods); the metrics Service
+    # and so the ServiceMonitor reach every plugin pod
+    service = find(objs, "Service", "nodelock-device-plugin-metrics")["spec"]["selector"]
+    for name, ds in sets.items():
+        labels = ds["spec"]["template"]["metadata"]["labels"]
+        assert matches(ds["spec"]["selector"]["matchLabels"], labels), name
+        assert matches(service, labels), name
+        for other, ods in sets.items():
+            if other != name:
+                assert not matches(
+                    ds["spec"]["selector"]["matchLabels"],
+                    ods["spec"]["template"]["metadata"]["labels"],
+                ), (name, other)
+    # without pools: one DaemonSet, no affinity of its own, the split for every node
+    [only] = plugin_daemonsets(objects(helm, **{"devicePlugin.gpuSplit": "4"})).values()
+    assert gpu_split_args(only) == ["--gpu-split=4"]
+    assert "affinity" not in only["spec"]["template"]["spec"]
+
+
+def test_pools_keep_the_operators_own_node_affinity(helm: Path) -> None:
+    """Each required term of devicePlugin.affinity keeps its expressions and gains the NotIn."""
+    key = "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    objs = objects(
+        helm,
+        **TWO_POOLS,
+        **{
+            f"{key}.nodeSelectorTerms[0].matchExpressions[0].key": "zone",
+            f"{key}.nodeSelectorTerms[0].matchExpressions[0].operator": "In",
+            f"{key}.nodeSelectorTerms[0].matchExpressions[0].values[0]": "a",
+            f"{key}.nodeSelectorTerms[1].matchExpressions[0].key": "gpu",
+            f"{key}.nodeSelectorTerms[1].matchExpressions[0].operator": "Exists",
+        },
+    )
+    sets = plugin_daemonsets(objs)
+    affinity = sets["nodelock-device-plugin"]["spec"]["template"]["spec"]["affinity"]
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    not_pooled = {"key": POOL_LABEL, "operator": "NotIn", "values": ["inference", "training"]}
+    assert terms == [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}, not_pooled]},
+        {"matchExpressions": [{"key": "gpu", "operator": "Exists"}, not_pooled]},
+    ]
+    pool_affinity = sets["nodelock-device-plugin-inference"]["spec"]["template"]["spec"]
+    assert pool_affinity["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"] == [t | {"matchExpressions": t["matchExpressions"][:1]} for t in terms]
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        (
+            {
+                "devicePlugin.pools[0].name": "a",
+                "devicePlugin.pools[0].gpuSplit": "4",
+                "devicePlugin.pools[1].name": "a",
+                "devicePlugin.pools[1].gpuSplit": "2",
+            },
+            'the pool name "a" is given twice',
+        ),
+        ({"devicePlugin.pools[0].name": "a"}, "missing property 'gpuSplit'"),
+        (
+            {"devicePlugin.pools[0].name": "Big_Pool", "devicePlugin.pools[0].gpuSplit": "2"},
+            "does not match pattern",
+        ),
+        (
+            {"devicePlugin.pools[0].name": "a", "devicePlugin.pools[0].gpuSplit": "65"},
+            "maximum",
+        ),
+        (
+            {
+                "devicePlugin.pools[0].name": "a",
+                "devicePlugin.pools[0].gpuSplit": "2",
+                "devicePlugin.pools[0].nodeSelector.x": "y",
+            },
+            "additional properties 'nodeSelector' not allowed",
+        ),
+    ],
+)
+def test_bad_pools_fail_with_a_clear_error(helm: Path, settings: dict[str, str], says: str) -> None:
+    with pytest.raises(DevclusterError) as err:
+        objects(helm, **settings)
+    assert says in str(err.value), err.value
+
+
+def test_the_daemonset_controller_runs_each_nodes_pool_plugin_and_no_other(
+    cluster: Cluster, helm: Path
+) -> None:
+    """The real DaemonSet controller on three Nodes (no kubelet): one per pool and one in no
+    pool; each gets exactly one plugin pod, from its pool's DaemonSet, and the node in no pool
+    the default one's (whole GPUs)."""
+    tag = secrets.token_hex(4)
+    namespace = f"pools-{tag}"
+    selector = f"devicePlugin.nodeSelector.{TEST_LABEL}"
+    rendered = parse_documents(
+        render(
+            helm,
+            release="nodelock",
+            namespace=namespace,
+            settings={**TWO_POOLS, selector: tag, "devicePlugin.backend": "simulated"},
+        )
+    )
+    objs = [o for o in rendered if o["kind"] in ("ServiceAccount", "DaemonSet")]
+    pools = {f"pool-a-{tag}": "inference", f"pool-b-{tag}": "training", f"no-pool-{tag}": None}
+    nodes: list[JSON] = []
+    for node, pool in pools.items():
+        labels = {TEST_LABEL: tag, "nodelock.io/enabled": "true"}
+        labels |= {POOL_LABEL: pool} if pool else {}
+        # unschedulable: no other pod lands here; a DaemonSet's pods tolerate it
+        nodes.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node, "labels": labels},
+                "spec": {"unschedulable": True},
+            }
+        )
+    namespace_obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    apply(cluster, [namespace_obj, *nodes])
+    try:
+        apply(cluster, objs)
+        want = {
+            f"pool-a-{tag}": ("nodelock-device-plugin-inference", ["--gpu-split=4"]),
+            f"pool-b-{tag}": ("nodelock-device-plugin-training", ["--gpu-split=2"]),
+            f"no-pool-{tag}": ("nodelock-device-plugin", []),
+        }
+        got: dict[str, list[tuple[str, list[str]]]] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json"))
+            got = {}
+            for pod in pods["items"]:
+                [owner] = pod["metadata"]["ownerReferences"]
+                terms = pod["spec"]["affinity"]["nodeAffinity"][
+                    "requiredDuringSchedulingIgnoredDuringExecution"
+                ]["nodeSelectorTerms"]
+                node = next(
+                    f["values"][0]
+                    for t in terms
+                    for f in t.get("matchFields", [])
+                    if f["key"] == "metadata.name"
+                )
+                split = gpu_split_args({"spec": {"template": {"spec": pod["spec"]}}})
+                got.setdefault(node, []).append((owner["name"], split))
+            if len(pods["items"]) >= len(want):
+                break
+            time.sleep(0.5)
+        time.sleep(2)  # and no second pod comes for any node
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json"))
+        assert len(pods["items"]) == len(want), got
+        assert got == {node: [w] for node, w in want.items()}
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "node", *pools, "--wait=false", check=False)
 
 
 def test_optional_monitoring_objects_render(helm: Path) -> None:

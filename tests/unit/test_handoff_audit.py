@@ -33,6 +33,7 @@ def pod(
     deleting: bool = False,
     init: Sequence[str] = (),
     raw: str | None = None,
+    sliced: Sequence[str] = (),
 ) -> PodRecord:
     return PodRecord(
         namespace="ns",
@@ -46,6 +47,7 @@ def pod(
             None if assignment is None else json.dumps({c: list(v) for c, v in assignment.items()})
         ),
         init_containers=frozenset(init),
+        sliced=frozenset(sliced),
     )
 
 
@@ -181,6 +183,81 @@ def test_confirmed_keeps_what_both_looks_saw() -> None:
     b = Disagreement(NODE, Kind.NO_KUBELET_RECORD, "ns/b", "", ("GPU-1",), "")
     a2 = Disagreement(NODE, Kind.KUBELET_DIFFERS, "ns/a", "c0", ("GPU-0",), "second")
     assert confirmed([a, b], [a2]) == [a2]
+
+
+# ---- a node that shares its GPUs: kubelet's virtual IDs <uuid>::<k> ---------------------------
+
+
+def test_slices_of_one_gpu_agree_when_every_view_is_folded_to_its_gpu() -> None:
+    pods = [
+        pod("a", {"c0": ["GPU-0"]}, sliced=["c0"]),
+        pod("b", {"c0": ["GPU-0"]}, sliced=["c0"]),
+        pod("w", {"c0": ["GPU-1"]}),
+    ]
+    kubelet = [
+        listed("a", {"c0": ["GPU-0::0"]}),
+        listed("b", {"c0": ["GPU-0::3"]}),
+        listed("w", {"c0": ["GPU-1::0"]}),
+    ]
+    answers = [
+        answer("a", "c0", ["GPU-0::0"], ["GPU-0"]),
+        answer("b", "c0", ["GPU-0::3"], ["GPU-0"]),
+        answer("w", "c0", ["GPU-1::0"], ["GPU-1"]),
+    ]
+    assert audit(pods, kubelet, answers) == []
+
+
+def test_a_gpu_held_whole_and_also_assigned_as_a_slice_is_assigned_twice() -> None:
+    pods = [pod("w", {"c0": ["GPU-0"]}), pod("s", {"c0": ["GPU-0"]}, sliced=["c0"])]
+    kubelet = [listed("w", {"c0": ["GPU-0::0"]}), listed("s", {"c0": ["GPU-0::1"]})]
+    found = audit(pods, kubelet)
+    assert kinds(found) == [(Kind.ASSIGNED_TWICE, "ns/s", "")]
+    assert found[0].devices == ("GPU-0",)
+
+
+def test_one_virtual_device_in_two_pods_is_found_on_kubelets_own_ids() -> None:
+    pods = [pod("a", {"c0": ["GPU-0"]}, sliced=["c0"]), pod("b", {"c0": ["GPU-0"]}, sliced=["c0"])]
+    kubelet = [listed("a", {"c0": ["GPU-0::2"]}), listed("b", {"c0": ["GPU-0::2"]})]
+    found = audit(pods, kubelet)
+    assert kinds(found) == [(Kind.DEVICE_IN_TWO_PODS, "ns/a", "")]
+    assert found[0].devices == ("GPU-0::2",)
+
+
+def test_virtual_devices_of_other_gpus_still_differ() -> None:
+    pods = [pod("a", {"c0": ["GPU-0", "GPU-1"]}, sliced=["c0"])]
+    # two slices of one GPU for one container: not the two distinct GPUs it was assigned
+    found = audit(pods, [listed("a", {"c0": ["GPU-0::0", "GPU-0::1"]})])
+    assert kinds(found) == [(Kind.KUBELET_DIFFERS, "ns/a", "c0")]
+    found = audit([pod("a", {"c0": ["GPU-0"]})], [listed("a", {"c0": ["GPU-1::0"]})])
+    assert kinds(found) == [(Kind.KUBELET_DIFFERS, "ns/a", "c0")]
+    # a slice of a GPU the node does not have
+    found = audit([pod("a", {"c0": ["GPU-9"]})], [listed("a", {"c0": ["GPU-9::0"]})])
+    assert kinds(found) == [(Kind.UNKNOWN_DEVICE, "ns/a", "")]
+    # the plugin answered another GPU than the one kubelet's virtual device belongs to
+    answers = [answer("a", "c0", ["GPU-0::0"], ["GPU-1"])]
+    found = audit([pod("a", {"c0": ["GPU-0"]})], [listed("a", {"c0": ["GPU-0::0"]})], answers)
+    assert kinds(found) == [(Kind.ANSWER_DIFFERS, "ns/a", "c0")]
+
+
+def test_pod_record_knows_which_containers_take_slices() -> None:
+    def limits(**extra: str) -> dict[str, object]:
+        return {"resources": {"limits": {"nvidia.com/gpu": "1", **extra}}}
+
+    containers: list[dict[str, object]] = [
+        {"name": "whole", **limits()},
+        {"name": "mem", **limits(**{"nvidia.com/gpumem": "1000"})},
+        {"name": "cores", **limits(**{"nvidia.com/gpucores": "30"})},
+        {"name": "none"},
+    ]
+    obj = {
+        "metadata": {"namespace": "ns", "name": "a", "uid": "u1"},
+        "spec": {"initContainers": [{"name": "i0", **limits()}], "containers": containers},
+        "status": {"phase": "Running"},
+    }
+    assert pod_record(obj, Keys()).sliced == {"mem", "cores"}
+    # a request the extender refuses (it never binds such a pod): counted as whole GPUs
+    containers.append({"name": "bad", **limits(**{"nvidia.com/gpucores": "300"})})
+    assert pod_record(obj, Keys()).sliced == frozenset()
 
 
 def test_pod_record_from_api_object() -> None:
