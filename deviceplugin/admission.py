@@ -5,13 +5,14 @@ Lease from the ``NodeLocks`` watch, one GET of the holder pod per Allocate call)
 checkpoint and releases the lock.  Calls are serialized (kubelet makes them one at a time anyway).
 
 Guarantees:
-- Allocate is decided from fresh reads of the holder pod (one GET) and of who kubelet is
-  admitting: kubelet's own PodResources ``List`` on the node (else one LIST of the pods bound to
-  this node at the API server), with the Lease from its watch and again from one GET when that
-  decision refuses.  kubelet's view of the node runs ahead of any watch, and a watch-fed view
-  can miss a takeover, a holder kubelet rejected, or the pod kubelet is admitting
-  (docs/deviceplugin.md, "Fresh reads").  A lagging watch thus never fails a pod nor serves the
-  wrong one.  GetPreferredAllocation (only a preference) tries the watch view first.
+- Allocate is decided from a fresh read of who kubelet is admitting: kubelet's own
+  PodResources ``List`` on the node, with the holder's spec from the node's pod watch; else
+  (no List) one GET of the holder and one LIST of the pods bound here at the API server.  The
+  Lease comes from its watch, and again from one GET when that decision refuses.  kubelet's
+  view of the node runs ahead of any watch, and a watch-fed view can miss a takeover, a holder
+  kubelet rejected, or the pod kubelet is admitting (docs/deviceplugin.md, "Fresh reads").  A
+  lagging watch thus never fails a pod nor serves the wrong one.  GetPreferredAllocation (only
+  a preference) tries the watch view first.
 - Progress is written to the checkpoint before kubelet gets the answer; if it cannot be written
   the container is refused (kubelet then fails the pod) and the lock released ``rejected``.  It
   is made durable (fsync) while the pod has containers left to serve; the last container's
@@ -259,35 +260,42 @@ class Admission:
     async def _decide(
         self, ids: Sequence[DeviceID], ctx: Context, *, fresh_lease: bool
     ) -> Allocation | Refusal:
-        """``decide_allocate`` on the holder pod and who kubelet may be admitting, both read
-        afresh at the same time, and the Lease from its watch (``fresh_lease``: one GET).
-        Every fresh read starts after kubelet called, so it includes everything kubelet knew:
-        kubelet's PodResources List holds the pod it admits (a LIST at the API server, the
-        fallback, every pod it can be admitting), and the holder's GET shows it rejected, gone,
-        admitted or elsewhere if it is.  A Lease watch that lags a takeover names the old
-        holder; kubelet no longer asks for that pod once it left the handoff, so its fresh read
-        refuses, and the caller decides again with a fresh Lease.  A lock changing hands
-        between the reads can only make a pod look like a bystander, which refuses (never
-        serves) the call."""
+        """``decide_allocate`` on the Lease from its watch (``fresh_lease``: one GET), who
+        kubelet may be admitting, and the holder pod.  kubelet's PodResources List, read after
+        kubelet called, holds the pod it admits and no longer holds a holder it rejected, so
+        the holder's spec may come from the node's pod watch (one GET when the watch has not
+        shown it).  Without kubelet's List, the holder (one GET) and the pods bound here (one
+        LIST) are read afresh at the same time: those reads include everything kubelet knew,
+        the LIST every pod it can be admitting, the GET the holder rejected, gone, admitted or
+        elsewhere if it is.  A Lease watch that lags a takeover names the old holder, which
+        kubelet no longer asks for; that decision refuses and the caller decides again with a
+        fresh Lease.  A lock changing hands between the reads can only make a pod look like a
+        bystander, which refuses (never serves) the call."""
         view = await self._view(fresh=fresh_lease)
         holder = view.record.holder if view is not None else None
-
-        async def holder_pod() -> PodJSON | None:
-            return await self._holder_pod(view, fresh=True)
-
-        held, here = await asyncio.gather(holder_pod(), self._admitting(), return_exceptions=True)
-        if isinstance(held, BaseException):
-            raise held
-        if isinstance(here, BaseException):
-            raise here
+        listed = await self._kubelet_list()
         kubelet: KubeletAdmission | None = None
         bound_here: list[PodJSON] = []
-        if isinstance(here, tuple):
+        if listed is not None:
+            held = await self._holder_pod(view, fresh=False)
             if holder is not None:
-                specs = await self._specs(here[0], holder.key)
-                kubelet = kubelet_admitting(here[0], specs, holder.key, self._served(), ctx)
+                specs = await self._specs(listed, holder.key)
+                kubelet = kubelet_admitting(
+                    listed, specs, holder.key, self._served(), ctx, holder_pod=held
+                )
         else:
-            bound_here = here
+
+            async def bound() -> list[PodJSON]:
+                return [] if self._pods is None else await self._retrying(self._pods.list_now)
+
+            pod_read, list_read = await asyncio.gather(
+                self._holder_pod(view, fresh=True), bound(), return_exceptions=True
+            )
+            if isinstance(pod_read, BaseException):
+                raise pod_read
+            if isinstance(list_read, BaseException):
+                raise list_read
+            held, bound_here = pod_read, list_read
         return decide_allocate(
             view,
             held,
@@ -300,19 +308,19 @@ class Admission:
             kubelet=kubelet,
         )
 
-    async def _admitting(self) -> tuple[list[KubeletPod]] | list[PodJSON]:
-        """kubelet's PodResources List (as a 1-tuple), else the pods bound here by one LIST."""
-        if self._kubelet is not None:
-            try:
-                listed = await self._kubelet.list()
-                self._metrics.kubelet_view.labels(result="ok").inc()
-                return (listed,)
-            except KubeletViewError as exc:
-                self._metrics.kubelet_view.labels(result="error").inc()
-                log.warning("%s; deciding from a LIST of the node's pods instead", exc)
-        if self._pods is None:
-            return []
-        return await self._retrying(self._pods.list_now)
+    async def _kubelet_list(self) -> list[KubeletPod] | None:
+        """kubelet's PodResources List; None when not configured or it failed (then the call
+        decides from the API server's reads)."""
+        if self._kubelet is None:
+            return None
+        try:
+            listed = await self._kubelet.list()
+        except KubeletViewError as exc:
+            self._metrics.kubelet_view.labels(result="error").inc()
+            log.warning("%s; deciding from a LIST of the node's pods instead", exc)
+            return None
+        self._metrics.kubelet_view.labels(result="ok").inc()
+        return listed
 
     async def _specs(
         self, listed: Sequence[KubeletPod], holder: HolderKey

@@ -556,7 +556,7 @@ def bystanders(
 class KubeletAdmission:
     """Who kubelet may be admitting, by its own view (``kubelet_admitting``)."""
 
-    holder_listed: bool  # kubelet's pod manager holds the lock holder
+    holder_listed: bool  # kubelet holds the lock holder, and it may still await devices
     others: tuple[str, ...]  # other pods it holds that may still be waiting for devices
 
 
@@ -566,6 +566,8 @@ def kubelet_admitting(
     holder: HolderKey,
     served_pods: Collection[str],
     ctx: Context,
+    *,
+    holder_pod: PodJSON | None = None,
 ) -> KubeletAdmission:
     """Read kubelet's PodResources ``List`` for the pods it may be admitting.
 
@@ -579,13 +581,15 @@ def kubelet_admitting(
     served.  A pod counts as possibly waiting (``others``) when it is unknown, its request is
     unreadable, a listed GPU container of it has no devices, or it asks for GPUs only in init
     containers (which kubelet does not list) and is still in handoff by its status; this errs
-    towards refusing, never towards serving another pod the holder's devices.
+    towards refusing, never towards serving another pod the holder's devices.  The holder
+    counts as listed only while it may still await devices by ``holder_pod`` (its spec) too:
+    a holder kubelet already gave all its GPUs is not the pod it asks about now.
     """
     holder_listed = False
     others: list[str] = []
     for entry in listed:
         if entry.key == holder:
-            holder_listed = True
+            holder_listed = holder_pod is None or _may_await(entry, holder_pod, ctx)
             continue
         spec = specs.get(entry.key)
         if spec is None:
@@ -594,19 +598,28 @@ def kubelet_admitting(
         uid = str((spec.get("metadata") or {}).get("uid") or "")
         if uid and uid in served_pods:
             continue
-        try:
-            wanted = gpu_containers(spec, ctx.resource)
-        except ValueError:
-            others.append(entry.key)  # kubelet parses it its own way: it may be asking
-            continue
-        if not wanted:
-            continue
-        names = [c for c, _ in wanted]
-        unserved = any(c in entry.containers and not entry.containers[c] for c in names)
-        init_only = not any(c in entry.containers for c in names)
-        if unserved or (init_only and handoff_status(spec, uid=uid, node=ctx.node).in_handoff):
+        if _may_await(entry, spec, ctx):
             others.append(entry.key)
     return KubeletAdmission(holder_listed, tuple(sorted(others)))
+
+
+def _may_await(entry: KubeletPod, spec: PodJSON, ctx: Context) -> bool:
+    """Whether a pod kubelet lists may still be waiting for devices of ``ctx.resource``: its
+    request does not parse (kubelet parses it its own way), a listed GPU container of it has no
+    devices, or it asks for GPUs only in init containers (not listed) and its status shows it
+    still in handoff."""
+    try:
+        wanted = gpu_containers(spec, ctx.resource)
+    except ValueError:
+        return True
+    if not wanted:
+        return False
+    names = [c for c, _ in wanted]
+    if any(c in entry.containers and not entry.containers[c] for c in names):
+        return True
+    uid = str((spec.get("metadata") or {}).get("uid") or "")
+    init_only = not any(c in entry.containers for c in names)
+    return init_only and handoff_status(spec, uid=uid, node=ctx.node).in_handoff
 
 
 def _given(plan: _Plan) -> tuple[tuple[DeviceID, ...], ...]:

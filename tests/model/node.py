@@ -3,8 +3,8 @@
 ``Plugin`` replays ``deviceplugin.admission.Admission`` around the project's decisions
 (``check_request``, ``decide_allocate``, ``decide_preferred``, ``handoff_abandoned``, the
 ``Checkpoint`` value type). GLUE (replicated, since ``Admission`` reads the API server between
-decisions): Allocate reads the holder pod (GET) and kubelet's PodResources List afresh (the listed
-pods' specs from the node pod watch, else a GET), the Lease from its watch, and decides again with a
+decisions): Allocate reads kubelet's PodResources List afresh, the holder pod and the listed pods'
+specs from the node pod watch (else a GET), the Lease from its watch, and decides again with a
 fresh Lease GET whenever that refuses; GetPreferredAllocation tries the watch-fed views first (the
 Lease watch, the node pod watch's copy of the holder, else the pod read for the same holder and
 token before), then fresh reads; a ``TAKEN_OVER`` refusal reads the interrupted pod and drops its
@@ -199,8 +199,8 @@ class Plugin:
         self, ids: Sequence[DeviceID], ctx: Context, *, fresh_lease: bool
     ) -> Allocation | Refusal:
         view = self._view(fresh=fresh_lease)
-        pod = self._holder_pod(view, fresh=True)
         listed = self.kubelet_view()
+        pod = self._holder_pod(view, fresh=False)  # kubelet's List is the fresh read
         holder = view.record.holder if view is not None else None
         kubelet = None
         if holder is not None:
@@ -209,7 +209,9 @@ class Plugin:
                 for e in listed
                 if e.key != holder.key
             }
-            kubelet = kubelet_admitting(listed, specs, holder.key, self._served(), ctx)
+            kubelet = kubelet_admitting(
+                listed, specs, holder.key, self._served(), ctx, holder_pod=pod
+            )
         return decide_allocate(
             view,
             pod,

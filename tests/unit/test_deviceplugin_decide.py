@@ -766,3 +766,21 @@ def test_an_admitted_init_only_gpu_pod_is_no_bystander() -> None:
     }
     seen = admitting([listed("p", main=[]), listed("other", app=[])], {"ns/other": spec})
     assert seen == KubeletAdmission(holder_listed=True, others=())
+
+
+def test_a_holder_kubelet_already_gave_its_gpus_is_not_the_pod_it_asks_about() -> None:
+    """kubelet lists the holder with its device: the Allocate in flight is another pod's."""
+    given = admitting([listed("p", main=ids(3))], {}, set())
+    assert given.holder_listed  # without the holder's spec, listed is all that is known
+    seen = kubelet_admitting(
+        [listed("p", main=ids(3))], {}, HolderKey("ns/p"), set(), CTX, holder_pod=ONE_POD
+    )
+    assert not seen.holder_listed
+    refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=seen),
+        RefusalKind.AMBIGUOUS,
+    )
+    waiting = kubelet_admitting(
+        [listed("p", main=[])], {}, HolderKey("ns/p"), set(), CTX, holder_pod=ONE_POD
+    )
+    served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=waiting))
