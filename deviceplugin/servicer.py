@@ -1,5 +1,9 @@
 """The DevicePlugin gRPC service: translates between kubelet's messages and ``Admission``.
 
+One servicer serves one resource: whole GPUs (``profile`` "") or the MIG instances of one
+profile (``nvidia.com/mig-<profile>``); every servicer of a plugin shares its ``Admission``, so
+all of them follow the one node lock.
+
 No decisions here.  Refusals become gRPC errors: ``INVALID_ARGUMENT`` for a malformed request,
 ``UNAVAILABLE`` when the API server could not be read, ``INTERNAL`` when the plugin could not
 record its progress, ``FAILED_PRECONDITION`` for everything about the cluster's state; the
@@ -16,7 +20,7 @@ from deviceplugin.admission import Admission, PreferenceAsk
 from deviceplugin.answer import ContainerAnswer
 from deviceplugin.decide import Refusal, RefusalKind
 from deviceplugin.devices import DeviceState
-from handoff.wire import GPU
+from handoff.wire import GPU, resource_of
 from proto import deviceplugin_v1beta1_pb2 as pb
 from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -61,9 +65,16 @@ def container_response(answer: ContainerAnswer) -> pb.ContainerAllocateResponse:
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     """kubelet's view of this plugin."""
 
-    def __init__(self, admission: Admission, state: DeviceState) -> None:
+    def __init__(self, admission: Admission, state: DeviceState, *, profile: str = "") -> None:
         self._admission = admission
         self._state = state
+        self._profile = profile
+        # None: the plugin's whole-GPU resource (``--resource-name``)
+        self._resource = resource_of(profile) if profile else None
+
+    def devices(self) -> list[GPU]:
+        """The devices this servicer advertises: whole GPUs, or the instances of its profile."""
+        return [g for g in self._state.gpus if g.profile == self._profile]
 
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
@@ -77,7 +88,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         while True:
             version = self._state.version
-            yield pb.ListAndWatchResponse(devices=[device_message(g) for g in self._state.gpus])
+            yield pb.ListAndWatchResponse(devices=[device_message(g) for g in self.devices()])
             await self._state.wait_newer(version)
 
     async def GetPreferredAllocation(
@@ -95,7 +106,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             )
             for r in request.container_requests
         ]
-        prefs = await self._admission.preferred(asks)
+        prefs = await self._admission.preferred(asks, resource=self._resource)
         return pb.PreferredAllocationResponse(
             container_responses=[
                 pb.ContainerPreferredAllocationResponse(deviceIDs=list(p.devices)) for p in prefs
@@ -108,7 +119,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
     ) -> pb.AllocateResponse:
         result = await self._admission.allocate(
-            [list(r.devices_ids) for r in request.container_requests]
+            [list(r.devices_ids) for r in request.container_requests], resource=self._resource
         )
         if isinstance(result, Refusal):
             await context.abort(status_code(result), result.message)

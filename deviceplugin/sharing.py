@@ -134,7 +134,7 @@ class SharingServicer(DevicePluginServicer):
     """``DevicePluginServicer`` for a node that shares its GPUs (see the module docstring)."""
 
     def __init__(self, admission: Admission, state: DeviceState) -> None:
-        super().__init__(admission, state)
+        super().__init__(admission, state)  # whole GPUs only: MIG instances are never shared
         self._admission = admission
         self._state = state
 
@@ -145,7 +145,7 @@ class SharingServicer(DevicePluginServicer):
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         while True:
             version = self._state.version
-            yield pb.ListAndWatchResponse(devices=virtual_devices(self._state.gpus))
+            yield pb.ListAndWatchResponse(devices=virtual_devices(self.devices()))
             await self._state.wait_newer(version)
 
     async def GetPreferredAllocation(
