@@ -144,6 +144,11 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "nodelock.devicePlugin
     - name: {{ . }}
       ignoredByScheduler: true
     {{- end }}
+    {{- /* MIG resources (scheduler_ext/config.py MIG_PROFILES): exact names, no prefix */}}
+    {{- range list "1g.6gb" "2g.12gb" "4g.24gb" "1g.5gb" "2g.10gb" "3g.20gb" "4g.20gb" "7g.40gb" "1g.10gb" "1g.20gb" "2g.20gb" "3g.40gb" "4g.40gb" "7g.80gb" "1g.12gb" "1g.24gb" "2g.24gb" "3g.47gb" "4g.47gb" "7g.94gb" "1g.18gb" "1g.35gb" "2g.35gb" "3g.71gb" "4g.71gb" "7g.141gb" }}
+    - name: nvidia.com/mig-{{ . }}
+      ignoredByScheduler: false
+    {{- end }}
   ignorable: false
   {{- if $https }}
   tlsConfig:
