@@ -94,3 +94,42 @@ async def sharing(sharing_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
     finally:
         await sharing_cluster.cleanup()
         await sharing_cluster.kube.close()
+
+
+MIG_LAYOUT = "3g.40gb+4x1g.10gb"  # GPU 0 of the MIG node; GPU 1 stays a whole GPU
+
+
+@pytest.fixture(scope="session")
+def mig_cluster() -> Iterator[GPUCluster]:
+    """A small devcluster of its own: one node x two simulated 80 GiB GPUs, GPU 0 in MIG mode
+    with ``MIG_LAYOUT`` (``--mig``), GPU 1 whole."""
+    state = Path(tempfile.mkdtemp(prefix="nlm-", dir="/tmp"))
+    cluster = Cluster(state, binaries=ensure_control_plane())
+    cluster.up()
+    try:
+        specs = up_gpu_cluster(
+            cluster,
+            nodes=1,
+            gpus_per_node=2,
+            gpu_memory_mib=SHARING_GPU_MIB,
+            mig=((0, MIG_LAYOUT),),
+            extender_args=[f"--lease-duration={LEASE_S}"],
+        )
+        yield GPUCluster(cluster, [s.name for s in specs])
+    finally:
+        cluster.down()
+        if not os.environ.get("NODELOCK_KEEP_STATE"):
+            shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture
+async def mig(mig_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
+    """The MIG cluster with a fresh namespace and a client; checks S1/S2 after."""
+    mig_cluster.kube = await KubeClient.connect(str(mig_cluster.cluster.kubeconfig))
+    await mig_cluster.new_namespace()
+    try:
+        yield mig_cluster
+        await assert_no_violations(mig_cluster.kube)
+    finally:
+        await mig_cluster.cleanup()
+        await mig_cluster.kube.close()
