@@ -1,4 +1,4 @@
-"""MIG-aware inventory: the MIG instances of GPUs in MIG mode, read from NVML (not yet served).
+"""MIG-aware inventory: the MIG instances of GPUs in MIG mode, read from NVML.
 
 A GPU in MIG mode is never advertised as a whole GPU (``deviceplugin.nvml`` leaves it out).  Its
 MIG instances are devices of their own, one resource per profile, named as the NVIDIA device
@@ -14,9 +14,10 @@ instance.
 
 Guarantees: deterministic (by parent index, then MIG device index); a MIG device NVML cannot
 describe is left out and named in ``problems``, never guessed.
-Not done: serving these resources (one plugin endpoint per profile), which is what makes MIG
-instances schedulable through the lock; this module is the inventory half, tested against
-recorded NVML answers.
+Not done: the NVML backend does not serve these yet (instances' health from their parent's
+XID events, their device nodes).  The plugin serves MIG instances, one endpoint per profile
+through the one node lock (``deviceplugin.plugin``, docs/mig.md), from the simulated backend's
+MIG layouts (``deviceplugin.simulated``); this module is tested against recorded NVML answers.
 """
 
 from __future__ import annotations
