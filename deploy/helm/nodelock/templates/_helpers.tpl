@@ -229,11 +229,13 @@ label on the pod and on its namespace). include with (dict "resource" ... "escap
     - name: requested
       expression: >-
         object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])
+    {{- /* the GPU resource, or MIG instances of any profile (nvidia.com/mig-<profile>) */}}
     - name: gpu
       expression: >-
         variables.requested.exists(c, has(c.resources) &&
         [has(c.resources.limits) ? c.resources.limits : {}, has(c.resources.requests) ? c.resources.requests : {}].exists(m,
-        variables.resource in m && quantity(string(m[variables.resource])).isGreaterThan(quantity("0"))))
+        m.exists(k, (k == variables.resource || k.startsWith("nvidia.com/mig-")) &&
+        quantity(string(m[k])).isGreaterThan(quantity("0")))))
     - name: escaped
       expression: >-
         has(object.metadata.labels) && {{ .escape | quote }} in object.metadata.labels &&
