@@ -14,6 +14,7 @@ from deviceplugin.kubeletview import list_pod_resources
 from deviceplugin.simulated import simulated_id
 from handoff.wire import parse_inventory
 from kube.client import node_path, pod_path
+from nodelock.audit import audit, devcluster_sources
 from tests.e2e.kit import GPUCluster, assignment
 from tests.e2e.test_e2e_sharing import stays_pending
 
@@ -109,6 +110,10 @@ async def test_instances_of_two_profiles_each_pod_its_own_then_pending(mig: GPUC
     assert assignment(mixed) == {"c0": [whole], "c1": [big]}
     assert allocated(mixed)["c1"]["envs"]["NVIDIA_VISIBLE_DEVICES"] == big
     assert allocated(mixed)["c0"]["envs"]["NVIDIA_VISIBLE_DEVICES"] == whole
+    # nodelock audit: assignments, kubelet's PodResources and the plugin's answers agree, for
+    # the whole GPU and for the instances of each profile
+    result = await audit(c.kube, devcluster_sources(c.cluster.state_dir), second_look_s=0)
+    assert result.disagreements == [], result.disagreements
 
     # every instance of the profile is taken: a fifth stays Pending, with a reason (kube-scheduler
     # counts the resource against kubelet's allocatable before asking the extender)
