@@ -18,8 +18,8 @@ Guarantees (each one unit-tested with plain data):
 - ``Refusal.release`` is set only when the holder pod itself can never be served: it is gone, or
   its (or its Lease's) handoff data is malformed, forged or disagrees with its spec.  Refusals
   that may concern a different pod than the holder (kubelet asks for another count or other
-  devices), or a lock that is not the holder's to lose (no holder, token mismatch, taken over),
-  leave the lock alone.
+  devices, or for a resource the holder does not ask for), or a lock that is not the holder's
+  to lose (no holder, token mismatch, taken over), leave the lock alone.
 - Nothing here does I/O, reads a clock or keeps state.
 
 - While another GPU pod is bound to this node, Pending and not admitted (and not served by this
@@ -401,7 +401,9 @@ def _verify(
         )
     plan = _order(leased, pod, name, ctx)
     if isinstance(plan, Refusal):
-        return Refusal(plan.kind, plan.message, release)
+        # COUNT_MISMATCH: the holder asks for none of this resource, so the caller is another pod
+        keep = plan.kind is RefusalKind.COUNT_MISMATCH
+        return Refusal(plan.kind, plan.message, None if keep else release)
     whole = HandoffProgress(holder.key, holder.uid, token)
     if progress is not None and progress.same_handoff(holder, token):
         whole = progress
@@ -451,6 +453,12 @@ def _order(
             )
         out.append((container, tuple(ids)))
     if not out:
+        if _asks_other(pod, ctx):
+            return Refusal(
+                RefusalKind.COUNT_MISMATCH,
+                f"{where}: the lock holder asks for no {ctx.resource}, only for other resources "
+                "this plugin serves; kubelet is admitting another pod",
+            )
         return Refusal(RefusalKind.SPEC_MISMATCH, f"{where}: no container requests {ctx.resource}")
     shared = _shared_while_running(out, reusing_init_containers(pod))
     if shared:
@@ -468,6 +476,18 @@ def _order(
             f"{where}: assigned devices this node does not have: {unknown}",
         )
     return out
+
+
+def _asks_other(pod: PodJSON, ctx: Context) -> bool:
+    """Whether the pod asks for another resource this plugin serves (MIG instances, or whole
+    GPUs for a MIG resource's call)."""
+    for resource in ctx.resources()[1:]:
+        try:
+            if gpu_containers(pod, resource):
+                return True
+        except ValueError:
+            return True  # asks for it, malformed: refused when kubelet asks for that resource
+    return False
 
 
 def _shared_while_running(

@@ -181,3 +181,23 @@ def test_progress_of_several_resources_survives_the_checkpoint() -> None:
         )["progress"]
         or {}
     )
+
+
+def test_call_for_a_resource_the_holder_does_not_ask_for_keeps_its_lock() -> None:
+    """kubelet asks the whole-GPU endpoint while the holder asks for MIG instances only: the
+    caller is another pod (bound around the extender), so the holder's lock stays."""
+    a = assignment_of(main=[MIG[0]])
+    p = pod(a, containers=[box("main", mig1g=1)])
+    r = refused(
+        decide_allocate(lease(a), p, [GPU[0]], None, ctx(DEFAULT_RESOURCE)),
+        RefusalKind.COUNT_MISMATCH,
+    )
+    assert r.release is None
+    assert "asks for no nvidia.com/gpu" in r.message
+    # a holder that asks for nothing this plugin serves is broken: released as before
+    none = pod(a, containers=[{"name": "main", "image": "x"}])
+    r = refused(
+        decide_allocate(lease(a), none, [GPU[0]], None, ctx(DEFAULT_RESOURCE)),
+        RefusalKind.SPEC_MISMATCH,
+    )
+    assert r.release is not None
