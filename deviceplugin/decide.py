@@ -128,7 +128,7 @@ class HandoffProgress:
         self, container: ContainerName, devices: tuple[DeviceID, ...], resource: str
     ) -> HandoffProgress:
         """This progress plus ``container`` served ``devices`` of ``resource``; ``given`` must
-        be complete (``_given``)."""
+        be complete (``_complete``)."""
         resources = self.resources
         if resources or resource != DEFAULT_RESOURCE:
             resources = (*self.resources, *[DEFAULT_RESOURCE] * (len(self.served) - len(resources)))
