@@ -20,7 +20,14 @@ from devcluster.shape import (
     read_shape,
     write_shape,
 )
-from deviceplugin.simulated import LAYOUTS, layout_of
+from deviceplugin.simulated import (
+    DEFAULT_MEMORY_MIB,
+    LAYOUTS,
+    SimSpec,
+    layout_of,
+    parse_mig_flags,
+)
+from deviceplugin.simulated import inventory as sim_inventory
 from handoff.sharing import check_split
 from handoff.topology import NumaPolicy
 
@@ -104,6 +111,15 @@ def register(sub: Any) -> None:
         "default 1: whole GPUs)",
     )
     u.add_argument(
+        "--mig",
+        action="append",
+        default=[],
+        metavar="INDEX=LAYOUT",
+        help="put GPU INDEX of every node in MIG mode with the instances LAYOUT, e.g. "
+        "0=7x1g.10gb or 0=3g.40gb+2g.20gb+2x1g.10gb; served as nvidia.com/mig-<profile> "
+        "(repeatable; docs/deviceplugin.md)",
+    )
+    u.add_argument(
         "--gpu-memory-mib",
         type=int,
         default=None,
@@ -148,6 +164,18 @@ def _up(args: argparse.Namespace) -> int:
         raise DevclusterError(str(exc)) from exc
     if args.gpu_memory_mib is not None and args.gpu_memory_mib < 1:
         raise DevclusterError("--gpu-memory-mib must be positive")
+    try:
+        mig = parse_mig_flags(args.mig)
+        sim_inventory(
+            "check",
+            SimSpec(
+                count=args.gpus_per_node,
+                memory_mib=args.gpu_memory_mib or DEFAULT_MEMORY_MIB,
+                mig=mig,
+            ),
+        )
+    except ValueError as exc:
+        raise DevclusterError(f"--mig: {exc}") from exc
     policy = NumaPolicy(args.topology_manager_policy)
     if policy is not NumaPolicy.NONE and args.gpu_topology is None:
         raise DevclusterError(f"--topology-manager-policy {policy.value} needs --gpu-topology")
@@ -176,6 +204,7 @@ def _up(args: argparse.Namespace) -> int:
                 topology_policy=policy,
                 gpu_split=args.gpu_split,
                 gpu_memory_mib=args.gpu_memory_mib,
+                mig=mig,
             )
         except BaseException:
             cluster.down()

@@ -76,10 +76,17 @@ class NodeSpec:
     layout: str | None = None  # a simulated GPU layout (deviceplugin.simulated.LAYOUTS)
     topology_policy: NumaPolicy = NumaPolicy.NONE  # the simulated kubelet's topology manager
     gpu_split: int = 1  # > 1: the device plugin shares each GPU as S virtual devices
+    # (GPU index, MIG layout) of GPUs in MIG mode (deviceplugin.simulated.mig_layout)
+    mig: tuple[tuple[int, str], ...] = ()
 
     @property
     def numa_nodes(self) -> int:
         return 0 if self.layout is None else layout_numa_nodes(self.layout)
+
+    @property
+    def whole_gpus(self) -> int:
+        """How many GPUs kubelet advertises as ``nvidia.com/gpu`` (not in MIG mode)."""
+        return self.gpus - len(self.mig)
 
 
 def node_names(count: int) -> list[str]:
@@ -226,6 +233,7 @@ def start_device_plugin(
         f"--sim-model={spec.model}",
         f"--sim-memory-mib={spec.memory_mib}",
         *([f"--gpu-split={spec.gpu_split}"] if spec.gpu_split > 1 else []),
+        *[f"--sim-mig={index}={layout}" for index, layout in spec.mig],
         f"--metrics-port={port}",
         f"--pod-resources-socket={pod_resources_socket(cluster.state_dir, spec.name)}",
         *layout_args,
@@ -250,7 +258,7 @@ def wait_nodes_ready(cluster: Cluster, specs: list[NodeSpec], *, timeout_s: floa
                 continue
             alloc = node.get("status", {}).get("allocatable", {}).get(DEFAULT_RESOURCE)
             annotations = node.get("metadata", {}).get("annotations", {})
-            if alloc == str(spec.gpus * spec.gpu_split) and Keys().gpus in annotations:
+            if alloc == str(spec.whole_gpus * spec.gpu_split) and Keys().gpus in annotations:
                 del pending[name]
         if not pending:
             return
@@ -303,6 +311,7 @@ def up_gpu_cluster(
     topology_policy: NumaPolicy = NumaPolicy.NONE,
     gpu_split: int = 1,
     gpu_memory_mib: int | None = None,
+    mig: tuple[tuple[int, str], ...] = (),
 ) -> list[NodeSpec]:
     """Install the GPU pod admission policies (as the chart does on a real cluster), start the
     extender and ``nodes`` simulated GPU nodes, and wait until all report GPUs.
@@ -310,7 +319,8 @@ def up_gpu_cluster(
     ``gpu_topology`` names a simulated GPU layout for every node; ``topology_policy`` is the
     simulated kubelets' topology manager policy (published as a node label for the extender).
     ``gpu_split`` > 1 makes every node share its GPUs (S virtual devices each, docs/sharing.md);
-    ``gpu_memory_mib`` is each simulated GPU's memory (default: an H100's).
+    ``gpu_memory_mib`` is each simulated GPU's memory (default: an H100's); ``mig`` puts GPUs
+    of every node in MIG mode ((index, layout) pairs, ``deviceplugin.simulated.mig_layout``).
     """
     install_gpu_pod_policies(cluster)
     start_extender(
@@ -328,6 +338,7 @@ def up_gpu_cluster(
             topology_policy=topology_policy,
             gpu_split=gpu_split,
             memory_mib=DEFAULT_MEMORY_MIB if gpu_memory_mib is None else gpu_memory_mib,
+            mig=mig,
         )
         for n in node_names(nodes)
     ]

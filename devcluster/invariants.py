@@ -18,6 +18,11 @@ On a node that shares GPUs (``handoff.sharing``) kubelet allocates virtual devic
 no other pod, and the slices on one GPU never commit more memory or cores than it has (memory is
 checked where the caller passes the nodes' inventories).
 
+MIG instances (``nvidia.com/mig-<profile>``, recorded under ``otherResources``) are devices like
+whole GPUs for S1 and S2: a container's devices are its whole GPUs and its instances.  A container
+that asks for both gets ``NVIDIA_VISIBLE_DEVICES`` from each plugin answer and kubelet keeps one
+of them: it must then equal one resource's devices.
+
 S3 (no lock left held) is checked from the Leases: ``check_locks_free``.
 """
 
@@ -29,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handoff.sharing import FULL_CORES, BadShare, Slice, container_slice, larger, physical_of
-from handoff.wire import DEFAULT_PREFIX, DEFAULT_RESOURCE, GPU
+from handoff.wire import DEFAULT_PREFIX, DEFAULT_RESOURCE, GPU, MIG_RESOURCE_PREFIX
 
 ALLOCATED = "sim.nodelock.io/allocated"
 LIVE_PHASES = ("Pending", "Running", "Unknown")
@@ -56,12 +61,23 @@ def _key(pod: Mapping[str, Any]) -> str:
 
 
 def _requests_gpu(pod: Mapping[str, Any], resource: str) -> bool:
+    """Whether the pod asks for ``resource`` or for MIG instances."""
     spec = pod.get("spec", {})
     for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
         res = c.get("resources", {})
-        if resource in res.get("limits", {}) or resource in res.get("requests", {}):
+        asked = [*res.get("limits", {}), *res.get("requests", {})]
+        if resource in asked or any(r.startswith(MIG_RESOURCE_PREFIX) for r in asked):
             return True
     return False
+
+
+def _by_resource(seen: Mapping[str, Any]) -> list[list[str]]:
+    """A container's record per resource: its whole GPUs (virtual IDs folded) and its MIG
+    instances of each profile, each sorted; resources it got nothing of are left out."""
+    out = [sorted(str(physical_of(d)) for d in seen.get("deviceIDs", []))]
+    others = seen.get("otherResources") or {}
+    out += [sorted(others[r]) for r in sorted(others) if r.startswith(MIG_RESOURCE_PREFIX)]
+    return [ids for ids in out if ids]
 
 
 def _reusing_init_containers(pod: Mapping[str, Any]) -> set[str]:
@@ -125,7 +141,8 @@ def check_pods(
         kept: dict[str, str] = {}  # device -> container of this pod that keeps it
         slices = _slices(pod)
         for container, seen in record.items():
-            ids = sorted(str(physical_of(d)) for d in seen.get("deviceIDs", []))
+            per_resource = _by_resource(seen)
+            ids = sorted(d for r in per_resource for d in r)
             claim = slices.get(container)
             for dev in ids:
                 if claim is not None:
@@ -139,7 +156,7 @@ def check_pods(
                 )
             env = seen.get("envs", {}).get("NVIDIA_VISIBLE_DEVICES", "")
             env_ids = sorted(x for x in env.split(",") if x)
-            if env_ids != ids:
+            if env_ids != ids and (len(per_resource) < 2 or env_ids not in per_resource):
                 found.s2.append(
                     f"{key}/{container}: NVIDIA_VISIBLE_DEVICES={env!r}, kubelet allocated {ids}"
                 )

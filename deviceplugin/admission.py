@@ -63,7 +63,7 @@ from deviceplugin.kubeletview import KubeletViewError, PodResources
 from deviceplugin.metrics import PluginMetrics, ReleaseResult
 from deviceplugin.podwatch import NodePods
 from handoff.audit import KubeletPod
-from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
+from handoff.wire import DEFAULT_RESOURCE, GPU, DeviceID, Keys
 from kube import failpoints
 from kube.backoff import Backoff
 from kube.client import KubeClient, pod_path
@@ -150,9 +150,19 @@ class Admission:
     def pending(self) -> tuple[PendingRelease, ...]:
         return self._cp.pending
 
-    def _context(self) -> Context:
+    def resource_of(self, gpu: GPU) -> str:
+        """The resource a device is served as: its MIG resource, else this plugin's."""
+        return gpu.resource if gpu.profile else self._resource
+
+    def _context(self, resource: str | None = None) -> Context:
+        """The facts of a call for ``resource`` (None: whole GPUs): its devices, the others'."""
+        resource = resource or self._resource
+        mine = {g.id: g.healthy for g in self._state.gpus if self.resource_of(g) == resource}
+        others = {
+            g.id: self.resource_of(g) for g in self._state.gpus if self.resource_of(g) != resource
+        }
         return Context(
-            node=self.node, devices=self._state.health(), resource=self._resource, keys=self._keys
+            node=self.node, devices=mine, resource=resource, keys=self._keys, others=others
         )
 
     async def _save(self, cp: Checkpoint, *, durable: bool = True) -> None:
@@ -211,14 +221,15 @@ class Admission:
     # -- Allocate -------------------------------------------------------------------------------
 
     async def allocate(
-        self, requests: Sequence[Sequence[str]]
+        self, requests: Sequence[Sequence[str]], *, resource: str | None = None
     ) -> tuple[Allocation, ContainerAnswer] | Refusal:
-        """Decide one Allocate call and do what follows from it (checkpoint, release)."""
+        """Decide one Allocate call for ``resource`` (None: whole GPUs) and do what follows
+        from it (checkpoint, release)."""
         started = time.monotonic()
         self._step("allocate")
         async with self._lock:
             await failpoints.pause("allocate.start")  # e2e: a slow admission
-            result = await self._allocate(requests)
+            result = await self._allocate(requests, resource)
         if isinstance(result, Refusal):
             self._metrics.allocations.labels(result=result.kind.value).inc()
             log.warning("Allocate refused (%s): %s", result.kind.value, result.message)
@@ -232,9 +243,9 @@ class Admission:
         return result
 
     async def _allocate(
-        self, requests: Sequence[Sequence[str]]
+        self, requests: Sequence[Sequence[str]], resource: str | None
     ) -> tuple[Allocation, ContainerAnswer] | Refusal:
-        ctx = self._context()
+        ctx = self._context(resource)
         ids = check_request(requests, ctx)
         if isinstance(ids, Refusal):
             return ids
@@ -273,7 +284,7 @@ class Admission:
         bystander, which refuses (never serves) the call."""
         view = await self._view(fresh=fresh_lease)
         holder = view.record.holder if view is not None else None
-        listed = await self._kubelet_list()
+        listed = await self._kubelet_list(ctx.resource)
         kubelet: KubeletAdmission | None = None
         bound_here: list[PodJSON] = []
         if listed is not None:
@@ -308,13 +319,13 @@ class Admission:
             kubelet=kubelet,
         )
 
-    async def _kubelet_list(self) -> list[KubeletPod] | None:
-        """kubelet's PodResources List; None when not configured or it failed (then the call
-        decides from the API server's reads)."""
+    async def _kubelet_list(self, resource: str) -> list[KubeletPod] | None:
+        """kubelet's PodResources List, with the devices of ``resource``; None when not
+        configured or it failed (then the call decides from the API server's reads)."""
         if self._kubelet is None:
             return None
         try:
-            listed = await self._kubelet.list()
+            listed = await self._kubelet.list(resource=resource)
         except KubeletViewError as exc:
             self._metrics.kubelet_view.labels(result="error").inc()
             log.warning("%s; deciding from a LIST of the node's pods instead", exc)
@@ -424,25 +435,30 @@ class Admission:
 
     # -- GetPreferredAllocation -----------------------------------------------------------------
 
-    async def preferred(self, asks: Sequence[PreferenceAsk]) -> list[Preference]:
-        """A preference per container request; only a single request can be a hit."""
+    async def preferred(
+        self, asks: Sequence[PreferenceAsk], *, resource: str | None = None
+    ) -> list[Preference]:
+        """A preference per container request for ``resource`` (None: whole GPUs); only a
+        single request can be a hit."""
         self._step("preferred")
         async with self._lock:
-            out = [await self._preferred(ask, single=len(asks) == 1) for ask in asks]
+            out = [await self._preferred(ask, resource, single=len(asks) == 1) for ask in asks]
         for pref in out:
             self._metrics.preferred.labels(result="hit" if pref.hit else "miss").inc()
             if not pref.hit:
                 log.info("GetPreferredAllocation miss: %s", pref.reason)
         return out
 
-    async def _preferred(self, ask: PreferenceAsk, *, single: bool) -> Preference:
+    async def _preferred(
+        self, ask: PreferenceAsk, resource: str | None, *, single: bool
+    ) -> Preference:
         if not single:
             return Preference(
                 hint(ask.available, ask.must_include, ask.size),
                 hit=False,
                 reason="more than one container in one request",
             )
-        ctx = self._context()
+        ctx = self._context(resource)
         pref = Preference((), hit=False)
         try:
             for fresh in (False, True):

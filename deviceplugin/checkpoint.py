@@ -88,6 +88,8 @@ def to_json(cp: Checkpoint) -> dict[str, Any]:
             "served": list(cp.progress.served),
             "given": [list(ids) for ids in cp.progress.given],
         }
+        if cp.progress.resources:  # absent while every served container had whole GPUs
+            progress["resources"] = list(cp.progress.resources)
     return {
         "version": VERSION,
         "node": cp.node,
@@ -121,12 +123,22 @@ def from_json(raw: Any, node: NodeName) -> Checkpoint:
             raise ValueError(
                 "progress.given must be a list (one per served container) of device ID lists"
             )
+        resources = p.get("resources") or []  # absent: every entry had whole GPUs
+        if (
+            not isinstance(resources, list)
+            or len(resources) > len(served)
+            or not all(isinstance(r, str) and r for r in resources)
+        ):
+            raise ValueError(
+                "progress.resources must be a list (one per served container) of resource names"
+            )
         progress = HandoffProgress(
             holder=HolderKey(str(p["holder"])),
             uid=str(p["uid"]),
             token=FencingToken(_int(p["token"])),
             served=tuple(ContainerName(c) for c in served),
             given=tuple(tuple(DeviceID(d) for d in g) for g in given),
+            resources=tuple(str(r) for r in resources),
         )
     pending = tuple(
         PendingRelease(

@@ -21,7 +21,14 @@ from deviceplugin.plugin import (
     DevicePlugin,
     PluginConfig,
 )
-from deviceplugin.simulated import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, SimSpec, SimulatedBackend
+from deviceplugin.simulated import (
+    DEFAULT_MEMORY_MIB,
+    DEFAULT_MODEL,
+    SimSpec,
+    SimulatedBackend,
+    parse_mig_flags,
+)
+from deviceplugin.simulated import inventory as sim_inventory
 from handoff.flags import add_flags as add_handoff_flags
 from handoff.sharing import check_split
 from handoff.wire import DEFAULT_RESOURCE
@@ -88,6 +95,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=0,
         help="spread simulated GPUs over this many NUMA nodes (default 0: no NUMA information)",
+    )
+    p.add_argument(
+        "--sim-mig",
+        action="append",
+        default=[],
+        metavar="INDEX=LAYOUT",
+        help="put simulated GPU INDEX in MIG mode with the instances LAYOUT, '+'-joined "
+        "[<n>x]<profile> parts, e.g. 0=7x1g.10gb or 1=3g.40gb+2g.20gb+2x1g.10gb; each profile is "
+        "served as nvidia.com/mig-<profile> (repeatable)",
     )
     p.add_argument(
         "--sim-file",
@@ -196,12 +212,17 @@ def backend_from_args(args: argparse.Namespace) -> DeviceBackend:
     if args.backend == "simulated":
         if args.sim_gpus < 0 or args.sim_memory_mib < 0 or args.sim_numa_nodes < 0:
             raise ConfigError("--sim-gpus, --sim-memory-mib and --sim-numa-nodes must be >= 0")
-        spec = SimSpec(
-            count=args.sim_gpus,
-            model=args.sim_model,
-            memory_mib=args.sim_memory_mib,
-            numa_nodes=args.sim_numa_nodes,
-        )
+        try:
+            spec = SimSpec(
+                count=args.sim_gpus,
+                model=args.sim_model,
+                memory_mib=args.sim_memory_mib,
+                numa_nodes=args.sim_numa_nodes,
+                mig=parse_mig_flags(args.sim_mig),
+            )
+            sim_inventory(args.node_name, spec)  # a layout that cannot be is refused here
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         return SimulatedBackend(args.node_name, spec, sim_file=args.sim_file)
     from deviceplugin.nvml import NvmlBackend  # imports pynvml only when asked for
 

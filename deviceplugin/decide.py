@@ -18,12 +18,16 @@ Guarantees (each one unit-tested with plain data):
 - ``Refusal.release`` is set only when the holder pod itself can never be served: it is gone, or
   its (or its Lease's) handoff data is malformed, forged or disagrees with its spec.  Refusals
   that may concern a different pod than the holder (kubelet asks for another count or other
-  devices), or a lock that is not the holder's to lose (no holder, token mismatch, taken over),
-  leave the lock alone.
+  devices, or for a resource the holder does not ask for), or a lock that is not the holder's
+  to lose (no holder, token mismatch, taken over), leave the lock alone.
 - Nothing here does I/O, reads a clock or keeps state.
 
 - While another GPU pod is bound to this node, Pending and not admitted (and not served by this
   plugin), nothing is served (``bystanders``): kubelet may be admitting that pod.
+- A plugin serving several resources (whole GPUs and MIG instances, ``Context.others``) decides
+  each call on the resource kubelet asked for: the assignment's devices of that resource, the
+  containers asking for it, its own progress; the lock is released after the last container of
+  every resource the pod asks for was served.
 
 Not guaranteed: that the pod kubelet is admitting *is* the holder when the caller's view of the
 node's pods lags (a pod bound around the extender a moment ago) — docs/deviceplugin.md, "Limits".
@@ -32,7 +36,7 @@ node's pods lags (a pod bound around the extender a moment ago) — docs/devicep
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -101,6 +105,43 @@ class HandoffProgress:
     # the devices each served container was given, parallel to ``served``; a container without
     # an entry (a checkpoint written before this was kept) was given its own assignment
     given: tuple[tuple[DeviceID, ...], ...] = ()
+    # the resource each served container was served for, parallel to ``served``; empty while
+    # every entry is ``DEFAULT_RESOURCE`` (so handoffs of whole GPUs only record nothing new)
+    resources: tuple[str, ...] = ()
+
+    def resource_at(self, index: int) -> str:
+        """The resource served container ``index`` was served for."""
+        return self.resources[index] if index < len(self.resources) else DEFAULT_RESOURCE
+
+    def of_resource(self, resource: str) -> HandoffProgress:
+        """The progress of ``resource`` alone (the entries served for it)."""
+        if not self.resources and resource == DEFAULT_RESOURCE:
+            return self
+        keep = [i for i in range(len(self.served)) if self.resource_at(i) == resource]
+        given = tuple(self.given[i] for i in keep if i < len(self.given))
+        if len(given) != len(keep):  # an unrecorded ``given`` is only ever a trailing one
+            given = ()
+        return HandoffProgress(
+            self.holder, self.uid, self.token, tuple(self.served[i] for i in keep), given
+        )
+
+    def after(
+        self, container: ContainerName, devices: tuple[DeviceID, ...], resource: str
+    ) -> HandoffProgress:
+        """This progress plus ``container`` served ``devices`` of ``resource``; ``given`` must
+        be complete (``_complete``)."""
+        resources = self.resources
+        if resources or resource != DEFAULT_RESOURCE:
+            resources = (*self.resources, *[DEFAULT_RESOURCE] * (len(self.served) - len(resources)))
+            resources = (*resources, resource)
+        return HandoffProgress(
+            self.holder,
+            self.uid,
+            self.token,
+            (*self.served, container),
+            (*self.given, devices),
+            resources,
+        )
 
     def same_handoff(self, holder: Holder, token: FencingToken) -> bool:
         return self.uid == holder.uid and self.token == token and self.holder == holder.key
@@ -153,6 +194,7 @@ class _Plan:
     progress: HandoffProgress
     next_index: int  # index into order of the next container to serve
     reusing: frozenset[ContainerName] = frozenset()  # init containers whose devices are reused
+    whole: HandoffProgress | None = None  # the progress of every resource (``progress``: ours)
 
     @property
     def next(self) -> tuple[ContainerName, tuple[DeviceID, ...]] | None:
@@ -199,6 +241,13 @@ class Context:
     devices: Mapping[DeviceID, bool] = field(default_factory=dict)  # ID -> healthy
     resource: str = DEFAULT_RESOURCE
     keys: Keys = field(default_factory=Keys)
+    # the devices of the other resources this plugin serves (MIG instances, or whole GPUs for a
+    # MIG resource's call), ID -> resource: an assignment names them too
+    others: Mapping[DeviceID, str] = field(default_factory=dict)
+
+    def resources(self) -> list[str]:
+        """Every resource this plugin serves, this call's first."""
+        return [self.resource, *sorted(set(self.others.values()) - {self.resource})]
 
 
 def _pod_name(pod: PodJSON) -> str:
@@ -353,21 +402,24 @@ def _verify(
         )
     plan = _order(leased, pod, name, ctx)
     if isinstance(plan, Refusal):
-        return Refusal(plan.kind, plan.message, release)
-    served: tuple[ContainerName, ...] = ()
-    given: tuple[tuple[DeviceID, ...], ...] = ()
+        # COUNT_MISMATCH: the holder asks for none of this resource, so the caller is another pod
+        keep = plan.kind is RefusalKind.COUNT_MISMATCH
+        return Refusal(plan.kind, plan.message, None if keep else release)
+    whole = HandoffProgress(holder.key, holder.uid, token)
     if progress is not None and progress.same_handoff(holder, token):
-        served, given = progress.served, progress.given
-    done = set(served)
+        whole = progress
+    mine = whole.of_resource(ctx.resource)
+    done = set(mine.served)
     next_index = next((i for i, (c, _) in enumerate(plan) if c not in done), len(plan))
     return _Plan(
         holder=holder,
         token=token,
         pod=name,
         order=tuple(plan),
-        progress=HandoffProgress(holder.key, holder.uid, token, served, given),
+        progress=mine,
         next_index=next_index,
         reusing=reusing_init_containers(pod),
+        whole=whole,
     )
 
 
@@ -381,7 +433,10 @@ def _order(
     except ValueError as exc:
         return Refusal(RefusalKind.SPEC_MISMATCH, f"{where}: {exc}")
     names = [c for c, _ in wanted]
-    extra = [c for c in assignment if c not in names]
+    everything = assignment
+    # the devices of other resources are checked when kubelet asks for those
+    assignment = {c: [d for d in ids if d not in ctx.others] for c, ids in assignment.items()}
+    extra = [c for c, ids in assignment.items() if ids and c not in names]
     if extra:
         return Refusal(
             RefusalKind.SPEC_MISMATCH,
@@ -399,6 +454,12 @@ def _order(
             )
         out.append((container, tuple(ids)))
     if not out:
+        if _asks_other(pod, ctx):
+            return Refusal(
+                RefusalKind.COUNT_MISMATCH,
+                f"{where}: the lock holder asks for no {ctx.resource}, only for other resources "
+                "this plugin serves; kubelet is admitting another pod",
+            )
         return Refusal(RefusalKind.SPEC_MISMATCH, f"{where}: no container requests {ctx.resource}")
     shared = _shared_while_running(out, reusing_init_containers(pod))
     if shared:
@@ -407,13 +468,27 @@ def _order(
             f"{where}: the assignment gives containers that run at the same time the same "
             f"devices: {shared}",
         )
-    unknown = sorted({d for _, ids in out for d in ids if d not in ctx.devices})
+    unknown = sorted(
+        {d for ids in everything.values() for d in ids if d not in ctx.devices} - set(ctx.others)
+    )
     if unknown:
         return Refusal(
             RefusalKind.UNKNOWN_DEVICE,
             f"{where}: assigned devices this node does not have: {unknown}",
         )
     return out
+
+
+def _asks_other(pod: PodJSON, ctx: Context) -> bool:
+    """Whether the pod asks for another resource this plugin serves (MIG instances, or whole
+    GPUs for a MIG resource's call)."""
+    for resource in ctx.resources()[1:]:
+        try:
+            if gpu_containers(pod, resource):
+                return True
+        except ValueError:
+            return True  # asks for it, malformed: refused when kubelet asks for that resource
+    return False
 
 
 def _shared_while_running(
@@ -513,15 +588,14 @@ def decide_allocate(
             f"assignment is {list(assigned)} and the pod's devices not held by its other "
             f"containers are {list(pool)}",
         )
-    served = (*plan.progress.served, container)
-    given = (*_given(plan), devices)
+    progress = _complete(plan).after(container, devices, ctx.resource)
     return Allocation(
         holder=plan.holder,
         token=plan.token,
         container=container,
         devices=devices,
-        progress=HandoffProgress(plan.holder.key, plan.holder.uid, plan.token, served, given),
-        last=plan.next_index + 1 == len(plan.order),
+        progress=progress,
+        last=_all_served(pod, progress, ctx),
         kubelet_differs=differs,
         pod=pod,
     )
@@ -622,13 +696,31 @@ def _may_await(entry: KubeletPod, spec: PodJSON, ctx: Context) -> bool:
     return init_only and handoff_status(spec, uid=uid, node=ctx.node).in_handoff
 
 
-def _given(plan: _Plan) -> tuple[tuple[DeviceID, ...], ...]:
-    """The devices of every served container, filled in from the assignment where unrecorded."""
+def _complete(plan: _Plan) -> HandoffProgress:
+    """The whole progress with the devices of every served container, filled in from the
+    assignment where unrecorded (only checkpoints of whole GPUs written before ``given`` was
+    kept lack them)."""
+    whole = plan.whole if plan.whole is not None else plan.progress
     assigned = dict(plan.order)
-    return tuple(
-        g if (g := plan.progress.devices_of(i)) is not None else tuple(assigned.get(c, ()))
-        for i, c in enumerate(plan.progress.served)
+    given = tuple(
+        g if (g := whole.devices_of(i)) is not None else tuple(assigned.get(c, ()))
+        for i, c in enumerate(whole.served)
     )
+    return replace(whole, given=given)
+
+
+def _all_served(pod: PodJSON | None, progress: HandoffProgress, ctx: Context) -> bool:
+    """Whether ``progress`` served every container of the pod that asks for any resource this
+    plugin serves (the lock is released then)."""
+    served = {(c, progress.resource_at(i)) for i, c in enumerate(progress.served)}
+    for resource in ctx.resources():
+        try:
+            wanted = gpu_containers(pod or {}, resource)
+        except ValueError:
+            continue  # refused when kubelet asks for it
+        if any((c, resource) not in served for c, _ in wanted):
+            return False
+    return True
 
 
 def decide_preferred(

@@ -76,8 +76,9 @@ class PodResources:
         self._timeout_s = timeout_s
         self._channel: grpc.aio.Channel | None = None
 
-    async def list(self) -> list[KubeletPod]:
-        """Every pod kubelet lists now, with each listed container's devices of the resource."""
+    async def list(self, *, resource: str | None = None) -> list[KubeletPod]:
+        """Every pod kubelet lists now, with each listed container's devices of ``resource``
+        (default: the one given at construction)."""
         if not self.socket.exists():
             raise KubeletViewError(f"kubelet's PodResources socket {self.socket} does not exist")
         if self._channel is None:
@@ -89,7 +90,7 @@ class PodResources:
             raise KubeletViewError(
                 f"PodResources List on {self.socket} failed: {exc.code().name}: {exc.details()}"
             ) from exc
-        return pods_from_list(response, resource=self._resource)
+        return pods_from_list(response, resource=resource or self._resource)
 
     async def close(self) -> None:
         if self._channel is not None:

@@ -1,4 +1,4 @@
-"""MIG-aware inventory: the MIG instances of GPUs in MIG mode, read from NVML (not yet served).
+"""MIG-aware inventory: the MIG instances of GPUs in MIG mode, read from NVML.
 
 A GPU in MIG mode is never advertised as a whole GPU (``deviceplugin.nvml`` leaves it out).  Its
 MIG instances are devices of their own, one resource per profile, named as the NVIDIA device
@@ -14,9 +14,9 @@ instance.
 
 Guarantees: deterministic (by parent index, then MIG device index); a MIG device NVML cannot
 describe is left out and named in ``problems``, never guessed.
-Not done: serving these resources (one plugin endpoint per profile), which is what makes MIG
-instances schedulable through the lock; this module is the inventory half, tested against
-recorded NVML answers.
+The NVML backend serves these (``deviceplugin.nvml``), the plugin one endpoint per profile
+through the one node lock (``deviceplugin.plugin``, docs/mig.md); the simulated backend has
+MIG layouts of its own (``deviceplugin.simulated``).  Tested against recorded NVML answers.
 """
 
 from __future__ import annotations
@@ -86,25 +86,39 @@ def mig_inventory(nvml: Any) -> MigInventory:
         if current != MIG_ENABLED:
             continue
         out.mig_gpus.append(parent)
-        parent_bytes = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
-        for k in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
-            try:
-                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
-            except nvml.NVMLError:
-                continue  # an empty slot
-            try:
-                uuid = DeviceID(_text(nvml.nvmlDeviceGetUUID(mig)))
-                attrs = nvml.nvmlDeviceGetAttributes(mig)
-                memory = int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // MIB
-                profile = profile_name(
-                    int(attrs.gpuInstanceSliceCount),
-                    int(attrs.computeInstanceSliceCount),
-                    int(attrs.memorySizeMB),
-                    parent_bytes,
-                )
-            except (nvml.NVMLError, AttributeError, TypeError, ValueError) as exc:
-                out.problems.append(f"GPU {index} ({parent}) MIG device {k}: {exc}")
-                continue
-            dev = MigDevice(uuid, parent, index, k, profile, memory)
+        devices, problems = mig_devices(nvml, handle, index, parent)
+        out.problems += problems
+        for dev in devices:
             out.by_resource.setdefault(dev.resource, []).append(dev)
     return out
+
+
+def mig_devices(
+    nvml: Any, handle: Any, index: int, parent: DeviceID
+) -> tuple[list[MigDevice], list[str]]:
+    """The MIG devices of one GPU in MIG mode (``handle``, its index and UUID), in slot order,
+    and what could not be read of them.  Raises ``nvml.NVMLError`` when the GPU's own memory
+    or slot count cannot be read."""
+    out: list[MigDevice] = []
+    problems: list[str] = []
+    parent_bytes = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+    for k in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, k)
+        except nvml.NVMLError:
+            continue  # an empty slot
+        try:
+            uuid = DeviceID(_text(nvml.nvmlDeviceGetUUID(mig)))
+            attrs = nvml.nvmlDeviceGetAttributes(mig)
+            memory = int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // MIB
+            profile = profile_name(
+                int(attrs.gpuInstanceSliceCount),
+                int(attrs.computeInstanceSliceCount),
+                int(attrs.memorySizeMB),
+                parent_bytes,
+            )
+        except (nvml.NVMLError, AttributeError, TypeError, ValueError) as exc:
+            problems.append(f"GPU {index} ({parent}) MIG device {k}: {exc}")
+            continue
+        out.append(MigDevice(uuid, parent, index, k, profile, memory))
+    return out, problems

@@ -5,9 +5,12 @@ one clear ``DeviceBackendError`` instead of a traceback.  The backend takes the 
 module as a parameter (``NvmlBackend(nvml=...)``), so its whole behaviour is tested against
 recorded NVML answers with no GPU.
 
-Whole GPUs only.  A GPU in MIG mode is never advertised as a whole GPU: one that is in MIG mode
-at start is left out of the inventory, one whose MIG mode cannot be read is advertised
-unhealthy, and one switched to MIG mode later turns unhealthy until it is switched back.
+A GPU in MIG mode is never advertised as a whole GPU: one that is in MIG mode at start is served
+as its MIG instances (``deviceplugin.mig``; one resource per profile, docs/mig.md), one whose
+MIG mode cannot be read is advertised unhealthy, and one switched to MIG mode later turns
+unhealthy until it is switched back.  A MIG instance's health is its parent GPU's: XID events
+are registered on the parent and mark all its instances, and the instances turn unhealthy when
+the parent leaves MIG mode (they no longer exist).
 
 Health (decisions in ``deviceplugin.nvml_health``, NVIDIA k8s-device-plugin's XID rules and
 ``DP_DISABLE_HEALTHCHECKS``/``DP_ENABLE_HEALTHCHECKS``): every GPU is registered for critical
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.devices import DeviceBackendError, DeviceState
+from deviceplugin.mig import mig_devices
 from deviceplugin.nvml_health import (
     IGNORED_ENV,
     HealthBook,
@@ -160,6 +164,7 @@ class NvmlBackend:
         self._poll_s = poll_s
         self._wait_ms = wait_ms
         self.skipped_mig: list[DeviceID] = []  # GPUs in MIG mode at discovery: not advertised
+        self._parent: dict[DeviceID, DeviceID] = {}  # MIG instance -> its GPU
         self.mig: dict[DeviceID, bool | None] = {}  # MIG mode as last read (None: unreadable)
         self.book = HealthBook(())
 
@@ -199,7 +204,9 @@ class NvmlBackend:
     def _list(self) -> list[GPU]:
         n = self._nvml
         gpus: list[GPU] = []
+        instances: list[GPU] = []
         self.skipped_mig = []
+        self._parent = {}
         try:
             for index in range(n.nvmlDeviceGetCount()):
                 h = n.nvmlDeviceGetHandleByIndex(index)
@@ -207,10 +214,8 @@ class NvmlBackend:
                 mig = self._mig_enabled(h)
                 self.mig[uuid] = mig
                 if mig:
-                    log.warning(
-                        "GPU %d (%s) is in MIG mode: not advertised as a whole GPU", index, uuid
-                    )
                     self.skipped_mig.append(uuid)
+                    instances += self._instances(h, index, uuid)
                     continue
                 self._minor[uuid] = int(n.nvmlDeviceGetMinorNumber(h))
                 gpus.append(
@@ -225,7 +230,42 @@ class NvmlBackend:
                 )
         except n.NVMLError as exc:
             raise DeviceBackendError(f"NVML cannot list the GPUs: {exc}") from exc
-        return with_links(n, gpus)
+        return [*with_links(n, gpus), *instances]
+
+    def _instances(self, h: Any, index: int, uuid: DeviceID) -> list[GPU]:
+        """The MIG instances of GPU ``index`` (in MIG mode) as devices of their own."""
+        n = self._nvml
+        try:
+            found, problems = mig_devices(n, h, index, uuid)
+        except (n.NVMLError, AttributeError) as exc:  # AttributeError: a pynvml without MIG
+            found, problems = [], [f"GPU {index} ({uuid}): cannot list its MIG devices: {exc}"]
+        for problem in problems:
+            log.warning("MIG instance left out: %s", problem)
+        log.warning(
+            "GPU %d (%s) is in MIG mode: not advertised as a whole GPU; served as %d MIG "
+            "instances (%s)",
+            index,
+            uuid,
+            len(found),
+            ", ".join(d.profile for d in found) or "none",
+        )
+        self._minor[uuid] = int(n.nvmlDeviceGetMinorNumber(h))
+        model, numa = _text(n.nvmlDeviceGetName(h)), self._numa(h)
+        out = []
+        for d in found:
+            self._parent[d.id] = uuid
+            out.append(
+                GPU(d.id, index, model, d.memory_mib, numa, True, profile=d.profile, parent=uuid)
+            )
+        return out
+
+    def _targets(self, ids: Iterable[DeviceID]) -> dict[DeviceID, list[DeviceID]]:
+        """The GPUs NVML is asked about, each with the served devices it stands for: a whole
+        GPU for itself, a GPU in MIG mode for its instances."""
+        out: dict[DeviceID, list[DeviceID]] = {}
+        for dev in ids:
+            out.setdefault(self._parent.get(dev, dev), []).append(dev)
+        return out
 
     def _numa(self, handle: Any) -> int | None:
         n = self._nvml
@@ -246,7 +286,7 @@ class NvmlBackend:
         """Register every GPU for critical XID events; returns the GPUs to poll instead."""
         n = self._nvml
         polled: list[DeviceID] = []
-        for dev in ids:
+        for dev, served in self._targets(ids).items():  # a MIG GPU's events cover its instances
             try:
                 h = n.nvmlDeviceGetHandleByUUID(dev)
                 supported = int(n.nvmlDeviceGetSupportedEventTypes(h))
@@ -257,10 +297,10 @@ class NvmlBackend:
             except n.NVMLError as exc:
                 if self._code(exc) == n.NVML_ERROR_NOT_SUPPORTED:
                     log.info("GPU %s: no NVML XID events (%s); polling it instead", dev, exc)
-                    polled.append(dev)
+                    polled += served
                 else:
                     log.warning("GPU %s: cannot watch its health (%s): unhealthy", dev, exc)
-                    self.book.mark([dev], Reason.NO_HEALTH_EVENTS)
+                    self.book.mark(served, Reason.NO_HEALTH_EVENTS)
         return polled
 
     async def watch(self, state: DeviceState) -> None:
@@ -334,9 +374,9 @@ class NvmlBackend:
         if outcome.device is None:
             log.warning("XID %d on a GPU NVML cannot name: every GPU unhealthy", outcome.xid)
             book.mark(book.ids, Reason.XID)
-        elif outcome.device in book.ids:
+        elif outcome.device in (targets := self._targets(book.ids)):
             log.warning("GPU %s: XID %d, unhealthy", outcome.device, outcome.xid)
-            book.mark([outcome.device], Reason.XID)
+            book.mark(targets[outcome.device], Reason.XID)  # a MIG GPU: all its instances
         else:
             log.info("XID %d on a GPU this plugin does not serve (%s)", outcome.xid, outcome.device)
         return 0
@@ -371,24 +411,27 @@ class NvmlBackend:
         n = self._nvml
         book = self.book
         xid_marked = set(book.having(Reason.XID))
-        for dev in book.ids:
+        for dev, served in self._targets(book.ids).items():  # a MIG GPU for its instances
+            asked = any(d in polled for d in served)
             try:
                 h = n.nvmlDeviceGetHandleByUUID(dev)
-                if dev in polled:
+                if asked:
                     n.nvmlDeviceGetMemoryInfo(h)
             except n.NVMLError as exc:
-                if dev in polled:
-                    if Reason.NOT_ANSWERING not in book.reasons(dev):
+                if asked:
+                    if Reason.NOT_ANSWERING not in book.reasons(served[0]):
                         log.warning("GPU %s does not answer NVML: %s", dev, exc)
-                    book.mark([dev], Reason.NOT_ANSWERING)
+                    book.mark(served, Reason.NOT_ANSWERING)
                 continue
-            book.clear([dev], Reason.NOT_ANSWERING)
-            if dev in xid_marked and self._recovered(h):
+            book.clear(served, Reason.NOT_ANSWERING)
+            if any(d in xid_marked for d in served) and self._recovered(h):
                 log.info("GPU %s: NVML reports no recovery action needed; healthy again", dev)
-                book.clear([dev], Reason.XID)
+                book.clear(served, Reason.XID)
             mig = self._mig_enabled(h)
             self.mig[dev] = mig
-            if mig:
+            if served != [dev]:  # its MIG instances: gone unless the GPU is still in MIG mode
+                (book.clear if mig else book.mark)(served, Reason.MIG)
+            elif mig:
                 book.mark([dev], Reason.MIG)
             elif mig is False:
                 book.clear([dev], Reason.MIG)
@@ -407,7 +450,8 @@ class NvmlBackend:
                     )
 
     def device_nodes(self, ids: Sequence[DeviceID]) -> list[str]:
-        nodes = [f"/dev/nvidia{self._minor[d]}" for d in ids if d in self._minor]
+        gpus = dict.fromkeys(self._parent.get(d, d) for d in ids)  # a MIG instance: its GPU's
+        nodes = [f"/dev/nvidia{self._minor[d]}" for d in gpus if d in self._minor]
         nodes += [c for c in CONTROL_DEVICES if (self._dev_root / c.lstrip("/")).exists()]
         return nodes
 

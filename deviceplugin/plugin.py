@@ -2,9 +2,14 @@
 
 ``DevicePlugin.start`` discovers the devices, reads the checkpoint, starts watching the node's
 Lease, serves the socket (and registers with kubelet in the background), publishes the inventory
-and retries pending releases.  ``stop`` undoes all of it.  ``run`` does both around a wait that
-ends on cancellation or when any part fails, so a broken plugin exits (and its DaemonSet restarts
-it) rather than limping on.
+and retries pending releases.  A node with GPUs in MIG mode gets one more endpoint (own socket,
+own Register) per MIG profile found at start, resource ``nvidia.com/mig-<profile>``; all of them
+share one ``Admission``, so MIG instances are handed off under the same node lock as whole GPUs.
+The MIG profiles served are fixed at start: instances of a profile that appears later are
+published in the inventory but not served until the plugin restarts.
+
+``stop`` undoes all of it.  ``run`` does both around a wait that ends on cancellation or when any
+part fails, so a broken plugin exits (and its DaemonSet restarts it) rather than limping on.
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podwatch import NodePods
 from deviceplugin.servicer import DevicePluginServicer
 from deviceplugin.sharing import SharingServicer, SplitDeviceState
-from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
+from handoff.wire import (
+    DEFAULT_LOCK_NAMESPACE,
+    DEFAULT_PREFIX,
+    DEFAULT_RESOURCE,
+    Keys,
+    resource_of,
+)
 from kube.client import KubeClient
 from kube.events import EventRecorder
 from lockd.locks import NodeLocks
@@ -66,6 +77,13 @@ class PluginConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keys", Keys(self.prefix))
+
+
+def mig_socket_name(socket_name: str, profile: str) -> str:
+    """The socket of the endpoint serving MIG ``profile``, next to the whole-GPU one's:
+    ``nodelock-gpu.sock`` -> ``nodelock-gpu-mig-1g.10gb.sock``."""
+    stem = socket_name.removesuffix(".sock")
+    return f"{stem}-mig-{profile}.sock"
 
 
 class DevicePlugin:
@@ -127,6 +145,7 @@ class DevicePlugin:
             metrics=self.metrics,
             poll_s=config.poll_s,
         )
+        self.mig_endpoints: dict[str, Endpoint] = {}  # by MIG profile, made at start
         self.inventory = InventoryPublisher(
             kube=kube, node=config.node, keys=config.keys, metrics=self.metrics
         )
@@ -153,7 +172,17 @@ class DevicePlugin:
         self._spawn("releases", self.admission.run_releases())
         self._spawn("inventory", self.inventory.run(self.state))
         self._spawn("endpoint", self.endpoint.run())
-        serving = asyncio.create_task(self.endpoint.serving.wait())
+        for profile in sorted({g.profile for g in self.state.gpus if g.profile}):
+            endpoint = self.mig_endpoints[profile] = Endpoint(
+                plugin_dir=self.config.plugin_dir,
+                socket_name=mig_socket_name(self.config.socket_name, profile),
+                resource=resource_of(profile),
+                servicer=DevicePluginServicer(self.admission, self.state, profile=profile),
+                metrics=self.metrics,
+                poll_s=self.config.poll_s,
+            )
+            self._spawn(f"endpoint-mig-{profile}", endpoint.run())
+        serving = asyncio.create_task(self._all_serving())
         done, _ = await asyncio.wait([serving, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
         if serving not in done:
             serving.cancel()
@@ -162,14 +191,20 @@ class DevicePlugin:
                 task.result()  # raises what broke the start
             raise RuntimeError("a device plugin task ended during start")
 
+    async def _all_serving(self) -> None:
+        for endpoint in [self.endpoint, *self.mig_endpoints.values()]:
+            await endpoint.serving.wait()
+
     def waiting_for(self) -> list[str]:
         """What the plugin still waits for before it is ready (``/readyz``; empty: ready): its
         socket served and registered with kubelet."""
         missing = []
-        if not self.endpoint.serving.is_set():
-            missing.append("socket")
-        if not self.endpoint.registered.is_set():
-            missing.append("kubelet registration")
+        for e in [self.endpoint, *self.mig_endpoints.values()]:
+            which = "" if e is self.endpoint else f" of {e.socket_name}"
+            if not e.serving.is_set():
+                missing.append(f"socket{which}")
+            if not e.registered.is_set():
+                missing.append(f"kubelet registration{which}")
         return missing
 
     async def _follow_health(self) -> None:

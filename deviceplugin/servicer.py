@@ -1,5 +1,9 @@
 """The DevicePlugin gRPC service: translates between kubelet's messages and ``Admission``.
 
+One servicer serves one resource: whole GPUs (``profile`` "") or the MIG instances of one
+profile (``nvidia.com/mig-<profile>``); every servicer of a plugin shares its ``Admission``, so
+all of them follow the one node lock.
+
 No decisions here.  Refusals become gRPC errors: ``INVALID_ARGUMENT`` for a malformed request,
 ``UNAVAILABLE`` when the API server could not be read, ``INTERNAL`` when the plugin could not
 record its progress, ``FAILED_PRECONDITION`` for everything about the cluster's state; the
@@ -16,7 +20,7 @@ from deviceplugin.admission import Admission, PreferenceAsk
 from deviceplugin.answer import ContainerAnswer
 from deviceplugin.decide import Allocation, Refusal, RefusalKind
 from deviceplugin.devices import DeviceState
-from handoff.wire import GPU, DeviceID
+from handoff.wire import GPU, DeviceID, resource_of
 from proto import deviceplugin_v1beta1_pb2 as pb
 from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -68,13 +72,20 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     nothing else, so every RPC's flow stays in this class.
     """
 
-    def __init__(self, admission: Admission, state: DeviceState) -> None:
+    def __init__(self, admission: Admission, state: DeviceState, *, profile: str = "") -> None:
         self._admission = admission
         self._state = state
+        self._profile = profile
+        # None: the plugin's whole-GPU resource (``--resource-name``)
+        self._resource = resource_of(profile) if profile else None
+
+    def devices(self) -> list[GPU]:
+        """The devices this servicer advertises: whole GPUs, or the instances of its profile."""
+        return [g for g in self._state.gpus if g.profile == self._profile]
 
     def _devices(self) -> list[pb.Device]:
-        """What ListAndWatch tells kubelet: one device per GPU."""
-        return [device_message(g) for g in self._state.gpus]
+        """What ListAndWatch tells kubelet: one device per GPU (or MIG instance)."""
+        return [device_message(g) for g in self.devices()]
 
     def _physical_ids(self, ids: Sequence[str]) -> list[str]:
         """The GPUs that kubelet's device IDs ``ids`` name, each once, first appearance first."""
@@ -125,7 +136,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             )
             for r in reqs
         ]
-        prefs = await self._admission.preferred(asks)
+        prefs = await self._admission.preferred(asks, resource=self._resource)
         return pb.PreferredAllocationResponse(
             container_responses=[
                 pb.ContainerPreferredAllocationResponse(deviceIDs=self._kubelet_ids(p.devices, r))
@@ -141,7 +152,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         phys = self._allocate_request([list(r.devices_ids) for r in request.container_requests])
         if isinstance(phys, Refusal):
             await context.abort(status_code(phys), phys.message)
-        result = await self._admission.allocate(phys)
+        result = await self._admission.allocate(phys, resource=self._resource)
         if isinstance(result, Refusal):
             await context.abort(status_code(result), result.message)
         alloc, answer = result

@@ -40,15 +40,18 @@ from proto import deviceplugin_v1beta1_pb2 as pb
 
 
 class SplitDeviceState(DeviceState):
-    """A ``DeviceState`` whose GPUs all carry the node's split count (so the published
-    inventory says the node shares, and with which S)."""
+    """A ``DeviceState`` whose whole GPUs all carry the node's split count (so the published
+    inventory says the node shares, and with which S); MIG instances are never split."""
 
     def __init__(self, split: int, gpus: Sequence[GPU] = ()) -> None:
         self.split = check_split(split)
-        super().__init__([replace(g, split=split) for g in gpus])
+        super().__init__(self._split(gpus))
+
+    def _split(self, gpus: Sequence[GPU]) -> list[GPU]:
+        return [g if g.profile else replace(g, split=self.split) for g in gpus]
 
     async def update(self, gpus: Sequence[GPU]) -> bool:
-        return await super().update([replace(g, split=self.split) for g in gpus])
+        return await super().update(self._split(gpus))
 
 
 def virtual_devices(gpus: Sequence[GPU]) -> list[pb.Device]:
@@ -115,7 +118,7 @@ class SharingServicer(DevicePluginServicer):
     """``DevicePluginServicer`` for a node that shares its GPUs (see the module docstring)."""
 
     def _devices(self) -> list[pb.Device]:
-        return virtual_devices(self._state.gpus)
+        return virtual_devices(self.devices())  # whole GPUs only: MIG instances are never shared
 
     def _physical_ids(self, ids: Sequence[str]) -> list[str]:
         return list(fold(ids))

@@ -10,7 +10,12 @@ The file (``--sim-file``) overrides the flags; every key is optional::
      "layout": "pcie-2numa", "unhealthy": [3],
      "devices": [{"index": 5, "healthy": false, "model": "…", "memoryMiB": 40960, "numa": 1}]}
 
-``unhealthy`` lists indexes; ``devices`` overrides single devices by index.  ``layout`` names one
+``unhealthy`` lists indexes; ``devices`` overrides single devices by index.  A device entry's
+``"mig": "3g.40gb+2g.20gb+2x1g.10gb"`` (or ``--sim-mig 0=7x1g.10gb``) puts that GPU in MIG mode
+with those instances (``mig_layout``): the GPU is then no device of its own, only its instances
+are (IDs ``MIG-<uuid5>``, stable like the GPUs', each with its parent's health, NUMA node and
+links).  Reconfiguring a GPU's MIG layout while the plugin runs changes the inventory but not
+the MIG resources the plugin serves (those are fixed at start).  ``layout`` names one
 of ``LAYOUTS`` and gives every device its NUMA node and links (``layout_of``); it overrides
 ``numaNodes``.  The file is polled
 (every 0.2 s) and reloaded when its content changes; a file that does not parse keeps the last
@@ -30,7 +35,7 @@ from typing import Any
 
 from deviceplugin.devices import DeviceBackendError, DeviceState
 from handoff.topology import NO_TOPO, Topo
-from handoff.wire import GPU, DeviceID
+from handoff.wire import GPU, DeviceID, valid_mig_profile
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_MEMORY_MIB = 81559
@@ -43,6 +48,83 @@ log = logging.getLogger(__name__)
 def simulated_id(node: str, index: int) -> DeviceID:
     """The stable, UUID-shaped ID of simulated GPU ``index`` on ``node``."""
     return DeviceID(f"GPU-{uuid.uuid5(_NAMESPACE, f'{node}/{index}')}")
+
+
+def simulated_mig_id(node: str, index: int, slot: int) -> DeviceID:
+    """The stable, UUID-shaped ID of MIG instance ``slot`` of simulated GPU ``index``."""
+    return DeviceID(f"MIG-{uuid.uuid5(_NAMESPACE, f'{node}/{index}/mig/{slot}')}")
+
+
+MIG_COMPUTE_SLICES = 7  # an A100's or H100's GPU slices (and 8 memory eighths)
+MIB_PER_GB = 1024
+
+
+def mig_layout(text: str, *, parent_memory_mib: int) -> tuple[str, ...]:
+    """The MIG profiles of one GPU from ``+``-joined parts ``[<n>x]<profile>`` (pure), e.g.
+    ``7x1g.10gb`` or ``3g.40gb+2g.20gb+2x1g.10gb``.
+
+    Raises ``ValueError`` for an unknown profile shape, or instances whose GPU slices exceed the
+    7 of an A100/H100 or whose memory exceeds the parent's (only sums are checked, not NVIDIA's
+    placement rules).
+    """
+    profiles: list[str] = []
+    for part in text.split("+"):
+        count, x, profile = part.strip().rpartition("x")
+        if not x:
+            count = "1"
+        if not count.isdigit() or int(count) < 1 or not valid_mig_profile(profile):
+            raise ValueError(
+                f"MIG layout {text!r}: {part!r} is not [<n>x]<profile> with a profile like 1g.10gb"
+            )
+        profiles += [profile] * int(count)
+    if len(profiles) > MIG_COMPUTE_SLICES:
+        raise ValueError(f"MIG layout {text!r}: more than {MIG_COMPUTE_SLICES} instances")
+    gi = sum(_mig_numbers(p)[0] for p in profiles)
+    gb = sum(_mig_numbers(p)[1] for p in profiles)
+    parent_gb = -(-parent_memory_mib // MIB_PER_GB)
+    if gi > MIG_COMPUTE_SLICES:
+        raise ValueError(f"MIG layout {text!r}: {gi} GPU slices; a GPU has {MIG_COMPUTE_SLICES}")
+    if gb > parent_gb:
+        raise ValueError(f"MIG layout {text!r}: {gb} GB of instances on a {parent_gb} GB GPU")
+    return tuple(profiles)
+
+
+def _mig_numbers(profile: str) -> tuple[int, int]:
+    """(GPU instance slices, memory GB) of a valid profile name."""
+    gi, mem = profile.split(".")[-2:]
+    return int(gi[:-1]), int(mem[:-2])
+
+
+def parse_mig_flags(values: Sequence[str]) -> tuple[tuple[int, str], ...]:
+    """``--sim-mig INDEX=LAYOUT`` values as (GPU index, layout) pairs (pure); raises
+    ``ValueError`` for a value of another shape or an index given twice."""
+    out: dict[int, str] = {}
+    for value in values:
+        index, eq, layout = value.partition("=")
+        if not eq or not index.isdigit() or not layout:
+            raise ValueError(f"--sim-mig {value!r}: expected INDEX=LAYOUT, e.g. 0=7x1g.10gb")
+        if int(index) in out:
+            raise ValueError(f"--sim-mig names GPU {index} twice")
+        out[int(index)] = layout
+    return tuple(sorted(out.items()))
+
+
+def mig_instances(node: str, parent: GPU, profiles: Sequence[str]) -> list[GPU]:
+    """The MIG instances of ``parent`` for ``profiles``, in slot order (pure)."""
+    return [
+        GPU(
+            id=simulated_mig_id(node, parent.index, slot),
+            index=parent.index,
+            model=parent.model,
+            memory_mib=_mig_numbers(profile)[1] * MIB_PER_GB,
+            numa=parent.numa,
+            healthy=parent.healthy,
+            topo=parent.topo,
+            profile=profile,
+            parent=parent.id,
+        )
+        for slot, profile in enumerate(profiles)
+    ]
 
 
 LAYOUTS = ("nvswitch", "pcie-2numa", "nvlink-pairs")
@@ -91,6 +173,7 @@ class SimSpec:
     model: str = DEFAULT_MODEL
     memory_mib: int = DEFAULT_MEMORY_MIB
     numa_nodes: int = 0  # 0: no NUMA information
+    mig: tuple[tuple[int, str], ...] = ()  # (GPU index, MIG layout) of GPUs in MIG mode
 
 
 def inventory(node: str, spec: SimSpec, overrides: Any = None) -> list[GPU]:
@@ -113,12 +196,15 @@ def inventory(node: str, spec: SimSpec, overrides: Any = None) -> list[GPU]:
     placed: list[tuple[int | None, Topo]] = []
     if o.get("layout") is not None:
         placed = [(n, t) for n, t in layout_of(str(o["layout"]), count)]
-    per_device: dict[int, dict[str, Any]] = {}
+    per_device: dict[int, dict[str, Any]] = {i: {"mig": layout} for i, layout in spec.mig}
     for d in o.get("devices", []):
         if not isinstance(d, dict) or not isinstance(d.get("index"), int):
             raise ValueError("every entry of devices needs an integer index")
-        per_device[d["index"]] = d
-    gpus = []
+        per_device[d["index"]] = {**per_device.get(d["index"], {}), **d}
+    beyond = sorted(i for i, d in per_device.items() if d.get("mig") and not 0 <= i < count)
+    if beyond:
+        raise ValueError(f"MIG layouts for GPUs {beyond} the node does not have ({count} GPUs)")
+    gpus: list[GPU] = []
     for i in range(count):
         d = per_device.get(i, {})
         numa: int | None = (i * numa_nodes) // count if numa_nodes else None
@@ -126,17 +212,20 @@ def inventory(node: str, spec: SimSpec, overrides: Any = None) -> list[GPU]:
         if placed:
             numa, topo = placed[i]
         numa_value = d.get("numa", numa)
-        gpus.append(
-            GPU(
-                id=DeviceID(str(d.get("id", simulated_id(node, i)))),
-                index=i,
-                model=str(d.get("model", model)),
-                memory_mib=_nat(d.get("memoryMiB", memory), "memoryMiB"),
-                numa=None if numa_value is None else _nat(numa_value, "numa"),
-                healthy=bool(d.get("healthy", i not in unhealthy)),
-                topo=topo,
-            )
+        gpu = GPU(
+            id=DeviceID(str(d.get("id", simulated_id(node, i)))),
+            index=i,
+            model=str(d.get("model", model)),
+            memory_mib=_nat(d.get("memoryMiB", memory), "memoryMiB"),
+            numa=None if numa_value is None else _nat(numa_value, "numa"),
+            healthy=bool(d.get("healthy", i not in unhealthy)),
+            topo=topo,
         )
+        if d.get("mig"):
+            layout = mig_layout(str(d["mig"]), parent_memory_mib=gpu.memory_mib)
+            gpus.extend(mig_instances(node, gpu, layout))
+        else:
+            gpus.append(gpu)
     return gpus
 
 

@@ -39,6 +39,11 @@ a GPU assigned to several live pods is ``assigned-twice`` only when one of them 
 fit the GPU's memory and cores is not this module's question (``devcluster.invariants`` and the
 extender's choice answer it).
 
+A node with MIG instances (``nvidia.com/mig-<profile>``) is judged once per resource: kubelet's
+devices and the plugin's answers of that resource against each pod's assignment restricted to
+that resource's devices (``for_resource``); a pod whose assignment names none of them has no
+assignment for it.
+
 Not judged: pods that are finished (``Succeeded``/``Failed``) or being deleted (kubelet frees
 their devices and forgets them on its own schedule), containers kubelet does not list (init
 containers that are not sidecars), and a pod that kubelet lists without devices while it is still
@@ -50,13 +55,13 @@ pod that changes while they are read may show a disagreement that a second look 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from handoff.sharing import BadShare, physical_of, pod_slices
-from handoff.wire import Keys, MalformedAnnotation, parse_assignment
+from handoff.wire import Keys, MalformedAnnotation, format_assignment, parse_assignment
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -359,6 +364,28 @@ def confirmed(first: Sequence[Disagreement], second: Sequence[Disagreement]) -> 
     devices): what stays after a second look, with the second look's details."""
     seen = {d.identity for d in first}
     return [d for d in second if d.identity in seen]
+
+
+def for_resource(
+    pods: Sequence[PodRecord], devices: Collection[str], keys: Keys
+) -> list[PodRecord]:
+    """The pods with their assignments restricted to ``devices`` (one resource's devices of the
+    node, in the order the assignment names them); an assignment that names none of them
+    becomes absent, a malformed one is kept as it is (reported on every resource's view)."""
+    out: list[PodRecord] = []
+    for pod in pods:
+        if pod.assignment_raw is None:
+            out.append(pod)
+            continue
+        try:
+            assignment = parse_assignment(pod.assignment_raw, key=keys.assignment)
+        except MalformedAnnotation:
+            out.append(pod)
+            continue
+        mine = {c: [d for d in ids if d in devices] for c, ids in assignment.items()}
+        mine = {c: ids for c, ids in mine.items() if ids}
+        out.append(replace(pod, assignment_raw=format_assignment(mine) if mine else None))
+    return out
 
 
 def pod_record(pod: Mapping[str, Any], keys: Keys) -> PodRecord:

@@ -38,6 +38,12 @@ MAX_DEVICES_PER_CONTAINER = 1024
 MAX_SPLIT = 64  # most virtual devices per shared GPU (``handoff.sharing``)
 _DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 
+# A MIG instance is a device of its own resource, named as the NVIDIA device plugin's mixed
+# strategy names it: ``nvidia.com/mig-<profile>``; profiles are ``<g>g.<m>gb`` or
+# ``<c>c.<g>g.<m>gb`` (compute slices, GPU instance slices, memory in GB)
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+_MIG_PROFILE = re.compile(r"^(?:[1-9][0-9]?c\.)?[1-9][0-9]?g\.[1-9][0-9]{0,3}gb$")
+
 
 class MalformedAnnotation(ValueError):
     """An annotation's value does not parse or breaks a rule of the format."""
@@ -170,6 +176,34 @@ class GPU:
     healthy: bool
     topo: Topo = NO_TOPO  # link facts (``handoff.topology``); NO_TOPO when unknown
     split: int = 1  # virtual devices kubelet sees for this GPU (> 1: shared, ``handoff.sharing``)
+    # a MIG instance: its profile (e.g. ``1g.10gb``) and its parent GPU's UUID; "" / None for a
+    # whole GPU.  A GPU in MIG mode is never a row of its own: only its instances are.
+    profile: str = ""
+    parent: DeviceID | None = None
+
+    @property
+    def resource(self) -> str:
+        """The extended resource this device is advertised as (``resource_of``)."""
+        return resource_of(self.profile)
+
+
+def valid_mig_profile(profile: str) -> bool:
+    """Whether ``profile`` is a MIG profile name this format accepts (``1g.10gb``,
+    ``1c.2g.20gb``; not the ``+me`` media-extension profiles)."""
+    return _MIG_PROFILE.match(profile) is not None
+
+
+def resource_of(profile: str) -> str:
+    """The extended resource of a device with MIG ``profile`` ("": a whole GPU)."""
+    return f"{MIG_RESOURCE_PREFIX}{profile}" if profile else DEFAULT_RESOURCE
+
+
+def mig_profile_of(resource: str) -> str | None:
+    """The MIG profile a resource name asks for (None: not a MIG resource of a valid profile)."""
+    if not resource.startswith(MIG_RESOURCE_PREFIX):
+        return None
+    profile = resource[len(MIG_RESOURCE_PREFIX) :]
+    return profile if valid_mig_profile(profile) else None
 
 
 def format_inventory(gpus: Sequence[GPU]) -> str:
@@ -188,6 +222,8 @@ def format_inventory(gpus: Sequence[GPU]) -> str:
             row["topo"] = format_topo(g.topo)
         if g.split > 1:  # absent for whole GPUs: inventories without sharing unchanged
             row["split"] = g.split
+        if g.profile:  # absent for whole GPUs: inventories without MIG unchanged
+            row["mig"] = {"profile": g.profile, "parent": g.parent}
         rows.append(row)
     return json.dumps(rows, separators=(",", ":"))
 
@@ -202,6 +238,8 @@ def parse_inventory(raw: str | None, *, key: str = Keys().gpus) -> list[GPU]:
         try:
             dev = row["id"]
             numa = row.get("numa")
+            mig = row.get("mig") or {}
+            profile, parent = str(mig.get("profile", "")), mig.get("parent")
             gpu = GPU(
                 id=DeviceID(dev),
                 index=int(row["index"]),
@@ -211,6 +249,8 @@ def parse_inventory(raw: str | None, *, key: str = Keys().gpus) -> list[GPU]:
                 healthy=bool(row.get("healthy", False)),
                 topo=parse_topo(row.get("topo")),
                 split=int(row.get("split", 1)),
+                profile=profile,
+                parent=None if parent is None else DeviceID(str(parent)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedAnnotation(f"annotation {key}: bad device entry {row!r}: {exc}") from exc
@@ -218,5 +258,15 @@ def parse_inventory(raw: str | None, *, key: str = Keys().gpus) -> list[GPU]:
             raise MalformedAnnotation(f"annotation {key}: invalid device ID {dev!r}")
         if not 1 <= gpu.split <= MAX_SPLIT:
             raise MalformedAnnotation(f"annotation {key}: split of {dev!r} is not 1..{MAX_SPLIT}")
+        if gpu.profile and not (
+            valid_mig_profile(gpu.profile)
+            and gpu.parent is not None
+            and valid_device_id(gpu.parent)
+            and gpu.split == 1
+        ):
+            raise MalformedAnnotation(
+                f"annotation {key}: MIG instance {dev!r} needs a valid profile and parent GPU "
+                "ID, and is never split"
+            )
         out.append(gpu)
     return out

@@ -46,6 +46,7 @@ from handoff.audit import (
     PluginAnswer,
     audit_node,
     confirmed,
+    for_resource,
     pod_record,
     report_json,
     table,
@@ -83,42 +84,50 @@ class AuditResult:
 async def _look(
     kube: KubeClient, sources: Sequence[NodeSource], *, keys: Keys, resource: str
 ) -> tuple[list[Disagreement], list[str]]:
-    found: list[Disagreement] = []
+    found: set[Disagreement] = set()
     notes: list[str] = []
     for src in sources:
-        kubelet: list[KubeletPod] | None = None
-        error = ""
-        try:
-            kubelet = await asyncio.to_thread(list_pod_resources, src.socket, resource=resource)
-        except KubeletViewError as exc:
-            error = str(exc)
-        answers: list[PluginAnswer] | None = None
-        if src.checkpoint is not None:
-            try:
-                answers = read_checkpoint(src.checkpoint, resource=resource)
-            except KubeletViewError as exc:
-                notes.append(f"{src.node}: the plugin's answers were not compared: {exc}")
         pods = await kube.list(pod_path(), field_selector=f"spec.nodeName={src.node}")
-        inventory: frozenset[str] | None = None
+        records = [pod_record(p, keys) for p in pods["items"]]
+        # resource -> its device IDs on the node (None: the inventory is unknown)
+        devices: dict[str, frozenset[str] | None] = {resource: None}
         try:
             node = await kube.get(node_path(src.node))
             raw = (node.get("metadata", {}).get("annotations") or {}).get(keys.gpus)
-            inventory = frozenset(g.id for g in parse_inventory(raw, key=keys.gpus))
+            gpus = parse_inventory(raw, key=keys.gpus)
+            known: dict[str, set[str]] = {resource: {g.id for g in gpus if not g.profile}}
+            for g in gpus:  # MIG instances: a resource per profile (docs/mig.md)
+                if g.profile:
+                    known.setdefault(g.resource, set()).add(g.id)
+            devices = {name: frozenset(ids) for name, ids in known.items()}
         except NotFound:
             notes.append(f"{src.node}: no such Node; devices not checked against an inventory")
         except MalformedAnnotation as exc:
             notes.append(f"{src.node}: devices not checked against the inventory: {exc}")
-        views = NodeViews(
-            node=src.node,
-            pods=[pod_record(p, keys) for p in pods["items"]],
-            kubelet=kubelet,
-            kubelet_error=error,
-            answers=answers,
-            inventory=inventory,
-            keys=keys,
-        )
-        found += audit_node(views)
-    return found, notes
+        for name, ids in sorted(devices.items()):
+            kubelet: list[KubeletPod] | None = None
+            error = ""
+            try:
+                kubelet = await asyncio.to_thread(list_pod_resources, src.socket, resource=name)
+            except KubeletViewError as exc:
+                error = str(exc)
+            answers: list[PluginAnswer] | None = None
+            if src.checkpoint is not None:
+                try:
+                    answers = read_checkpoint(src.checkpoint, resource=name)
+                except KubeletViewError as exc:
+                    notes.append(f"{src.node}: the plugin's answers were not compared: {exc}")
+            views = NodeViews(
+                node=src.node,
+                pods=records if ids is None else for_resource(records, ids, keys),
+                kubelet=kubelet,
+                kubelet_error=error,
+                answers=answers,
+                inventory=ids,
+                keys=keys,
+            )
+            found.update(audit_node(views))
+    return sorted(found), list(dict.fromkeys(notes))
 
 
 async def audit(

@@ -47,7 +47,8 @@ def node_gpus(node: NodeState, pods: Iterable[PodState]) -> NodeGPUs:
     """A node's GPU picture from its state and the pods bound to it (pure)."""
     taken: set[DeviceID] = set()
     unattributed = 0
-    shares = sharing_node(node.devices)
+    whole = tuple(g for g in node.devices if not g.profile)  # MIG instances are not GPUs
+    shares = sharing_node(whole)
     held: list[Holding] = []  # sharing nodes: each bound pod's slices (scheduler_ext.sharing)
     for pod in pods:
         if not pod.holds_gpus:
@@ -62,13 +63,14 @@ def node_gpus(node: NodeState, pods: Iterable[PodState]) -> NodeGPUs:
             unattributed += 1  # malformed spec but bound: at least one unknown device
     return NodeGPUs(
         node=node.name,
-        devices=node.devices,
+        devices=whole,
         taken=frozenset(taken),
         unattributed=unattributed,
         allocatable=node.allocatable,
         problem=node.problem,
         numa_policy=node.numa_policy,
         held=tuple(held),
+        mig=tuple(g for g in node.devices if g.profile),
     )
 
 
@@ -328,5 +330,5 @@ class ClusterCache:
                 continue
             gpus = self.node_gpus(name)
             assert gpus is not None
-            out[name] = (len(node.devices), gpus.assigned)
+            out[name] = (len(gpus.devices), gpus.assigned)  # whole GPUs (MIG: not GPUs)
         return out

@@ -5,6 +5,10 @@ the node nor named in the node lock holder's assignment.  Pods bound to the node
 GPUs but carry no assignment (bound around the extender) occupy unknown devices; they are counted
 against the node's free count (``unattributed``), never ignored.
 
+MIG instances (``mig``: the inventory's instances, never among ``devices``) are chosen by
+``scheduler_ext.mig`` from the same ``taken`` set; one pod's whole GPUs and MIG instances go in
+one assignment.
+
 Guarantees: every function here is deterministic for equal inputs (devices are taken in index
 order, ties in ID order); ``choose`` never returns a device that is unhealthy or in ``taken``, and
 never gives two app containers the same device.
@@ -21,6 +25,7 @@ from typing import NewType
 from handoff.topology import Link, NumaPolicy, has_topology
 from handoff.wire import GPU, Assignment, ContainerName, DeviceID
 from lockd.model import NodeName
+from scheduler_ext import mig as migs
 from scheduler_ext import sharing
 from scheduler_ext.need import PodNeed
 from scheduler_ext.topology import Miss, Pick, ceiling, place, shape_key
@@ -79,6 +84,7 @@ class NodeGPUs:
     problem: str | None = None
     numa_policy: NumaPolicy = NumaPolicy.NONE
     held: tuple[sharing.Holding, ...] = ()  # sharing nodes: what bound pods hold of each GPU
+    mig: tuple[GPU, ...] = ()  # MIG instances of the node's GPUs in MIG mode (``devices``: whole)
     free: tuple[GPU, ...] = field(init=False, repr=False, compare=False)
     healthy: int = field(init=False, repr=False, compare=False)
     capacity: int = field(init=False, repr=False, compare=False)
@@ -110,6 +116,8 @@ class NodeGPUs:
         shape = shape_key(self.devices, free, self.numa_policy)
         if sharing.sharing_node(self.devices):  # shared GPUs: commitments decide, not IDs
             shape += sharing.key(self.devices, self.taken, self.held)
+        if self.mig:
+            shape += migs.key(self.mig, self.taken)
         for name, value in (
             ("free", tuple(free)),
             ("healthy", healthy),
@@ -151,6 +159,12 @@ def fit(node: NodeGPUs, need: PodNeed) -> Verdict:
         return Verdict(Fit.NEVER, node.problem)
     if need.problem:  # a sharing request no node can honour (scheduler_ext.need)
         return Verdict(Fit.NEVER, need.problem)
+    if need.mig:  # MIG instances (scheduler_ext.mig), then whole GPUs if the pod asks for any
+        ok, ever, why = migs.verdict(node.mig, node.taken, need.mig)
+        if not ok:
+            return Verdict(Fit.NO_ROOM if ever else Fit.NEVER, why)
+        if need.total == 0:
+            return FITS
     if need.slices or sharing.sharing_node(node.devices):  # shared GPUs (scheduler_ext.sharing)
         ok, ever, why = sharing.verdict(node.devices, node.taken, node.held, need)
         return FITS if ok else Verdict(Fit.NO_ROOM if ever else Fit.NEVER, why)
@@ -189,6 +203,8 @@ def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
     """Rank a node for a pod: 1..MAX_SCORE where it fits (higher is better under ``policy``),
     0 where it does not."""
     cap = node.capacity
+    if need.mig and need.total == 0 and node.problem is None and not need.problem:
+        return _mig_score(node, need, policy)
     if not need.wants_gpus or node.problem is not None or need.problem or cap == 0:
         return 0
     if cap < need.total or node.available < need.total:  # does not fit (same test as ``fit``)
@@ -332,6 +348,18 @@ def choose(node: NodeGPUs, need: PodNeed) -> Assignment:
     verdict = fit(node, need)
     if verdict.fit is not Fit.FITS:
         raise NoFit(f"node {node.node}: {verdict.reason}")
+    out = _choose_whole(node, need) if need.total else {}
+    if need.mig:
+        got = migs.choice(node.mig, node.taken, need.mig)
+        if isinstance(got, str):  # fit said it fits; belt and braces
+            raise NoFit(f"node {node.node}: {got}")
+        for container, ids in got.items():
+            out.setdefault(container, []).extend(ids)
+    return out
+
+
+def _choose_whole(node: NodeGPUs, need: PodNeed) -> Assignment:
+    """``choose``'s whole GPUs (and GPU slices) of a pod that fits."""
     if need.slices or sharing.sharing_node(node.devices):  # shared GPUs (scheduler_ext.sharing)
         got = sharing.choice(node.devices, node.taken, node.held, need)
         if isinstance(got, str):
@@ -353,11 +381,14 @@ def conflicts(
 ) -> list[str]:
     """Why ``assignment`` cannot stand on ``node`` now (empty when it can); on a node that
     shares GPUs, by the room each GPU has for ``need``'s claims (whole GPUs without it)."""
+    instances = {g.id for g in node.mig}
+    problems = migs.conflicts(assignment, node.mig, node.taken)
+    whole = {c: [d for d in ids if d not in instances] for c, ids in assignment.items()}
     if sharing.sharing_node(node.devices):
-        return sharing.conflicts(assignment, node.devices, node.taken, node.held, need)
+        whole = {c: ids for c, ids in whole.items() if ids}
+        return problems + sharing.conflicts(whole, node.devices, node.taken, node.held, need)
     health = {g.id: g.healthy for g in node.devices}
-    problems: list[str] = []
-    for dev in sorted({d for ids in assignment.values() for d in ids}):
+    for dev in sorted({d for ids in whole.values() for d in ids}):
         if dev not in health:
             problems.append(f"{dev} is not in the node's inventory")
         elif not health[dev]:
@@ -382,5 +413,20 @@ def _shared_score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
         return 0
     committed, total = after
     filled = committed if policy is Policy.BINPACK else total - committed
+    span = MAX_SCORE - 1
+    return 1 + min(span, (2 * span * filled + total) // (2 * total))
+
+
+def _mig_score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
+    """Score a pod of MIG instances only: the share of the node's instances of its profiles
+    taken once it is placed (binpack: fuller scores higher; spread: emptier), 1..MAX_SCORE;
+    0 where it does not fit."""
+    ok, _, _ = migs.verdict(node.mig, node.taken, need.mig)
+    used, total = migs.fill_after(node.mig, node.taken, need.mig)
+    if not ok or total == 0:
+        return 0
+    if need.wishes.policy is not None:
+        policy = Policy(need.wishes.policy)
+    filled = used if policy is Policy.BINPACK else total - used
     span = MAX_SCORE - 1
     return 1 + min(span, (2 * span * filled + total) // (2 * total))

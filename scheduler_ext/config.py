@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handoff.sharing import SHARING_RESOURCES
-from handoff.wire import DEFAULT_RESOURCE
+from handoff.wire import DEFAULT_RESOURCE, resource_of
 
 JSON = dict[str, Any]
 
@@ -112,13 +112,50 @@ def extender_entry(
     return entry
 
 
+# The MIG profiles whose resources (``nvidia.com/mig-<profile>``) send a pod to the extender.
+# kube-scheduler's managedResources are exact names (no prefix or pattern), so this is a fixed
+# list: the profiles of the A30 24GB, A100 40GB, A100/H100 80GB, H100 NVL 94GB and
+# H200 141GB.  A pod asking only for a profile not listed here never reaches the extender;
+# kube-scheduler binds it alone and the device plugin refuses it (no node lock holder).
+MIG_PROFILES = (
+    "1g.6gb",
+    "2g.12gb",
+    "4g.24gb",
+    "1g.5gb",
+    "2g.10gb",
+    "3g.20gb",
+    "4g.20gb",
+    "7g.40gb",
+    "1g.10gb",
+    "1g.20gb",
+    "2g.20gb",
+    "3g.40gb",
+    "4g.40gb",
+    "7g.80gb",
+    "1g.12gb",
+    "1g.24gb",
+    "2g.24gb",
+    "3g.47gb",
+    "4g.47gb",
+    "7g.94gb",
+    "1g.18gb",
+    "1g.35gb",
+    "2g.35gb",
+    "3g.71gb",
+    "4g.71gb",
+    "7g.141gb",
+)
+
+
 def managed_resources(resource_name: str = DEFAULT_RESOURCE) -> list[JSON]:
     """The resources that send a pod to the extender: the GPU, counted by kube-scheduler too,
-    and the shared-GPU resources (``handoff.sharing``), which no kubelet advertises, so
-    kube-scheduler must leave them to the extender (``ignoredByScheduler: true``)."""
+    the shared-GPU resources (``handoff.sharing``), which no kubelet advertises, so
+    kube-scheduler must leave them to the extender (``ignoredByScheduler: true``), and the MIG
+    resources of ``MIG_PROFILES``, which kubelet advertises and kube-scheduler counts too."""
     return [
         {"name": resource_name, "ignoredByScheduler": False},
         *({"name": r, "ignoredByScheduler": True} for r in SHARING_RESOURCES),
+        *({"name": resource_of(p), "ignoredByScheduler": False} for p in MIG_PROFILES),
     ]
 
 

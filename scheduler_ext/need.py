@@ -10,6 +10,9 @@ effective request, max(largest init request, sum of app requests)), and mapping 
 device IDs gives an assignment kubelet can reproduce: init containers get a subset of the devices
 that app containers get, app containers get disjoint sets.
 
+MIG instances (``nvidia.com/mig-<profile>``) are planned the same way, one walk per profile
+(``PodNeed.mig``, ``scheduler_ext.mig``): kubelet keeps a reuse pool per resource.
+
 Each container's count is read by ``handoff.request`` (the parser the device plugin uses too).
 Guarantee: deterministic for equal inputs; every malformed resource value raises ``BadPod`` with
 a message naming the container and the value.
@@ -27,7 +30,8 @@ from typing import Any
 from handoff.placement import NO_WISHES, Wishes, parse_wishes
 from handoff.request import BadPod, ContainerKind, ContainerNeed, container_needs
 from handoff.sharing import BadShare, Slice, pod_slices, shares, slot_slices
-from handoff.wire import ContainerName, Keys
+from handoff.wire import MIG_RESOURCE_PREFIX, ContainerName, Keys, mig_profile_of
+from scheduler_ext.mig import MigNeed
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,12 @@ class PodNeed:
     wishes: Wishes = NO_WISHES
     slices: tuple[Slice, ...] = ()  # per slot, when the pod asks for slices (handoff.sharing)
     problem: str = ""  # a sharing request no node can honour: every node fails with this reason
+    mig: tuple[MigNeed, ...] = ()  # MIG instances, per profile (``scheduler_ext.mig``)
 
     @property
     def wants_gpus(self) -> bool:
-        return self.total > 0 or bool(self.problem)
+        """Whether the pod asks for GPUs of any kind (whole, slices or MIG instances)."""
+        return self.total > 0 or bool(self.problem) or bool(self.mig)
 
 
 NO_GPUS = PodNeed(containers=(), total=0, plan=())
@@ -78,13 +84,14 @@ def pod_need(pod: Mapping[str, Any], resource: str, keys: Keys | None = None) ->
     """The pod's GPU need for ``resource`` (``NO_GPUS`` when no container asks for it), with its
     placement wishes read from annotations under ``keys`` (a malformed one raises ``BadPod``)."""
     needs = container_needs(pod, resource)
+    mig = mig_needs(pod)
     try:  # shared GPUs: memory/core slices per slot; a bad request fails the pod's filter
         slices = pod_slices(pod, resource=resource)
     except BadShare as exc:  # (not BadPod: kube-scheduler shows a filter's reasons, not a 400's)
         return replace(plan_slots(needs), problem=str(exc))
-    if not any(c.count for c in needs):
+    if not any(c.count for c in needs) and not mig:
         return NO_GPUS
-    need = plan_slots(needs)
+    need = replace(plan_slots(needs), mig=mig)
     if shares(slices.values()):
         need = replace(need, slices=slot_slices(slices, need.plan))
     meta = pod.get("metadata")
@@ -96,3 +103,34 @@ def pod_need(pod: Mapping[str, Any], resource: str, keys: Keys | None = None) ->
     except ValueError as exc:
         raise BadPod(str(exc)) from exc
     return need if wishes == NO_WISHES else replace(need, wishes=wishes)
+
+
+def mig_needs(pod: Mapping[str, Any]) -> tuple[MigNeed, ...]:
+    """The pod's MIG requests, one per profile it asks for (sorted); raises ``BadPod`` for a
+    ``nvidia.com/mig-`` resource whose name is no MIG profile."""
+    spec = pod.get("spec")
+    names: set[str] = set()
+    if isinstance(spec, Mapping):
+        for group in ("initContainers", "containers"):
+            for c in spec.get(group) or []:
+                resources = c.get("resources") if isinstance(c, Mapping) else None
+                if not isinstance(resources, Mapping):
+                    continue
+                for kind in ("limits", "requests"):
+                    asked = resources.get(kind)
+                    if isinstance(asked, Mapping):
+                        names.update(
+                            str(r) for r in asked if str(r).startswith(MIG_RESOURCE_PREFIX)
+                        )
+    out: list[MigNeed] = []
+    for resource in sorted(names):
+        profile = mig_profile_of(resource)
+        if profile is None:
+            raise BadPod(
+                f"{resource} names no MIG profile (nvidia.com/mig-<g>g.<m>gb, e.g. "
+                "nvidia.com/mig-1g.10gb)"
+            )
+        planned = plan_slots(container_needs(pod, resource))
+        if planned.total:
+            out.append(MigNeed(profile, resource, planned.total, planned.plan))
+    return tuple(out)

@@ -59,3 +59,24 @@ async def sharing(sharing_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
     """The sharing cluster with a fresh namespace and a client; checks S1/S2 after."""
     async with for_one_test(sharing_cluster) as c:
         yield c
+
+
+MIG_LAYOUT = "3g.40gb+4x1g.10gb"  # GPU 0 of the MIG node; GPU 1 stays a whole GPU
+
+
+@pytest.fixture(scope="session")
+def mig_cluster() -> Iterator[GPUCluster]:
+    """A small devcluster of its own: one node x two simulated 80 GiB GPUs, GPU 0 in MIG mode
+    with ``MIG_LAYOUT`` (``--mig``), GPU 1 whole."""
+    shape = _short_locks(
+        nodes=1, gpus_per_node=2, gpu_memory_mib=SHARING_GPU_MIB, mig=((0, MIG_LAYOUT),)
+    )
+    with gpu_cluster_of_its_own("nlm-", shape) as c:
+        yield c
+
+
+@pytest.fixture
+async def mig(mig_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
+    """The MIG cluster with a fresh namespace and a client; checks S1/S2 after."""
+    async with for_one_test(mig_cluster) as c:
+        yield c

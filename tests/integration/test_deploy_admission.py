@@ -295,12 +295,14 @@ def gpu_pod(
     mounts: dict[str, str] | None = None,
     init: bool = False,
     gpus: int = 1,
+    resource: str = "nvidia.com/gpu",
 ) -> JSON:
-    """A pod asking for ``gpus`` GPUs in one container (an init container when ``init``)."""
+    """A pod asking for ``gpus`` of ``resource`` in one container (an init container when
+    ``init``)."""
     ctr: JSON = {
         "name": "main",
         "image": "registry.invalid/none",
-        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+        "resources": {"limits": {resource: str(gpus)}},
     }
     if env:
         ctr["env"] = [{"name": k, "value": v} for k, v in env.items()]
@@ -538,6 +540,34 @@ async def test_gpu_pod_for_another_scheduler_is_denied_and_default_ones_are_stee
         del plain["spec"]["schedulerName"]
         made = await owner.create(pod_path(work), plain)
         assert made["spec"]["schedulerName"] == "default-scheduler"
+
+
+async def test_mig_pods_go_through_the_extender_too(setup: Setup, admin: KubeClient) -> None:
+    """A pod asking for MIG instances only is a GPU pod: placed by hand it would be served the
+    lock holder's devices just the same."""
+    work = setup.release.workload_namespace
+    mig = "nvidia.com/mig-1g.10gb"
+    async with client(setup, "owner") as owner:
+        message = await forbidden(
+            owner.create(pod_path(work), gpu_pod("mig-by-hand", node=setup.node_a, resource=mig))
+        )
+        assert f"a pod created with spec.nodeName {setup.node_a} may not ask for" in message
+        assert "or MIG instances" in message
+        message = await forbidden(
+            owner.create(
+                pod_path(work), gpu_pod("mig-elsewhere", scheduler="volcano", resource=mig)
+            )
+        )
+        assert "a pod for scheduler volcano may not ask for" in message
+        made = await owner.create(pod_path(work), gpu_pod("mig-steered", resource=mig))
+        assert made["spec"]["schedulerName"] == "nodelock-scheduler"
+        # zero instances, or a resource that only looks alike, is not a GPU pod
+        await owner.create(
+            pod_path(work), gpu_pod("mig-zero", node=setup.node_a, resource=mig, gpus=0)
+        )
+        await owner.create(
+            pod_path(work), gpu_pod("other", node=setup.node_a, resource="example.com/mig-1g")
+        )
 
 
 async def test_escape_label_needs_the_pod_and_its_namespace(

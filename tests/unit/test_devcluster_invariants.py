@@ -129,3 +129,49 @@ def test_shared_gpus_slices_may_share_within_capacity() -> None:
     assert cores.s1 == ["G0 on n1: 105% cores committed (['ns/hot', 'ns/p0', 'ns/p1', 'ns/p2'])"]
     whole = check_pods([fits[0], shared("w", "G0", 1, mem=None)])
     assert whole.s1 == ["G0 on n1 is held by both ns/p0 and ns/w"]
+
+
+def mig_pod(
+    name: str, node: str, whole: list[str], instances: list[str], env: str
+) -> dict[str, Any]:
+    """A pod whose one container got whole GPUs and 1g.10gb instances (kubelet records the
+    instances under ``otherResources``)."""
+    mig = "nvidia.com/mig-1g.10gb"
+    record = {
+        "c": {
+            "deviceIDs": whole,
+            "otherResources": {mig: instances} if instances else {},
+            "envs": {"NVIDIA_VISIBLE_DEVICES": env},
+        }
+    }
+    limits = {mig: str(len(instances))}
+    if whole:
+        limits["nvidia.com/gpu"] = str(len(whole))
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": name,
+            "annotations": {
+                "nodelock.io/assignment": json.dumps({"c": whole + instances}),
+                "sim.nodelock.io/allocated": json.dumps(record),
+            },
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": limits}}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_mig_instances_are_devices_for_s1_and_s2() -> None:
+    clean = [
+        mig_pod("a", "n1", [], ["MIG-0"], "MIG-0"),
+        mig_pod("b", "n1", ["G0"], ["MIG-1"], "G0"),  # kubelet kept the whole GPU plugin's env
+        mig_pod("c", "n1", ["G1"], ["MIG-2"], "MIG-2"),
+    ]
+    found = check_pods(clean)
+    assert found.ok, found
+    assert found.checked_pods == 3
+    twice = check_pods([*clean, mig_pod("d", "n1", [], ["MIG-0"], "MIG-0")])
+    assert twice.s1 == ["MIG-0 on n1 is held by both ns/a and ns/d"]
+    wrong_env = check_pods([mig_pod("e", "n1", ["G0"], ["MIG-1"], "G0,MIG-2")])
+    assert len(wrong_env.s2) == 1
+    assert "NVIDIA_VISIBLE_DEVICES='G0,MIG-2'" in wrong_env.s2[0]

@@ -6,13 +6,16 @@ slot empty), next to a GPU without MIG; the fake stands in for the ``pynvml`` mo
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
 
 from deviceplugin.mig import mig_inventory, profile_name
-from deviceplugin.nvml import NvmlBackend
+from deviceplugin.nvml import NvmlBackend, WaitOutcome
+from deviceplugin.nvml_health import HealthBook, Reason
+from handoff.wire import DeviceID
 
 MIB = 1024 * 1024
 A100 = "GPU-a100a100-0000-0000-0000-000000000000"
@@ -127,11 +130,78 @@ def test_mig_instances_are_devices_of_their_profiles_resources() -> None:
     assert [d.index for d in small] == [3, 4]
 
 
-def test_the_mig_gpu_is_never_a_whole_gpu() -> None:
-    backend = NvmlBackend(nvml=RecordedMigNvml())
+def test_the_mig_gpu_is_never_a_whole_gpu_but_its_instances_are_served(tmp_path: Path) -> None:
+    backend = NvmlBackend(nvml=RecordedMigNvml(), dev_root=tmp_path)
     gpus = backend._list()
-    assert [g.id for g in gpus] == [H100]
+    assert [g.id for g in gpus if not g.profile] == [H100]
     assert backend.skipped_mig == [A100]
+    mig = [g for g in gpus if g.profile]
+    assert [(g.id, g.profile, g.memory_mib) for g in mig] == [
+        (d[0], p, d[3])
+        for d, p in zip(
+            [d for d in MIG_DEVICES if d is not None],
+            ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"],
+            strict=True,
+        )
+    ]
+    assert all(g.parent == A100 and g.index == 0 and g.healthy for g in mig)
+    assert {g.model for g in mig} == {"NVIDIA A100-SXM4-80GB"}
+    # a container given an instance gets its parent's device node (CDI mode names the instance)
+    assert backend.device_nodes([mig[0].id, mig[2].id]) == ["/dev/nvidia0"]
+
+
+class WatchedMigNvml(RecordedMigNvml):
+    """``RecordedMigNvml`` plus what the health watch asks: handles by UUID, event
+    registration (recorded), and a MIG mode that can be switched off."""
+
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.registered: list[Any] = []
+        self.mig_on = True
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any:
+        if uuid in (A100, H100):
+            return ("gpu", 0 if uuid == A100 else 1)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)  # MIG handles are never asked
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        return int(pynvml.nvmlEventTypeXidCriticalError)
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, mask: int, event_set: Any) -> None:
+        self.registered.append(handle)
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        if handle == ("gpu", 0) and not self.mig_on:
+            return [0, 0]
+        return super().nvmlDeviceGetMigMode(handle)
+
+
+def test_instances_health_follows_their_gpu() -> None:
+    fake = WatchedMigNvml()
+    backend = NvmlBackend(nvml=fake, environ={})
+    gpus = backend._list()
+    mig = [g.id for g in gpus if g.profile]
+    backend.book = HealthBook(g.id for g in gpus)
+    # events: the MIG GPU is registered once, for all its instances
+    assert backend._register(backend.book.ids, object()) == []
+    assert fake.registered == [("gpu", 1), ("gpu", 0)]
+    # an XID on the GPU marks every instance of it, not the other GPU
+    xid = WaitOutcome(
+        event_type=int(fake.nvmlEventTypeXidCriticalError), xid=79, device=DeviceID(A100)
+    )
+    backend._judge(xid, 0)
+    assert [backend.book.healthy(d) for d in mig] == [False] * 4
+    assert backend.book.healthy(DeviceID(H100))
+    backend.book.clear(mig, Reason.XID)
+    # the GPU leaves MIG mode: its instances no longer exist
+    fake.mig_on = False
+    backend._poll([])
+    assert [backend.book.reasons(d) for d in mig] == [frozenset({Reason.MIG})] * 4
+    fake.mig_on = True
+    backend._poll([])
+    assert all(backend.book.healthy(d) for d in mig)
 
 
 def test_an_instance_nvml_cannot_describe_is_left_out_and_named() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler_ext.config import ExtenderTLS, extender_entry, scheduler_config
+from scheduler_ext.config import MIG_PROFILES, ExtenderTLS, extender_entry, scheduler_config
 
 ROOT = Path(__file__).parents[2]
 SHIPPED = ROOT / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
@@ -36,6 +36,7 @@ def test_scheduler_config_for_devcluster() -> None:
             {"name": "nvidia.com/gpumem", "ignoredByScheduler": True},
             {"name": "nvidia.com/gpumem-percentage", "ignoredByScheduler": True},
             {"name": "nvidia.com/gpucores", "ignoredByScheduler": True},
+            *({"name": f"nvidia.com/mig-{p}", "ignoredByScheduler": False} for p in MIG_PROFILES),
         ],
         "ignorable": False,
     }

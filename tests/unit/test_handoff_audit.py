@@ -15,6 +15,7 @@ from handoff.audit import (
     answered_gpus,
     audit_node,
     confirmed,
+    for_resource,
     pod_record,
     report_json,
     table,
@@ -294,3 +295,35 @@ def test_reports() -> None:
     doc = json.loads(report_json([d], [NODE]))
     assert doc["agree"] is False
     assert doc["disagreements"][0]["kind"] == "kubelet-differs"
+
+
+def test_each_resource_is_judged_on_its_own_devices() -> None:
+    """A node with MIG instances: the whole-GPU view and each profile's view see only their
+    devices of every assignment (``for_resource``)."""
+    mig = frozenset({"MIG-0", "MIG-1"})
+    pods = [
+        pod("whole", {"c": ["GPU-0"]}),
+        pod("small", {"c": ["MIG-0"]}),
+        pod("mixed", {"a": ["GPU-1"], "b": ["MIG-1"]}),
+        pod("bad", None, raw="{"),
+    ]
+    by_gpu = for_resource(pods, INVENTORY, Keys())
+    by_mig = for_resource(pods, mig, Keys())
+    assert [p.assignment_raw for p in by_gpu] == ['{"c":["GPU-0"]}', None, '{"a":["GPU-1"]}', "{"]
+    assert [p.assignment_raw for p in by_mig] == [None, '{"c":["MIG-0"]}', '{"b":["MIG-1"]}', "{"]
+    gpu_view = [listed("whole", {"c": ["GPU-0"]}), listed("mixed", {"a": ["GPU-1"]})]
+    mig_view = [listed("small", {"c": ["MIG-0"]}), listed("mixed", {"b": ["MIG-1"]})]
+    assert kinds(audit_node(NodeViews(NODE, by_gpu, gpu_view, inventory=INVENTORY))) == [
+        (Kind.BAD_ASSIGNMENT, "ns/bad", "")
+    ]
+    assert kinds(audit_node(NodeViews(NODE, by_mig, mig_view, inventory=mig))) == [
+        (Kind.BAD_ASSIGNMENT, "ns/bad", "")
+    ]
+    # kubelet gives the small pod the mixed pod's instance: both views of MIG see it
+    swapped = [listed("small", {"c": ["MIG-1"]}), listed("mixed", {"b": ["MIG-1"]})]
+    found = kinds(audit_node(NodeViews(NODE, by_mig, swapped, inventory=mig)))
+    assert (Kind.DEVICE_IN_TWO_PODS, "ns/mixed", "") in found
+    assert (Kind.KUBELET_DIFFERS, "ns/small", "c") in found
+    # judged with the unrestricted assignments, the whole-GPU view would report the instances
+    unrestricted = kinds(audit_node(NodeViews(NODE, pods, gpu_view, inventory=INVENTORY)))
+    assert (Kind.NO_KUBELET_RECORD, "ns/small", "") in unrestricted

@@ -144,6 +144,11 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "nodelock.devicePlugin
     - name: {{ . }}
       ignoredByScheduler: true
     {{- end }}
+    {{- /* MIG resources (scheduler_ext/config.py MIG_PROFILES): exact names, no prefix */}}
+    {{- range list "1g.6gb" "2g.12gb" "4g.24gb" "1g.5gb" "2g.10gb" "3g.20gb" "4g.20gb" "7g.40gb" "1g.10gb" "1g.20gb" "2g.20gb" "3g.40gb" "4g.40gb" "7g.80gb" "1g.12gb" "1g.24gb" "2g.24gb" "3g.47gb" "4g.47gb" "7g.94gb" "1g.18gb" "1g.35gb" "2g.35gb" "3g.71gb" "4g.71gb" "7g.141gb" }}
+    - name: nvidia.com/mig-{{ . }}
+      ignoredByScheduler: false
+    {{- end }}
   ignorable: false
   {{- if $https }}
   tlsConfig:
@@ -224,11 +229,13 @@ label on the pod and on its namespace). include with (dict "resource" ... "escap
     - name: requested
       expression: >-
         object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])
+    {{- /* the GPU resource, or MIG instances of any profile (nvidia.com/mig-<profile>) */}}
     - name: gpu
       expression: >-
         variables.requested.exists(c, has(c.resources) &&
         [has(c.resources.limits) ? c.resources.limits : {}, has(c.resources.requests) ? c.resources.requests : {}].exists(m,
-        variables.resource in m && quantity(string(m[variables.resource])).isGreaterThan(quantity("0"))))
+        m.exists(k, (k == variables.resource || k.startsWith("nvidia.com/mig-")) &&
+        quantity(string(m[k])).isGreaterThan(quantity("0")))))
     - name: escaped
       expression: >-
         has(object.metadata.labels) && {{ .escape | quote }} in object.metadata.labels &&
