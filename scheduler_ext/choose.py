@@ -248,20 +248,27 @@ def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
 
 
 def steer_by_wait(
-    scores: Mapping[NodeName, int], waits: Mapping[NodeName, float], *, tolerance_s: float
+    scores: Mapping[NodeName, int],
+    waits: Mapping[NodeName, float],
+    *,
+    tolerance_s: float,
+    fitting: int | None = None,
 ) -> dict[NodeName, int]:
     """Keep the policy's score only on the fitting nodes a bind would be served soonest.
 
     ``waits`` holds the expected wait of a bind per node (absent: none).  Among fitting nodes
     (score > 0, see ``score``), those expected to wait more than ``tolerance_s`` longer than the
     soonest get 0, so a burst spreads over the nodes where it is served first; the others keep
-    their score, so the policy decides among equally soon nodes.
+    their score, so the policy decides among equally soon nodes.  ``fitting`` is the number of
+    fitting nodes when ``scores`` holds only some of them (at least every node with a wait);
+    default: counted in ``scores``.
     """
     steered = dict(scores)
     busy = [(n, w) for n, w in waits.items() if scores.get(n, 0) > 0]  # waits is sparse
     if not busy:
         return steered
-    fitting = sum(1 for s in scores.values() if s > 0)
+    if fitting is None:
+        fitting = sum(1 for s in scores.values() if s > 0)
     soonest = 0.0 if fitting > len(busy) else min(w for _, w in busy)
     limit = soonest + tolerance_s
     for n, w in busy:

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from handoff.request import BadPod
 from lockd.locks import NodeLocks
-from lockd.model import NodeName
+from lockd.model import NodeLockView, NodeName
 from scheduler_ext.binder import Binder
 from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import NodeGPUs, Policy, burst_fills_anyway
@@ -110,9 +110,17 @@ class Endpoints:
         except orjson.JSONDecodeError as exc:  # also bad UTF-8 and nesting past 1,024 levels
             raise BadRequest(f"body is not JSON: {exc}") from exc
 
-    def _gpus_of(self, args: ExtenderArgs, pod_uid: str) -> Callable[[NodeName], NodeGPUs | None]:
+    def _gpus_of(
+        self,
+        args: ExtenderArgs,
+        pod_uid: str,
+        view_of: Callable[[NodeName], NodeLockView | None] | None = None,
+    ) -> Callable[[NodeName], NodeGPUs | None]:
+        """Each node's GPU picture for this request (``view_of``: the lock views, as already
+        read for this request)."""
         keys = self.cache.keys
         cache = self.cache
+        view_of = view_of or self.locks.view
         if args.nodes is None:
             pictures = self.cache.pictures()
             holders = self.locks.holders()  # the held locks only: few, whatever the node count
@@ -124,7 +132,7 @@ class Endpoints:
                 if gpus is None or holder.uid == pod_uid:
                     continue
                 # the holder's Lease copy is not needed (takeover.lease_copy_needed)
-                done = holder_accounted(cache, self.locks.view(name))(holder.uid)
+                done = holder_accounted(cache, view_of(name))(holder.uid)
                 memo = self._overlays.get(name)  # same picture, holder, holder state: reuse
                 if memo is not None and memo[0] is gpus and memo[1] == (holder, done):
                     merged[name] = memo[2]
@@ -193,14 +201,21 @@ class Endpoints:
             return _error(400, str(exc))
         waits = None
         queues = self.binder.queues
+        views: dict[NodeName, NodeLockView | None] = {}  # read once per request
+
+        def view_of(node: NodeName) -> NodeLockView | None:
+            if node not in views:
+                views[node] = self.locks.view(node)
+            return views[node]
+
         if self.options.lock_aware:  # binds queued, locks held, and pods about to bind
             waits = queues.expected_waits(
                 self.locks.holders(),
-                self.locks.view,
+                view_of,
                 self.promises.promised_to_others(uid),
                 pod_uid=uid,
             )
-        gpus_of = self._gpus_of(args, uid)
+        gpus_of = self._gpus_of(args, uid, view_of)
         tolerance = queues.steering_tolerance_s()
         larger: dict[int, int] | None = None
         inflight: dict[NodeName, int] = {}

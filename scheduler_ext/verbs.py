@@ -239,9 +239,13 @@ def prioritize_nodes(
         safe = reserved_levels(collections.Counter(f for f in free if f >= 0), larger, need)
         if safe is not None:
             values = [v if f in safe else 0 for v, f in zip(values, free, strict=True)]
-    if waits:
-        steered = steer_by_wait(
-            dict(zip(names, values, strict=True)), waits, tolerance_s=tolerance_s
-        )
-        values = list(map(steered.__getitem__, names))
+    if waits:  # sparse: only nodes with a wait can lose their score (``steer_by_wait``)
+        where = list(compress(range(len(names)), map(waits.__contains__, names)))  # built-ins
+        busy = {names[i]: values[i] for i in where}
+        fitting = len(values) - values.count(0)
+        if len(set(names)) != len(names):  # a name given twice is one node
+            fitting = len({n for n, v in zip(names, values, strict=True) if v > 0})
+        steered = steer_by_wait(busy, waits, tolerance_s=tolerance_s, fitting=fitting)
+        for i in where:
+            values[i] = steered[names[i]]
     return list(zip(names, values, strict=True))
