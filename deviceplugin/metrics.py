@@ -2,20 +2,22 @@
 
 Every metric lives in the plugin's own registry (several plugins can share a test process) and is
 prefixed ``nodelock_deviceplugin_``, besides ``nodelock_build_info`` (``kube.build``). Labels are
-bounded enums, never a pod name or UID; the node is the scrape target's own label. Every labelled
-series exists at 0 from the start (all refusal reasons included), so queries return data before the
-first event.
+bounded enums, never a pod name or UID; the node is the scrape target's own label; the per-GPU
+gauges carry ``gpu``, the UUID of one of the node's own GPUs (bounded by its inventory). Every
+labelled series exists at 0 from the start (all refusal reasons included; a GPU's series from its
+discovery), so queries return data before the first event.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from deviceplugin.decide import RefusalKind
-from handoff.wire import GPU
+from handoff.sharing import FREE, Use
+from handoff.wire import GPU, DeviceID
 from kube.build import register_build_info
 from lockd.model import Outcome
 
@@ -109,6 +111,35 @@ class PluginMetrics:
             ["result"],
             registry=r,
         )
+        per_gpu = ["gpu"]
+        self.gpu_memory_committed = Gauge(
+            f"{PREFIX}gpu_memory_committed_mib",
+            "Per GPU of this node, the memory (MiB) committed by the unfinished pods bound here "
+            "whose assignment names it: their gpumem (or gpumem-percentage) slices; a pod "
+            "holding the GPU whole commits all of it.",
+            per_gpu,
+            registry=r,
+        )
+        self.gpu_cores_committed = Gauge(
+            f"{PREFIX}gpu_cores_committed_percent",
+            "Per GPU, the compute (percent) committed by the pods holding it (gpucores; 100 for "
+            "a pod holding it whole).",
+            per_gpu,
+            registry=r,
+        )
+        self.gpu_slices = Gauge(
+            f"{PREFIX}gpu_slices",
+            "Per GPU, the pods holding it (a slice each; a pod holding it whole counts as one).",
+            per_gpu,
+            registry=r,
+        )
+        self.gpu_memory_capacity = Gauge(
+            f"{PREFIX}gpu_memory_capacity_mib",
+            "Per GPU, its memory (MiB) from the node's inventory.",
+            per_gpu,
+            registry=r,
+        )
+        self._gpu_series: set[str] = set()
         for result in ("ok", "error"):
             self.registrations.labels(result=result)
             self.inventory_writes.labels(result=result)
@@ -126,3 +157,24 @@ class PluginMetrics:
         healthy = sum(1 for g in gpus if g.healthy)
         self.devices.labels(health="healthy").set(healthy)
         self.devices.labels(health="unhealthy").set(len(gpus) - healthy)
+
+    def set_gpu_use(self, gpus: Sequence[GPU], use: Mapping[DeviceID, Use]) -> None:
+        """The per-GPU gauges for exactly ``gpus`` (FREE where ``use`` says nothing); series of
+        GPUs no longer in the inventory are removed."""
+        gauges = (
+            self.gpu_memory_committed,
+            self.gpu_cores_committed,
+            self.gpu_slices,
+            self.gpu_memory_capacity,
+        )
+        now = {str(g.id) for g in gpus}
+        for gone in self._gpu_series - now:
+            for gauge in gauges:
+                gauge.remove(gone)
+        self._gpu_series = now
+        for g in gpus:
+            u = use.get(g.id, FREE)
+            self.gpu_memory_committed.labels(gpu=g.id).set(u.memory_mib)
+            self.gpu_cores_committed.labels(gpu=g.id).set(u.cores)
+            self.gpu_slices.labels(gpu=g.id).set(u.slices)
+            self.gpu_memory_capacity.labels(gpu=g.id).set(g.memory_mib)

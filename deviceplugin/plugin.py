@@ -35,6 +35,7 @@ from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podwatch import NodePods
 from deviceplugin.servicer import DevicePluginServicer
 from deviceplugin.sharing import SharingServicer, SplitDeviceState
+from handoff.sharing import bound_slices, node_use
 from handoff.wire import (
     DEFAULT_LOCK_NAMESPACE,
     DEFAULT_PREFIX,
@@ -51,6 +52,7 @@ from lockd.model import NodeName
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_SOCKET = "nodelock-gpu.sock"
 DEFAULT_STATE_DIR = Path("/var/lib/nodelock")
+GPU_USE_PERIOD_S = 5.0  # how often the per-GPU committed gauges are recomputed
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +171,7 @@ class DevicePlugin:
         self._spawn("pod-watch", self.pods.run())
         self._spawn("devices", self.backend.watch(self.state))
         self._spawn("health-gauges", self._follow_health())
+        self._spawn("gpu-use-gauges", self._follow_gpu_use())
         self._spawn("releases", self.admission.run_releases())
         self._spawn("inventory", self.inventory.run(self.state))
         self._spawn("endpoint", self.endpoint.run())
@@ -212,6 +215,15 @@ class DevicePlugin:
             version = self.state.version
             self.metrics.set_devices(self.state.gpus)
             await self.state.wait_newer(version)
+
+    async def _follow_gpu_use(self) -> None:
+        """Every ``GPU_USE_PERIOD_S`` the per-GPU committed memory/cores gauges, from the pod
+        watch's view of the node's pods (a timer, not a watch hook: it lags by at most that)."""
+        while True:
+            gpus = self.state.gpus
+            held = bound_slices(self.pods.pods(), keys=self.config.keys)
+            self.metrics.set_gpu_use(gpus, node_use(gpus, held))
+            await asyncio.sleep(GPU_USE_PERIOD_S)
 
     async def wait(self) -> None:
         """Until a part fails (raising its error) or the caller is cancelled."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from handoff.request import whole_quantity
-from handoff.wire import GPU, MAX_SPLIT, DeviceID
+from handoff.wire import GPU, MAX_SPLIT, DeviceID, Keys, MalformedAnnotation, parse_assignment
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPUMEM = "nvidia.com/gpumem"
@@ -253,6 +253,63 @@ def commitments(
             u = out.get(dev, FREE)
             out[dev] = Use(u.memory_mib, u.cores, u.slices + 1, exclusive=True)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One bound pod's claim on one physical GPU (``bound_slices``)."""
+
+    pod: str  # namespace/name
+    gpu: DeviceID
+    claim: Slice
+
+
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def bound_slices(
+    pods: Iterable[Mapping[str, Any]], *, keys: Keys | None = None, resource: str = GPU_RESOURCE
+) -> list[Held]:
+    """What the pods bound to a node hold, from their assignment annotations and specs: per
+    pod and physical GPU of its assignment, the larger claim of the containers given it.
+
+    A container of the assignment that asks for no slice (or whose request is not accepted)
+    holds its GPUs whole, the safe side; finished pods (Succeeded/Failed) and pods without a
+    well-formed assignment hold nothing.  Sorted by pod, then GPU."""
+    key_name = (keys or Keys()).assignment
+    out: list[Held] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        if status.get("phase") in FINISHED_PHASES:
+            continue
+        try:
+            assignment = parse_assignment(
+                (meta.get("annotations") or {}).get(key_name), key=key_name
+            )
+        except MalformedAnnotation:
+            continue
+        try:
+            slices = pod_slices(pod, resource=resource)
+        except BadShare:
+            slices = {}
+        claims: dict[DeviceID, Slice] = {}
+        for container, ids in assignment.items():
+            claim = slices.get(container, WHOLE)
+            for dev in ids:
+                gpu = physical_of(dev)
+                prev = claims.get(gpu)
+                claims[gpu] = claim if prev is None or prev == claim else larger(prev, claim)
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        out += [Held(key, gpu, claim) for gpu, claim in claims.items()]
+    return sorted(out, key=lambda h: (h.pod, h.gpu))
+
+
+def node_use(devices: Sequence[GPU], held: Iterable[Held]) -> dict[DeviceID, Use]:
+    """Per GPU of ``devices`` (every one, FREE when nothing holds it) what ``held`` commits;
+    a claim on a GPU not in ``devices`` is left out."""
+    use = commitments(devices, [(h.gpu, h.claim) for h in held])
+    return {g.id: use.get(g.id, FREE) for g in devices}
 
 
 def room_for(gpu: GPU, use: Use, claim: Slice, split: int) -> str | None:

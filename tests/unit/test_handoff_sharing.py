@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,9 +13,12 @@ from handoff.sharing import (
     BadShare,
     Miss,
     Slice,
+    Use,
+    bound_slices,
     commitments,
     container_slice,
     limit_envs,
+    node_use,
     physical_of,
     place,
     pod_slices,
@@ -235,3 +239,65 @@ def test_inventory_carries_the_split_and_stays_unchanged_without_it() -> None:
     plain = gpus(1, split=1)
     assert "split" not in format_inventory(plain)
     assert parse_inventory(format_inventory(plain)) == plain
+
+
+# ---- what the pods bound to a node commit (bound_slices, node_use) ------------------------------
+
+
+def bound_pod(
+    name: str,
+    assignment: dict[str, list[str]] | None,
+    containers: list[dict[str, Any]],
+    phase: str = "Running",
+) -> dict[str, Any]:
+    annotations = {} if assignment is None else {"nodelock.io/assignment": json.dumps(assignment)}
+    return {
+        "metadata": {"namespace": "ml", "name": name, "annotations": annotations},
+        "spec": {"containers": containers},
+        "status": {"phase": phase},
+    }
+
+
+def named(name: str, container: dict[str, Any]) -> dict[str, Any]:
+    return {**container, "name": name}
+
+
+def test_node_use_adds_the_bound_pods_slices_and_counts_a_whole_gpu_pod_as_the_full_gpu() -> None:
+    devs = gpus(3)
+    pods = [
+        bound_pod("a", {"main": ["GPU-0"]}, [named("main", c(mem="20000", cores="30"))]),
+        bound_pod("b", {"main": ["GPU-0::1"]}, [named("main", c(pct="25"))]),
+        bound_pod("whole", {"main": ["GPU-1"]}, [named("main", c())]),
+        bound_pod("done", {"main": ["GPU-2"]}, [named("main", c(mem="1000"))], phase="Succeeded"),
+        bound_pod("no-assignment", None, [named("main", c(mem="1000"))]),
+    ]
+    held = bound_slices(pods)
+    assert [(h.pod, h.gpu) for h in held] == [
+        ("ml/a", "GPU-0"),
+        ("ml/b", "GPU-0"),
+        ("ml/whole", "GPU-1"),
+    ]
+    use = node_use(devs, held)
+    assert use[DeviceID("GPU-0")] == Use(memory_mib=20000 + MIB_80G // 4, cores=30, slices=2)
+    assert use[DeviceID("GPU-1")] == Use(memory_mib=MIB_80G, cores=100, slices=1, exclusive=True)
+    assert use[DeviceID("GPU-2")] == FREE  # a finished pod holds nothing
+
+
+def test_bound_slices_takes_the_larger_claim_of_containers_sharing_a_gpu_and_skips_bad_input() -> (
+    None
+):
+    pods = [
+        bound_pod(
+            "p",
+            {"init": ["GPU-0::0"], "main": ["GPU-0::2"]},
+            [named("init", c(mem="1000", cores="50")), named("main", c(mem="3000", cores="10"))],
+        ),
+        bound_pod("bad", {"main": "GPU-1"}, [named("main", c(mem="1"))]),  # type: ignore[dict-item]
+        bound_pod("odd", {"main": ["GPU-1"]}, [named("main", c(mem="lots"))]),
+    ]
+    held = bound_slices(pods)
+    assert [(h.pod, h.gpu, h.claim) for h in held] == [
+        ("ml/odd", "GPU-1", WHOLE),  # a request not accepted: held whole, the safe side
+        ("ml/p", "GPU-0", Slice(memory_mib=3000, cores=50)),
+    ]
+    assert node_use(gpus(1), held) == {DeviceID("GPU-0"): Use(3000, 50, 1)}

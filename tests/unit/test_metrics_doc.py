@@ -112,7 +112,9 @@ def extender_registry() -> CollectorRegistry:
 
 def deviceplugin_registry() -> CollectorRegistry:
     metrics = PluginMetrics(CollectorRegistry())
-    metrics.set_devices([GPU(DeviceID("GPU-0"), 0, "H100", 81559, 0, True)])
+    gpus = [GPU(DeviceID("GPU-0"), 0, "H100", 81559, 0, True)]
+    metrics.set_devices(gpus)
+    metrics.set_gpu_use(gpus, {})
     return metrics.registry
 
 
