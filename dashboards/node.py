@@ -177,11 +177,53 @@ def model() -> JSON:
             ),
         ],
     )
+    shared = Row(
+        "GPUs of $node: committed against capacity",
+        [
+            Panel(
+                "GPU memory committed",
+                [
+                    Target(
+                        f"max by (gpu) (nodelock_deviceplugin_gpu_memory_committed_mib{N})",
+                        "{{gpu}} committed",
+                    ),
+                    Target(
+                        f"max by (gpu) (nodelock_deviceplugin_gpu_memory_capacity_mib{N})",
+                        "{{gpu}} capacity",
+                    ),
+                ],
+                "Per GPU, the memory the pods holding it commit (their gpumem slices; a pod "
+                "holding it whole commits all of it) against its capacity. Which pods: "
+                "`nodelock locks show $node`.",
+                unit="mbytes",
+                width=12,
+                minimum=0,
+            ),
+            Panel(
+                "GPU cores committed",
+                [
+                    Target(
+                        f"max by (gpu) (nodelock_deviceplugin_gpu_cores_committed_percent{N})",
+                        "{{gpu}} cores %",
+                    ),
+                    Target(
+                        f"max by (gpu) (nodelock_deviceplugin_gpu_slices{N})",
+                        "{{gpu}} slices",
+                    ),
+                ],
+                "Per GPU, the compute (percent; capacity 100) the pods holding it commit, and "
+                "how many pods hold it (at most the node's --gpu-split).",
+                width=12,
+                minimum=0,
+                thresholds=[(100.5, "red")],
+            ),
+        ],
+    )
     return dashboard(
         uid=NODE_UID,
         title="nodelock node",
         description="One GPU node: its lock over time, hold durations, Allocate, device "
-        "health and the device plugin (docs/metrics.md).",
-        rows=[lock, holds, devices],
+        "health, the device plugin and each GPU's committed memory and cores (docs/metrics.md).",
+        rows=[lock, holds, devices, shared],
         variables=[node_variable()],
     )
