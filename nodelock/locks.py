@@ -33,14 +33,22 @@ from prometheus_client import CollectorRegistry
 
 from handoff.flags import add_flags as add_handoff_flags
 from handoff.holder import HolderState, HolderStatus, holder_status
-from kube.client import KubeClient, lease_path, pod_path
+from handoff.sharing import bound_slices, split_of
+from handoff.wire import Keys, MalformedAnnotation, parse_inventory
+from kube.client import KubeClient, lease_path, node_path, pod_path
 from kube.errors import ApiError, Conflict, Forbidden, NotFound
 from kube.events import EventRecorder, EventType, ObjectRef
 from lockd.locks import NodeLocks
 from lockd.metrics import LockMetrics
 from lockd.microtime import now_microtime, parse_microtime
 from lockd.model import FencingToken, LockRecord, NodeLockView, NodeName
-from nodelock.locks_output import OUTPUT_FORMATS, lock_item, render_items
+from nodelock.locks_output import (
+    OUTPUT_FORMATS,
+    gpu_slices,
+    gpu_slices_text,
+    lock_item,
+    render_items,
+)
 
 HANDOFF_WARNING = (
     "WARNING: {holder} is still Pending on node {node} and not admitted by kubelet. Breaking its "
@@ -355,15 +363,36 @@ async def _show(
     if view is None:
         raise CliError(f"node {node} has no lock (no Lease {node} in namespace {locks.namespace})")
     (row,) = await _rows(locks, kube, [view], observed=False)
+    gpus = await _gpu_slices(kube, node, Keys(locks.prefix))
     if output != "table":
-        print(render_items([_item(row, locks.namespace)], output, single=True), file=out)
+        item = _item(row, locks.namespace)
+        if gpus is not None:
+            item["gpus"] = gpus
+        print(render_items([item], output, single=True), file=out)
         return 0
-    print(describe(row, namespace=locks.namespace), file=out)
+    print(describe(row, namespace=locks.namespace, gpus=gpus), file=out)
     return 0
 
 
-def describe(row: Row, *, namespace: str) -> str:
-    """Everything one node lock says, one field per line."""
+async def _gpu_slices(kube: KubeClient, node: NodeName, keys: Keys) -> list[dict[str, Any]] | None:
+    """Each GPU's slices on a node that shares its GPUs (None: it does not, or its inventory
+    cannot be read; ``show`` then prints the lock alone)."""
+    try:
+        obj = await kube.get(node_path(node))
+        devices = parse_inventory(
+            ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.gpus), key=keys.gpus
+        )
+    except (NotFound, MalformedAnnotation):
+        return None
+    if split_of(devices) <= 1:
+        return None
+    pods = await kube.list(pod_path(), field_selector=f"spec.nodeName={node}")
+    return gpu_slices(devices, bound_slices(pods.get("items") or [], keys=keys))
+
+
+def describe(row: Row, *, namespace: str, gpus: Sequence[dict[str, Any]] | None = None) -> str:
+    """Everything one node lock says, one field per line; then, on a node that shares its GPUs,
+    each GPU's slices (``gpus``: ``gpu_slices``)."""
     record = row.view.record
     fields: list[tuple[str, str]] = [
         ("node", record.node),
@@ -393,6 +422,8 @@ def describe(row: Row, *, namespace: str) -> str:
                 f"{last.holder} (uid {last.uid or '?'}), token {last.token}, {last.outcome}",
             )
         )
+    if gpus is not None:
+        fields += gpu_slices_text(gpus)
     width = max(len(k) for k, _ in fields) + 1
     return "\n".join(f"{(k + ':').ljust(width)} {v}" for k, v in fields)
 
