@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from devcluster.cluster import Cluster
-from handoff.wire import DEFAULT_PREFIX
+from handoff.wire import DEFAULT_PREFIX, GPU, DeviceID, format_inventory
 from kube import KubeClient
-from kube.client import event_path, lease_path, pod_path
+from kube.client import event_path, lease_path, node_path, pod_path
 from lockd import Holder, HolderKey, NodeLocks, NodeName, Outcome
 from nodelock.locks import NEEDS_FORCE, CliError, run_locks
 
@@ -291,3 +291,77 @@ async def test_kubectl_nodelock_locks_as_json_and_yaml(
     )
     assert json.loads(empty.stdout)["items"] == []
     assert "usage: kubectl nodelock" in kubectl_plugin(cluster, "locks", "-o", "xml").stderr
+
+
+async def test_show_lists_each_shared_gpus_slices(
+    cluster: Cluster, kube: KubeClient, namespace: str
+) -> None:
+    """A node that shares its GPUs (inventory split 4): ``show`` names each slice's pod and
+    size, from the bound pods' assignments and requests, in the table and in JSON."""
+    node = "gpu-cli-share"
+    inventory = [
+        GPU(DeviceID(f"GPU-share-{i}"), i, "H100", 81920, 0, True, split=4) for i in range(2)
+    ]
+    await kube.create(
+        node_path(),
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node,
+                "annotations": {"nodelock.io/gpus": format_inventory(inventory)},
+            },
+        },
+    )
+    try:
+        for name, gpu, limits in [
+            (
+                "infer-a",
+                "GPU-share-0::0",
+                {"nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "30"},
+            ),
+            ("infer-b", "GPU-share-0::1", {"nvidia.com/gpumem": "20000"}),
+            ("train", "GPU-share-1", {}),
+        ]:
+            await kube.create(
+                pod_path(namespace),
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": name,
+                        "annotations": {"nodelock.io/assignment": json.dumps({"main": [gpu]})},
+                    },
+                    "spec": {
+                        "nodeName": node,
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "example.invalid/none",
+                                "resources": {"limits": {"nvidia.com/gpu": "1", **limits}},
+                            }
+                        ],
+                    },
+                },
+            )
+        locks = NodeLocks(kube, namespace=namespace, prefix=DEFAULT_PREFIX)
+        done = await locks.acquire(NodeName(node), Holder(HolderKey("x/y"), "u"))
+        await locks.release(done, outcome=Outcome.ALLOCATED)
+
+        code, out, _ = await run(args(cluster, namespace, "show", node=node))
+        assert code == 0
+        assert "gpu GPU-share-0:" in out
+        assert "40000/81920 MiB, 30/100% cores, 2/4 slices" in out
+        assert re.search(rf"slice {namespace}/infer-a: +20000 MiB, 30% cores", out), out
+        assert re.search(rf"slice {namespace}/train: +whole GPU", out), out
+
+        code, out, _ = await run(args(cluster, namespace, "show", node=node, output="json"))
+        assert code == 0
+        gpus = {g["gpu"]: g for g in json.loads(out)["gpus"]}
+        assert gpus["GPU-share-1"]["memoryCommittedMiB"] == 81920
+        assert [h["pod"] for h in gpus["GPU-share-0"]["holders"]] == [
+            f"{namespace}/infer-a",
+            f"{namespace}/infer-b",
+        ]
+    finally:
+        await kube.delete(node_path(node))
