@@ -221,8 +221,11 @@ class DevicePlugin:
         watch's view of the node's pods (a timer, not a watch hook: it lags by at most that)."""
         while True:
             gpus = self.state.gpus
-            held = bound_slices(self.pods.pods(), keys=self.config.keys)
-            self.metrics.set_gpu_use(gpus, node_use(gpus, held))
+            try:
+                held = bound_slices(self.pods.pods(), keys=self.config.keys)
+                self.metrics.set_gpu_use(gpus, node_use(gpus, held))
+            except Exception:  # a gauge is not worth the plugin: log, keep the last values
+                log.exception("node %s: per-GPU committed gauges not updated", self.config.node)
             await asyncio.sleep(GPU_USE_PERIOD_S)
 
     async def wait(self) -> None:

@@ -467,6 +467,19 @@ async def test_a_gpu_pod_bound_around_the_extender_makes_allocate_refuse(env: En
 
         await eventually(synced, "the pod watch to list")
         assert sample(plugin, "nodelock_deviceplugin_pod_watch_synced") == 1
+
+        async def gauged() -> bool | None:  # p holds g[2] whole; sneaky has no assignment
+            slices = sample(plugin, "nodelock_deviceplugin_gpu_slices", gpu=g[2])
+            return True if slices == 1 else None
+
+        await eventually(gauged, "the per-GPU gauges to count p's GPU")
+        assert sample(plugin, "nodelock_deviceplugin_gpu_cores_committed_percent", gpu=g[2]) == 100
+        assert (
+            sample(plugin, "nodelock_deviceplugin_gpu_memory_committed_mib", gpu=g[2])
+            == sample(plugin, "nodelock_deviceplugin_gpu_memory_capacity_mib", gpu=g[2])
+            > 0
+        )
+        assert sample(plugin, "nodelock_deviceplugin_gpu_slices", gpu=g[0]) == 0
         msg = await refused(stub.Allocate(_one(g[2])), grpc.StatusCode.FAILED_PRECONDITION)
         assert f"{env.namespace}/sneaky" in msg
         assert sample(plugin, "nodelock_deviceplugin_allocations_total", result="ambiguous") == 1
