@@ -375,18 +375,21 @@ async def _show(
 
 
 async def _gpu_slices(kube: KubeClient, node: NodeName, keys: Keys) -> list[dict[str, Any]] | None:
-    """Each GPU's slices on a node that shares its GPUs (None: it does not, or its inventory
-    cannot be read; ``show`` then prints the lock alone)."""
+    """Each GPU's slices on a node that shares its GPUs (None: it does not, or the caller may
+    not read its inventory or its pods; ``show`` then prints the lock alone)."""
     try:
         obj = await kube.get(node_path(node))
         devices = parse_inventory(
             ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.gpus), key=keys.gpus
         )
-    except (NotFound, MalformedAnnotation):
+    except (NotFound, Forbidden, MalformedAnnotation):
         return None
     if split_of(devices) <= 1:
         return None
-    pods = await kube.list(pod_path(), field_selector=f"spec.nodeName={node}")
+    try:
+        pods = await kube.list(pod_path(), field_selector=f"spec.nodeName={node}")
+    except Forbidden:  # the caller may not list pods cluster-wide: the lock alone
+        return None
     return gpu_slices(devices, bound_slices(pods.get("items") or [], keys=keys))
 
 
