@@ -254,17 +254,25 @@ def node_view(pods: Sequence[Mapping[str, Any]], gpus: Mapping[str, Sequence[GPU
                 held.setdefault((node, dev), {})[name] = claim or Slice(exclusive=True)
     lines = []
     for node in sorted(gpus):
+        idle = []
         for gpu in sorted(gpus[node], key=lambda g: g.index):
             if gpu.split < 2:
                 continue
             on = held.get((node, str(gpu.id)), {})
+            if not on:
+                idle.append(str(gpu.index))
+                continue
             memory = sum(c.memory_on(gpu) for c in on.values())
             cores = sum(c.cores_claimed for c in on.values())
-            who = ", ".join(sorted(on)) or "-"
+            whole = any(c.exclusive for c in on.values())
+            use = "whole" if whole and len(on) == 1 else f"{len(on)}/{gpu.split} slices"
             lines.append(
-                f"  {node} GPU {gpu.index}: {len(on)}/{gpu.split} slices, memory "
-                f"{memory}/{gpu.memory_mib} MiB, cores {cores}/{FULL_CORES}%: {who}"
+                f"  {node} GPU {gpu.index}: {use}, memory {memory}/{gpu.memory_mib} MiB, "
+                f"cores {cores}/{FULL_CORES}%: {', '.join(sorted(on))}"
             )
+        if idle:
+            lines.append(f"  {node} GPU {', '.join(idle)}: nothing committed")
+    return lines
     return lines
 
 
