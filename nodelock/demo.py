@@ -229,10 +229,12 @@ async def inventories(kube: KubeClient) -> dict[str, list[GPU]]:
     return out
 
 
-def node_view(pods: Sequence[Mapping[str, Any]], gpus: Mapping[str, Sequence[GPU]]) -> list[str]:
+def node_view(
+    pods: Sequence[Mapping[str, Any]], gpus: Mapping[str, Sequence[GPU]]
+) -> list[tuple[str, str]]:
     """Per GPU of the sharing nodes (split > 1): memory and cores committed against capacity
     and the pods holding them, from the simulated kubelets' records (pods not Running or
-    Pending, or admitted without devices, hold nothing)."""
+    Pending, or admitted without devices, hold nothing), as (node and GPUs, what) rows."""
     held: dict[tuple[str, str], dict[str, Slice]] = {}
     for pod in pods:
         if pod.get("status", {}).get("phase", "Pending") not in ("Running", "Pending"):
@@ -252,7 +254,7 @@ def node_view(pods: Sequence[Mapping[str, Any]], gpus: Mapping[str, Sequence[GPU
             for dev in {physical_of(str(d)) for d in seen.get("deviceIDs", [])}:
                 # a container without a slice has its GPU whole
                 held.setdefault((node, dev), {})[name] = claim or Slice(exclusive=True)
-    lines = []
+    rows: list[tuple[str, str]] = []
     for node in sorted(gpus):
         idle = []
         for gpu in sorted(gpus[node], key=lambda g: g.index):
@@ -266,14 +268,16 @@ def node_view(pods: Sequence[Mapping[str, Any]], gpus: Mapping[str, Sequence[GPU
             cores = sum(c.cores_claimed for c in on.values())
             whole = any(c.exclusive for c in on.values())
             use = "whole" if whole and len(on) == 1 else f"{len(on)}/{gpu.split} slices"
-            lines.append(
-                f"  {node} GPU {gpu.index}: {use}, memory {memory}/{gpu.memory_mib} MiB, "
-                f"cores {cores}/{FULL_CORES}%: {', '.join(sorted(on))}"
+            rows.append(
+                (
+                    f"{node} GPU {gpu.index}",
+                    f"{use}, memory {memory}/{gpu.memory_mib} MiB, "
+                    f"cores {cores}/{FULL_CORES}%: {', '.join(sorted(on))}",
+                )
             )
         if idle:
-            lines.append(f"  {node} GPU {', '.join(idle)}: nothing committed")
-    return lines
-    return lines
+            rows.append((f"{node} GPU {', '.join(idle)}", "nothing committed"))
+    return rows
 
 
 def _gpu_pods(tl: Timeline) -> list[JSON]:
@@ -510,9 +514,11 @@ def report(
     shared = node_view(pods, gpus)
     if shared:
         lines.append("node view: the sharing nodes' GPUs at the end (slices, memory, cores, pods)")
-        lines.extend(shared)
+        lines.extend(f"  {where}: {what}" for where, what in shared)
     lines.append(f"\n$ kubectl get leases -n {DEFAULT_LOCK_NAMESPACE}")
     lines.append(str(extra["leases_text"]).rstrip())
+    # the page shows the node view as summary rows; the text has it above
+    summary += [(f"node view: {where}", what) for where, what in shared]
     return "\n".join(lines), summary
 
 

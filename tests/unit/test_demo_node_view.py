@@ -44,12 +44,12 @@ def test_node_view_sums_slices_per_physical_gpu() -> None:
         pod("x", "n2", ["X0"], mem=None),
     ]
     assert node_view(pods, INVENTORY) == [
-        "  n1 GPU 0: 2/4 slices, memory 40000/81559 MiB, cores 50/100%: a, b",
-        "  n1 GPU 1: whole, memory 81559/81559 MiB, cores 100/100%: whole",
+        ("n1 GPU 0", "2/4 slices, memory 40000/81559 MiB, cores 50/100%: a, b"),
+        ("n1 GPU 1", "whole, memory 81559/81559 MiB, cores 100/100%: whole"),
     ]
     assert node_view(pods[-2:], INVENTORY) == [
-        "  n1 GPU 1: whole, memory 81559/81559 MiB, cores 100/100%: whole",
-        "  n1 GPU 0: nothing committed",
+        ("n1 GPU 1", "whole, memory 81559/81559 MiB, cores 100/100%: whole"),
+        ("n1 GPU 0", "nothing committed"),
     ]
 
 
