@@ -111,6 +111,14 @@ def register(sub: Any) -> None:
         "default 1: whole GPUs)",
     )
     u.add_argument(
+        "--shared-nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --gpu-split: only the last N nodes share their GPUs, the others keep them "
+        "whole (default: every node shares)",
+    )
+    u.add_argument(
         "--mig",
         action="append",
         default=[],
@@ -162,6 +170,11 @@ def _up(args: argparse.Namespace) -> int:
         check_split(args.gpu_split)
     except ValueError as exc:
         raise DevclusterError(str(exc)) from exc
+    if args.shared_nodes is not None and not 0 <= args.shared_nodes <= args.nodes:
+        raise DevclusterError(f"--shared-nodes must be between 0 and --nodes ({args.nodes})")
+    shared = args.nodes if args.shared_nodes is None else args.shared_nodes
+    if args.gpu_split == 1:
+        shared = 0  # nothing to share
     if args.gpu_memory_mib is not None and args.gpu_memory_mib < 1:
         raise DevclusterError("--gpu-memory-mib must be positive")
     try:
@@ -184,7 +197,11 @@ def _up(args: argparse.Namespace) -> int:
             layout_of(args.gpu_topology, args.gpus_per_node)
         except ValueError as exc:
             raise DevclusterError(f"--gpu-topology: {exc}") from exc
-    wanted = Shape(args.nodes, args.gpus_per_node, args.gpu_topology) if args.nodes else Shape(0, 0)
+    wanted = (
+        Shape(args.nodes, args.gpus_per_node, args.gpu_topology, args.gpu_split, shared)
+        if args.nodes
+        else Shape(0, 0)
+    )
     state_dir = cluster.state_dir
     check_resume(
         read_shape(state_dir), has_data=has_data(state_dir), wanted=wanted, state_dir=state_dir
@@ -203,6 +220,7 @@ def _up(args: argparse.Namespace) -> int:
                 gpu_topology=args.gpu_topology,
                 topology_policy=policy,
                 gpu_split=args.gpu_split,
+                shared_nodes=shared,
                 gpu_memory_mib=args.gpu_memory_mib,
                 mig=mig,
             )
@@ -243,7 +261,13 @@ def _status(args: argparse.Namespace) -> int:
         return 1
     recorded = read_shape(cluster.state_dir)
     if recorded is not None and recorded.get("format") == SHAPE_FORMAT:
-        shape = Shape(recorded["nodes"], recorded["gpus_per_node"], recorded.get("gpu_topology"))
+        shape = Shape(
+            recorded["nodes"],
+            recorded["gpus_per_node"],
+            recorded.get("gpu_topology"),
+            recorded.get("gpu_split", 1),
+            recorded.get("shared_nodes", 0),
+        )
         print(f"shape: {shape.describe()}")
     for st in rows:
         state = "running" if st.running else "NOT RUNNING"

@@ -93,6 +93,39 @@ def node_names(count: int) -> list[str]:
     return [f"gpu-node-{i:02d}" for i in range(1, count + 1)]
 
 
+def node_specs(
+    nodes: int,
+    gpus_per_node: int,
+    *,
+    gpu_topology: str | None = None,
+    topology_policy: NumaPolicy = NumaPolicy.NONE,
+    gpu_split: int = 1,
+    shared_nodes: int | None = None,
+    gpu_memory_mib: int | None = None,
+    mig: tuple[tuple[int, str], ...] = (),
+) -> list[NodeSpec]:
+    """The simulated nodes of a devcluster, in name order.
+
+    ``shared_nodes`` None: every node shares its GPUs with ``gpu_split``; N: the last N nodes do
+    and the others keep whole GPUs (split 1).  Raises ``ValueError`` for N outside 0..nodes.
+    """
+    if shared_nodes is not None and not 0 <= shared_nodes <= nodes:
+        raise ValueError(f"shared nodes must be between 0 and {nodes}, not {shared_nodes}")
+    sharing_from = 0 if shared_nodes is None else nodes - shared_nodes
+    return [
+        NodeSpec(
+            n,
+            gpus_per_node,
+            layout=gpu_topology,
+            topology_policy=topology_policy,
+            gpu_split=gpu_split if i >= sharing_from else 1,
+            memory_mib=DEFAULT_MEMORY_MIB if gpu_memory_mib is None else gpu_memory_mib,
+            mig=mig,
+        )
+        for i, n in enumerate(node_names(nodes))
+    ]
+
+
 def start_extender(
     cluster: Cluster,
     *,
@@ -310,6 +343,7 @@ def up_gpu_cluster(
     gpu_topology: str | None = None,
     topology_policy: NumaPolicy = NumaPolicy.NONE,
     gpu_split: int = 1,
+    shared_nodes: int | None = None,
     gpu_memory_mib: int | None = None,
     mig: tuple[tuple[int, str], ...] = (),
 ) -> list[NodeSpec]:
@@ -318,10 +352,24 @@ def up_gpu_cluster(
 
     ``gpu_topology`` names a simulated GPU layout for every node; ``topology_policy`` is the
     simulated kubelets' topology manager policy (published as a node label for the extender).
-    ``gpu_split`` > 1 makes every node share its GPUs (S virtual devices each, docs/sharing.md);
+    ``gpu_split`` > 1 makes every node share its GPUs (S virtual devices each, docs/sharing.md),
+    or only the last ``shared_nodes`` nodes when that is given (``node_specs``);
     ``gpu_memory_mib`` is each simulated GPU's memory (default: an H100's); ``mig`` puts GPUs
     of every node in MIG mode ((index, layout) pairs, ``deviceplugin.simulated.mig_layout``).
     """
+    try:
+        specs = node_specs(
+            nodes,
+            gpus_per_node,
+            gpu_topology=gpu_topology,
+            topology_policy=topology_policy,
+            gpu_split=gpu_split,
+            shared_nodes=shared_nodes,
+            gpu_memory_mib=gpu_memory_mib,
+            mig=mig,
+        )
+    except ValueError as exc:
+        raise DevclusterError(str(exc)) from exc
     install_gpu_pod_policies(cluster)
     start_extender(
         cluster,
@@ -330,18 +378,6 @@ def up_gpu_cluster(
         lock_aware=lock_aware,
         extra_args=extender_args,
     )
-    specs = [
-        NodeSpec(
-            n,
-            gpus_per_node,
-            layout=gpu_topology,
-            topology_policy=topology_policy,
-            gpu_split=gpu_split,
-            memory_mib=DEFAULT_MEMORY_MIB if gpu_memory_mib is None else gpu_memory_mib,
-            mig=mig,
-        )
-        for n in node_names(nodes)
-    ]
     for spec in specs:
         start_node(cluster, spec, plugin_args=plugin_args)
     wait_nodes_ready(cluster, specs)

@@ -32,12 +32,19 @@ class Shape:
     nodes: int
     gpus_per_node: int
     gpu_topology: str | None = None
+    gpu_split: int = 1  # the split of the sharing nodes (1: none shares)
+    shared_nodes: int = 0  # how many nodes (the last ones) share their GPUs
 
     def describe(self) -> str:
         if not self.nodes:
             return "a control plane without GPU nodes"
         layout = f", GPU topology {self.gpu_topology}" if self.gpu_topology else ""
-        return f"{self.nodes} GPU nodes x {self.gpus_per_node} GPUs{layout}"
+        sharing = (
+            f", {self.shared_nodes} of them sharing each GPU {self.gpu_split} ways"
+            if self.shared_nodes and self.gpu_split > 1
+            else ""
+        )
+        return f"{self.nodes} GPU nodes x {self.gpus_per_node} GPUs{layout}{sharing}"
 
 
 def shape_record(shape: Shape) -> dict[str, Any]:
@@ -67,6 +74,9 @@ def check_resume(
             nodes=int(recorded["nodes"]),
             gpus_per_node=int(recorded["gpus_per_node"]),
             gpu_topology=recorded.get("gpu_topology"),
+            # shapes recorded before sharing was recorded: nothing shared
+            gpu_split=int(recorded.get("gpu_split", 1)),
+            shared_nodes=int(recorded.get("shared_nodes", 0)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise DevclusterError(
@@ -76,7 +86,8 @@ def check_resume(
         raise DevclusterError(
             f"{state_dir} holds {old.describe()}; up asks for {wanted.describe()}. Its Node "
             "objects and pods would outlive their simulated kubelets. Run up with the same "
-            f"--nodes/--gpus-per-node/--gpu-topology to resume it, or remove it with {purge}"
+            "--nodes/--gpus-per-node/--gpu-topology/--gpu-split/--shared-nodes to resume it, or "
+            f"remove it with {purge}"
         )
 
 

@@ -24,9 +24,10 @@ from typing import Any
 from devcluster.binaries import ensure_control_plane, ensure_simkubelet
 from devcluster.cluster import Cluster
 from devcluster.gpunodes import up_gpu_cluster
-from devcluster.invariants import check_locks_free, check_pods
+from devcluster.invariants import allocated, check_locks_free, check_pods
 from devcluster.namespaces import create_namespace
-from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_RESOURCE
+from handoff.sharing import FULL_CORES, GPUMEM, BadShare, Slice, container_slice, physical_of
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_RESOURCE, GPU, Keys, parse_inventory
 from kube.client import JSON, KubeClient
 from nodelock import htmlreport
 from nodelock.audit import audit_devcluster
@@ -64,6 +65,7 @@ class Workload:
     init_gpus: int = 0
     run_seconds: int = 0
     wave: int = 0  # 0: at start, 1: 2 s later, 2: the burst (WAVE_AT_S)
+    gpumem_mib: int = 0  # > 0: a slice of a shared GPU (nvidia.com/gpumem), not a whole one
 
     @property
     def gpu_need(self) -> int:
@@ -87,13 +89,36 @@ def default_workload(total_gpus: int) -> list[Workload]:
     ]
 
 
+SHARED_SLICE_MIB = 20000  # four of them fit an 80 GB GPU (81559 MiB)
+
+
+def shared_workload(shared_nodes: int, gpu_split: int) -> list[Workload]:
+    """The inference wave on the sharing nodes: 20000 MiB slices of one GPU each, ``gpu_split``
+    of them per sharing node (none without sharing nodes)."""
+    if shared_nodes < 1 or gpu_split < 2:
+        return []
+    return [
+        Workload(
+            "Deployment",
+            "shared-inference",
+            shared_nodes * gpu_split,
+            1,
+            wave=1,
+            gpumem_mib=SHARED_SLICE_MIB,
+        )
+    ]
+
+
 def _pod_template(w: Workload) -> JSON:
     labels = {"app": w.name, "demo.nodelock.io/workload": w.name}
     annotations = {RUN_SECONDS: str(w.run_seconds)} if w.run_seconds else {}
+    limits = {DEFAULT_RESOURCE: str(w.gpus)}
+    if w.gpumem_mib:
+        limits[GPUMEM] = str(w.gpumem_mib)
     container: JSON = {
         "name": "main",
         "image": "registry.invalid/nodelock/sim:never-pulled",
-        "resources": {"limits": {DEFAULT_RESOURCE: str(w.gpus)}},
+        "resources": {"limits": limits},
     }
     spec: JSON = {"containers": [container], "terminationGracePeriodSeconds": 0}
     if w.init_gpus:
@@ -192,6 +217,67 @@ def html_report(tl: Timeline, summary: list[tuple[str, str]]) -> str:
         summary=summary,
     )
     return htmlreport.render(data)
+
+
+async def inventories(kube: KubeClient) -> dict[str, list[GPU]]:
+    """Each node's published GPU inventory (node -> GPUs), for S1 on shared GPUs."""
+    out = {}
+    for node in (await kube.list("/api/v1/nodes"))["items"]:
+        raw = node.get("metadata", {}).get("annotations", {}).get(Keys().gpus)
+        if raw:
+            out[str(node["metadata"]["name"])] = parse_inventory(raw)
+    return out
+
+
+def node_view(
+    pods: Sequence[Mapping[str, Any]], gpus: Mapping[str, Sequence[GPU]]
+) -> list[tuple[str, str]]:
+    """Per GPU of the sharing nodes (split > 1): memory and cores committed against capacity
+    and the pods holding them, from the simulated kubelets' records (pods not Running or
+    Pending, or admitted without devices, hold nothing), as (node and GPUs, what) rows."""
+    held: dict[tuple[str, str], dict[str, Slice]] = {}
+    for pod in pods:
+        if pod.get("status", {}).get("phase", "Pending") not in ("Running", "Pending"):
+            continue
+        node = str(pod.get("spec", {}).get("nodeName") or "")
+        spec = pod.get("spec", {})
+        containers = {
+            str(c.get("name")): c
+            for c in [*spec.get("initContainers", []), *spec.get("containers", [])]
+        }
+        name = str(pod.get("metadata", {}).get("name"))
+        for container, seen in allocated(pod).items():
+            try:
+                claim = container_slice(containers.get(container, {}))
+            except BadShare:
+                claim = None
+            for dev in {physical_of(str(d)) for d in seen.get("deviceIDs", [])}:
+                # a container without a slice has its GPU whole
+                held.setdefault((node, dev), {})[name] = claim or Slice(exclusive=True)
+    rows: list[tuple[str, str]] = []
+    for node in sorted(gpus):
+        idle = []
+        for gpu in sorted(gpus[node], key=lambda g: g.index):
+            if gpu.split < 2:
+                continue
+            on = held.get((node, str(gpu.id)), {})
+            if not on:
+                idle.append(str(gpu.index))
+                continue
+            memory = sum(c.memory_on(gpu) for c in on.values())
+            cores = sum(c.cores_claimed for c in on.values())
+            whole = any(c.exclusive for c in on.values())
+            use = "whole" if whole and len(on) == 1 else f"{len(on)}/{gpu.split} slices"
+            rows.append(
+                (
+                    f"{node} GPU {gpu.index}",
+                    f"{use}, memory {memory}/{gpu.memory_mib} MiB, "
+                    f"cores {cores}/{FULL_CORES}%: {', '.join(sorted(on))}",
+                )
+            )
+        if idle:
+            rows.append((f"{node} GPU {', '.join(idle)}", "nothing committed"))
+    return rows
 
 
 def _gpu_pods(tl: Timeline) -> list[JSON]:
@@ -314,6 +400,7 @@ async def run_workload(
             after = await api_requests(kube)
             extender_text = scrape(extender_metrics)
             leases_text = cluster.kubectl("get", "leases", "-n", DEFAULT_LOCK_NAMESPACE)
+            gpus = await inventories(kube)
         finally:
             for t in tasks:
                 t.cancel()
@@ -325,6 +412,7 @@ async def run_workload(
         ),
         "extender_metrics": metric_samples(extender_text),
         "leases_text": leases_text,
+        "inventories": gpus,
     }
     return tl, extra
 
@@ -340,12 +428,18 @@ def events_per_pod(events: Mapping[str, tuple[str, int]], pods: int) -> str:
     )
 
 
+def _describe(w: Workload) -> str:
+    slice_ = f" ({w.gpumem_mib} MiB slice)" if w.gpumem_mib else ""
+    return f"{w.name} {w.replicas}x{w.gpus} GPU{slice_}"
+
+
 def report(
     tl: Timeline, workloads: Sequence[Workload], extra: Mapping[str, Any]
 ) -> tuple[str, list[tuple[str, str]]]:
     """The end-of-demo report, as text and as summary rows for the HTML page."""
     pods = _gpu_pods(tl)
-    final = check_pods(pods)
+    gpus: Mapping[str, Sequence[GPU]] = extra.get("inventories", {})
+    final = check_pods(pods, inventories=gpus)
     final.s1 = sorted(set(final.s1) | set(tl.violations.s1))
     final.s2 = sorted(set(final.s2) | set(tl.violations.s2))
     check_locks_free(tl.leases.values(), final)
@@ -365,7 +459,7 @@ def report(
     lists = sum(c for (verb, _), c in net.items() if verb == "LIST")
     last = max(tl.running.values(), default=math.nan)
     summary: list[tuple[str, str]] = [
-        ("workload", ", ".join(f"{w.name} {w.replicas}x{w.gpus} GPU" for w in workloads)),
+        ("workload", ", ".join(_describe(w) for w in workloads)),
         ("GPU pods admitted", f"{len(placed)}/{len(pods)}, the last {last:.1f} s after the start"),
         ("creation -> running", f"p50 {_ms(to_running, 0.5)}, p99 {_ms(to_running, 0.99)}"),
         ("lock holds", f"{len(holds)} handoffs, p50 {_ms(holds, 0.5)}, p99 {_ms(holds, 0.99)}"),
@@ -417,8 +511,14 @@ def report(
         verdict = "PASS" if not found else f"FAIL ({len(found)})"
         lines.append(f"  {name} {desc:<45} {verdict}")
         lines.extend(f"      {v}" for v in found[:5])
+    shared = node_view(pods, gpus)
+    if shared:
+        lines.append("node view: the sharing nodes' GPUs at the end (slices, memory, cores, pods)")
+        lines.extend(f"  {where}: {what}" for where, what in shared)
     lines.append(f"\n$ kubectl get leases -n {DEFAULT_LOCK_NAMESPACE}")
     lines.append(str(extra["leases_text"]).rstrip())
+    # the page shows the node view as summary rows; the text has it above
+    summary += [(f"node view: {where}", what) for where, what in shared]
     return "\n".join(lines), summary
 
 
@@ -426,6 +526,15 @@ def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the demo: a local GPU cluster and a GPU workload")
     p.add_argument("--nodes", type=int, default=16)
     p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument(
+        "--shared-nodes",
+        type=int,
+        default=2,
+        help="how many of the nodes (the last ones) share their GPUs, for the inference wave",
+    )
+    p.add_argument(
+        "--gpu-split", type=int, default=4, help="virtual devices per GPU on the sharing nodes"
+    )
     p.add_argument("--state-dir", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the workload")
@@ -453,12 +562,19 @@ def _main(args: argparse.Namespace) -> int:
             f"control plane up ({time.monotonic() - t0:.1f}s); starting the extender and "
             f"{args.nodes} simulated GPU nodes x {args.gpus_per_node} GPUs"
         )
-        up_gpu_cluster(cluster, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+        up_gpu_cluster(
+            cluster,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            gpu_split=args.gpu_split,
+            shared_nodes=args.shared_nodes,
+        )
         print(
             f"GPU cluster ready ({time.monotonic() - t0:.1f}s): "
             f"{args.nodes * args.gpus_per_node} GPUs"
         )
         workloads = default_workload(args.nodes * args.gpus_per_node)
+        workloads += shared_workload(args.shared_nodes, args.gpu_split)
         ext_url = cluster.settings()["extender"]["metrics"][0]  # the plain-HTTP metrics port
         tl, extra = asyncio.run(
             run_workload(

@@ -24,7 +24,13 @@ def test_the_same_shape_resumes() -> None:
 
 @pytest.mark.parametrize(
     "other",
-    [Shape(2, 4), Shape(3, 8), Shape(3, 4, "nvlink-pairs"), Shape(0, 0)],
+    [
+        Shape(2, 4),
+        Shape(3, 8),
+        Shape(3, 4, "nvlink-pairs"),
+        Shape(0, 0),
+        Shape(3, 4, gpu_split=4, shared_nodes=1),  # a node now shares its GPUs
+    ],
 )
 def test_another_shape_is_refused_naming_purge(other: Shape) -> None:
     with pytest.raises(DevclusterError) as caught:
@@ -49,3 +55,16 @@ def test_data_of_another_version_is_refused(recorded: dict[str, object] | None, 
     with pytest.raises(DevclusterError, match=says) as caught:
         check_resume(recorded, has_data=True, wanted=THREE_BY_FOUR, state_dir=DIR)
     assert "down --purge" in str(caught.value)
+
+
+def test_sharing_is_part_of_the_shape() -> None:
+    mixed = Shape(3, 4, gpu_split=4, shared_nodes=1)
+    check_resume(shape_record(mixed), has_data=True, wanted=mixed, state_dir=DIR)
+    assert mixed.describe() == "3 GPU nodes x 4 GPUs, 1 of them sharing each GPU 4 ways"
+    with pytest.raises(DevclusterError, match="1 of them sharing"):
+        check_resume(shape_record(mixed), has_data=True, wanted=THREE_BY_FOUR, state_dir=DIR)
+
+
+def test_a_shape_recorded_before_sharing_was_recorded_reads_as_none_sharing() -> None:
+    old = {"format": SHAPE_FORMAT, "nodes": 3, "gpus_per_node": 4, "gpu_topology": None}
+    check_resume(old, has_data=True, wanted=THREE_BY_FOUR, state_dir=DIR)
