@@ -211,8 +211,14 @@ def score(node: NodeGPUs, need: PodNeed, policy: Policy) -> int:
         return 0
     if need.wishes.policy is not None:
         policy = Policy(need.wishes.policy)
-    if need.slices or sharing.sharing_node(node.devices):  # shared GPUs: by memory committed
+    if need.slices:  # a slice of a shared GPU: by memory committed
         return _shared_score(node, need, policy)
+    if sharing.sharing_node(node.devices):
+        # a whole-GPU pod goes to a sharing node last: it takes one of the node's virtual devices
+        # in kube-scheduler's count but a whole GPU in fact, so kube-scheduler cannot see a burst
+        # of them racing for that node's last GPUs (binds refused, backoff), and each one it
+        # places there is a GPU the pods that share can no longer use
+        return 1
     free_after = node.available - need.total
     filled = cap - free_after if policy is Policy.BINPACK else free_after
     # 1..MAX_SCORE for a node that fits (0 is kept for "does not fit"); round half up in

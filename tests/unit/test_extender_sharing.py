@@ -133,6 +133,17 @@ def test_binpack_scores_the_fuller_node_higher_and_spread_the_emptier() -> None:
     assert score(half, n, Policy.SPREAD) < score(empty, n, Policy.SPREAD)
 
 
+def test_a_whole_gpu_pod_goes_to_a_sharing_node_last() -> None:
+    """kube-scheduler counts a whole GPU there as one virtual device: whole-GPU pods would race
+    for the node's last GPUs unseen, so such a node scores lowest of the fitting ones."""
+    whole = need()
+    for policy in Policy:
+        assert score(picture(), whole, policy) == 1  # fits, lowest
+        assert score(picture(split=1), whole, policy) > 1  # the same GPUs, not shared
+    full = picture(pod_obj("p", node=NODE, assigned=[A, B], gpumem="80000"))
+    assert score(full, whole, Policy.BINPACK) == 0  # does not fit: still 0
+
+
 def test_fit_keys_tell_different_commitments_apart() -> None:
     empty = picture()
     half = picture(pod_obj("p", node=NODE, assigned=[A], gpumem="40000"))
