@@ -40,7 +40,7 @@ from scheduler_ext.protocol import (
     binding_result,
     filter_error,
     filter_result,
-    host_priority_list,
+    host_priority_list_bytes,
     parse_binding_args,
     parse_extender_args,
 )
@@ -48,7 +48,7 @@ from scheduler_ext.state import BadObject, node_state
 from scheduler_ext.takeover import holder_accounted
 from scheduler_ext.verbs import (
     filter_nodes,
-    prioritize_nodes,
+    node_scores,
     with_holder,
     with_lock_holder,
 )
@@ -226,7 +226,7 @@ class Endpoints:
                 tolerance = 0.0  # packing keeps nothing free for later: serve it soonest
             elif largest > need.total:
                 larger, inflight = self._larger_pending(need, uid)
-        scores = prioritize_nodes(
+        scores = node_scores(
             need,
             args.node_names,
             gpus_of,
@@ -237,9 +237,10 @@ class Endpoints:
             inflight=inflight,
         )
         if self.options.lock_aware:
-            self.promises.promise(scores, uid)
+            self.promises.promise(args.node_names, scores, uid)
+        body = host_priority_list_bytes(args.node_names, scores)
         self._done(Verb.PRIORITIZE, Result.OK, started)
-        return _json(host_priority_list(scores))
+        return web.Response(body=body, content_type="application/json")
 
     def _larger_pending(
         self, need: PodNeed, uid: str

@@ -77,11 +77,21 @@ def expected_wait_s(picture: WaitPicture) -> float:
     recent hold per waiter ahead.  A holder within the recent hold time is expected to finish
     by then; one past it is overdue (a slow or stuck admission) and is expected to take as long
     again as it already has."""
+    return wait_behind(
+        held=bool(picture.holder),
+        holder_age_s=picture.holder_age_s,
+        position=picture.position,
+        hold_s=picture.hold_s,
+    )
+
+
+def wait_behind(*, held: bool, holder_age_s: float, position: int, hold_s: float) -> float:
+    """``expected_wait_s`` from its parts (no picture to build: prioritize asks it for every
+    held lock)."""
     remaining = 0.0
-    if picture.holder:
-        age = picture.holder_age_s
-        remaining = picture.hold_s - age if age < picture.hold_s else age
-    return remaining + picture.position * picture.hold_s
+    if held:
+        remaining = hold_s - holder_age_s if holder_age_s < hold_s else holder_age_s
+    return remaining + position * hold_s
 
 
 def give_up_reason(picture: WaitPicture, left_s: float) -> GiveUp | None:
@@ -368,11 +378,9 @@ class BindQueues:
         ahead = (len(queue) if queue else 0) + extra
         if holder is not None and queue and queue[0].uid == holder.uid:
             ahead -= 1  # the head holds the lock while it binds: count it once
-        picture = WaitPicture(
-            position=ahead,
-            depth=ahead,
-            holder=holder.key if holder is not None else None,
+        return wait_behind(
+            held=holder is not None and bool(holder.key),
             holder_age_s=view.held_for_s if view is not None and holder is not None else 0.0,
+            position=ahead,
             hold_s=self.hold.value_s,
         )
-        return expected_wait_s(picture)
