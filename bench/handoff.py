@@ -241,19 +241,23 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    base = next(r for r in rows if r["phase"] == "default-binder")
+    base = next((r for r in rows if r["phase"] == "default-binder"), None)  # not run: no ratio
     head = (
         f"{'phase':<24}{'pods/s':>8}{'vs base':>9}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'contended':>11}{'hold p50':>10}{'hold p99':>10}{'writes':>8}{'LISTs':>7}{'req':>7}"
     )
     lines = [head, "-" * len(head)]
+
+    def ratio(r: dict[str, Any]) -> str:
+        return "-" if base is None else f"{r['pods_per_s'] / base['pods_per_s']:.2f}"
+
     for r in rows:
 
         def ms(v: float) -> str:
             return "-" if math.isnan(v) else f"{v * 1000:.0f}"
 
         lines.append(
-            f"{r['phase']:<24}{r['pods_per_s']:>8.1f}{r['pods_per_s'] / base['pods_per_s']:>9.2f}"
+            f"{r['phase']:<24}{r['pods_per_s']:>8.1f}{ratio(r):>9}"
             f"{ms(r['to_running_p50_s']):>9}{ms(r['to_running_p99_s']):>9}"
             f"{r['contended_binds']:>11.0f}{ms(r['handoff_p50_s']):>10}{ms(r['handoff_p99_s']):>10}"
             f"{r['handoff_writes_per_pod']:>8.2f}{r['lists_per_pod']:>7.2f}"
