@@ -13,10 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from operator import getitem
-from typing import Any, cast
-
-import orjson
+from typing import Any
 
 from lockd.model import NodeName
 
@@ -175,41 +172,6 @@ def filter_error(message: str) -> JSON:
 def host_priority_list(scores: Sequence[tuple[NodeName, int]]) -> list[JSON]:
     """``HostPriorityList``: ``[{"Host": name, "Score": 0..10}]`` in the order given."""
     return [{"Host": name, "Score": score} for name, score in scores]
-
-
-_MAX_KEPT_SCORE = 10  # kube-scheduler's MaxExtenderPriority
-_HOST_ENTRIES: dict[str, list[bytes]] = {}  # node name -> its entry for each score 0..10
-_HOST_ENTRIES_MAX = 100_000  # a bound for a cluster whose nodes keep changing names
-
-
-def _entries(name: str) -> list[bytes]:
-    entries = _HOST_ENTRIES.get(name)
-    if entries is None:
-        if len(_HOST_ENTRIES) >= _HOST_ENTRIES_MAX:
-            _HOST_ENTRIES.clear()
-        prefix = b'{"Host":' + orjson.dumps(name) + b',"Score":'
-        entries = [prefix + b"%d}" % score for score in range(_MAX_KEPT_SCORE + 1)]
-        _HOST_ENTRIES[name] = entries
-    return entries
-
-
-def host_priority_list_bytes(names: Sequence[NodeName], scores: Sequence[int]) -> bytes:
-    """``host_priority_list(zip(names, scores))`` encoded as JSON, byte for byte what orjson
-    writes for it (whole-number scores).  Each node's entry for each score 0..10 is encoded once
-    and kept, so an answer naming thousands of nodes costs a join (built-ins only), not a dict
-    and an encoding per node."""
-    if len(names) != len(scores):
-        raise ValueError(f"{len(names)} node names but {len(scores)} scores")
-    if not names:
-        return b"[]"
-    if min(scores) >= 0 and max(scores) <= _MAX_KEPT_SCORE:
-        found = list(map(_HOST_ENTRIES.get, names))
-        kept = cast(list[list[bytes]], found) if None not in found else list(map(_entries, names))
-        try:
-            return b"[" + b",".join(map(getitem, kept, scores)) + b"]"
-        except TypeError:  # a score that is not a whole number
-            pass
-    return orjson.dumps(host_priority_list(list(zip(names, scores, strict=True))))
 
 
 def binding_result(error: str = "") -> JSON:

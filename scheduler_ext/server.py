@@ -40,7 +40,7 @@ from scheduler_ext.protocol import (
     binding_result,
     filter_error,
     filter_result,
-    host_priority_list_bytes,
+    host_priority_list,
     parse_binding_args,
     parse_extender_args,
 )
@@ -238,9 +238,8 @@ class Endpoints:
         )
         if self.options.lock_aware:
             self.promises.promise(args.node_names, scores, uid)
-        body = host_priority_list_bytes(args.node_names, scores)
         self._done(Verb.PRIORITIZE, Result.OK, started)
-        return web.Response(body=body, content_type="application/json")
+        return _json(host_priority_list(list(zip(args.node_names, scores, strict=True))))
 
     def _larger_pending(
         self, need: PodNeed, uid: str

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from lockd.model import NodeName
@@ -21,7 +20,6 @@ from scheduler_ext.protocol import (
     filter_error,
     filter_result,
     host_priority_list,
-    host_priority_list_bytes,
     parse_binding_args,
     parse_extender_args,
 )
@@ -82,19 +80,6 @@ def test_filter_result_has_go_shape_in_node_list_mode() -> None:
     assert shape(ours) == shape(go)
     # the Node objects go back exactly as the scheduler sent them
     assert ours["Nodes"]["items"] == go["Nodes"]["items"]
-
-
-def test_the_encoded_priority_list_is_what_orjson_writes_for_the_plain_one() -> None:
-    names = [NodeName(n) for n in ("gpu-a", "gpu-b", 'odd"name\\', "ünï", "gpu-a")]
-    for scores in ([10, 0, 7, 3, 10], [0, 0, 0, 0, 0], [1, 100, 101, -1, 5]):
-        plain = host_priority_list(list(zip(names, scores, strict=True)))
-        encoded = host_priority_list_bytes(names, scores)
-        assert encoded == orjson.dumps(plain)  # also for scores outside the kept suffixes
-        assert json.loads(encoded) == plain
-        assert host_priority_list_bytes(names, scores) == encoded  # kept prefixes: same bytes
-    assert host_priority_list_bytes([], []) == b"[]"
-    with pytest.raises(ValueError, match="2 node names but 1 scores"):
-        host_priority_list_bytes(names[:2], [1])
 
 
 def test_priority_and_binding_results_have_go_shape() -> None:
