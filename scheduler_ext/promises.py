@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 from lockd.model import NodeName
 
@@ -29,18 +30,14 @@ class Promises:
         self._clock = clock
         self._by_pod: dict[str, tuple[NodeName, float]] = {}
 
-    def promise(
-        self, names: Sequence[NodeName], scores: Sequence[int], pod_uid: str
-    ) -> NodeName | None:
-        """Remember the best-scored node (first of equals; none when nothing scores) for the pod;
-        ``scores[i]`` is the score of ``names[i]``."""
-        top = max(scores, default=0)
-        if top <= 0:
+    def promise(self, scores: Sequence[tuple[NodeName, int]], pod_uid: str) -> NodeName | None:
+        """Remember the best-scored node (first of equals; none when nothing scores) for the pod."""
+        best = max(scores, key=itemgetter(1), default=None)
+        if best is None or best[1] <= 0:
             self.forget(pod_uid)
             return None
-        best = names[scores.index(top)]
-        self._by_pod[pod_uid] = (best, self._clock() + self._ttl_s)
-        return best
+        self._by_pod[pod_uid] = (best[0], self._clock() + self._ttl_s)
+        return best[0]
 
     def forget(self, pod_uid: str) -> None:
         """The pod's bind arrived: its promise has done its work."""

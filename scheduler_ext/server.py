@@ -48,7 +48,7 @@ from scheduler_ext.state import BadObject, node_state
 from scheduler_ext.takeover import holder_accounted
 from scheduler_ext.verbs import (
     filter_nodes,
-    node_scores,
+    prioritize_nodes,
     with_holder,
     with_lock_holder,
 )
@@ -226,7 +226,7 @@ class Endpoints:
                 tolerance = 0.0  # packing keeps nothing free for later: serve it soonest
             elif largest > need.total:
                 larger, inflight = self._larger_pending(need, uid)
-        scores = node_scores(
+        scores = prioritize_nodes(
             need,
             args.node_names,
             gpus_of,
@@ -237,9 +237,9 @@ class Endpoints:
             inflight=inflight,
         )
         if self.options.lock_aware:
-            self.promises.promise(args.node_names, scores, uid)
+            self.promises.promise(scores, uid)
         self._done(Verb.PRIORITIZE, Result.OK, started)
-        return _json(host_priority_list(list(zip(args.node_names, scores, strict=True))))
+        return _json(host_priority_list(scores))
 
     def _larger_pending(
         self, need: PodNeed, uid: str

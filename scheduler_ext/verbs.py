@@ -207,7 +207,7 @@ def _with_reason(
     return cast(dict[NodeName, str], dict(compress(pairs, map(reasons.__contains__, keys))))
 
 
-def node_scores(
+def prioritize_nodes(
     need: PodNeed,
     names: Sequence[NodeName],
     gpus_of: Callable[[NodeName], NodeGPUs | None],
@@ -217,13 +217,13 @@ def node_scores(
     tolerance_s: float = 0.0,
     larger: Mapping[int, int] | None = None,
     inflight: Mapping[NodeName, int] | None = None,
-) -> list[int]:
+) -> list[tuple[NodeName, int]]:
     """Score every candidate 0..10 by ``policy``; with ``larger`` (GPUs -> pods still pending
     that need more GPUs than this one), score 0 on the nodes where this pod would leave them
     no room (``reserved_levels``; ``inflight``: node -> GPUs of binds on their way there, not
     yet in the pictures); with ``waits`` (node -> expected wait of a bind there),
     steer to the fitting nodes where a bind is served soonest (``steer_by_wait``).
-    One score per name, in ``names`` order.
+    Same order as ``names``.
 
     Scores each distinct ``NodeGPUs.fit_key`` once (nodes with equal keys score alike)."""
     keys, one_each = _fit_keys(names, gpus_of, need)
@@ -248,29 +248,4 @@ def node_scores(
         steered = steer_by_wait(busy, waits, tolerance_s=tolerance_s, fitting=fitting)
         for i in where:
             values[i] = steered[names[i]]
-    return values
-
-
-def prioritize_nodes(
-    need: PodNeed,
-    names: Sequence[NodeName],
-    gpus_of: Callable[[NodeName], NodeGPUs | None],
-    *,
-    policy: Policy,
-    waits: Mapping[NodeName, float] | None = None,
-    tolerance_s: float = 0.0,
-    larger: Mapping[int, int] | None = None,
-    inflight: Mapping[NodeName, int] | None = None,
-) -> list[tuple[NodeName, int]]:
-    """``node_scores`` paired with the names: (name, score), in ``names`` order."""
-    values = node_scores(
-        need,
-        names,
-        gpus_of,
-        policy=policy,
-        waits=waits,
-        tolerance_s=tolerance_s,
-        larger=larger,
-        inflight=inflight,
-    )
     return list(zip(names, values, strict=True))
