@@ -147,8 +147,8 @@ def _read_environment_once(rest: Any, host: str) -> None:
     """Settle the proxy for the API server from the environment now, not on every request.
 
     kubernetes_asyncio's session trusts the environment, so aiohttp looks up ``~/.netrc`` and
-    the ``*_PROXY``/``NO_PROXY`` variables on two worker threads for every request: measured,
-    a tenth of the extender's CPU in a burst.  The same lookup, done once here, gives every
+    the ``*_PROXY``/``NO_PROXY`` variables on two worker threads for every request, a visible
+    share of the extender's CPU in a burst.  The same lookup, done once here, gives every
     request the same proxy (none when ``NO_PROXY`` covers the API server); the API server's
     credentials come from the kubeconfig, never from ``.netrc``.
     """
