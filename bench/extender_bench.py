@@ -7,9 +7,13 @@ what kube-scheduler sends with ``nodeCacheCapable: true``: the pod and every nod
 baseline, served in the same process in the same run, is an empty aiohttp handler (it reads the
 body and answers ``{}``), so the figure that matters is the ratio; a second handler that also
 decodes the JSON body (``decode``) shows how much of the time is only the request's size.
-``prioritize`` is sent every node name, the worst case; ``prioritize-passed`` only the names
-that passed filter, which is what kube-scheduler sends an extender's prioritize (the nodes
-every filter, the extender's included, kept).
+``filter`` and ``prioritize`` are sent every node name, the worst case (kube-scheduler sends that
+many only with ``percentageOfNodesToScore: 100``); ``prioritize-passed`` only the names that
+passed filter, which is what kube-scheduler sends an extender's prioritize (the nodes every
+filter, the extender's included, kept).  ``filter-sent`` and ``prioritize-sent`` are what
+kube-scheduler sends with its default ``percentageOfNodesToScore``: its filters stop once they have
+found ``kube_scheduler_feasible`` nodes (500 of 5,000), counted from a start that rotates from one
+pod to the next, and only those go to the extender's filter; prioritize gets the ones it passed.
 
 Server-side time is measured by the same middleware on both apps: from the handler's start to
 the response being ready (body read, JSON decoded, nodes judged, answer encoded).  The middleware
@@ -54,6 +58,15 @@ from scheduler_ext.metrics import ExtenderMetrics
 from scheduler_ext.server import Endpoints, ServerOptions, make_app
 
 RESULTS = Path(__file__).parent / "results" / "extender_bench.json"
+VERBS = (
+    "filter",
+    "prioritize",
+    "prioritize-passed",
+    "filter-sent",
+    "prioritize-sent",
+    "empty",
+    "decode",
+)
 RES = "nvidia.com/gpu"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -86,10 +99,38 @@ class Timings:
         return response
 
 
-def build_cache(nodes: int, gpus: int, seed: int) -> tuple[ClusterCache, list[str]]:
+def kube_scheduler_feasible(nodes: int) -> int:
+    """How many feasible nodes kube-scheduler looks for before it stops filtering, with its
+    default ``percentageOfNodesToScore`` (``numFeasibleNodesToFind`` in kube-scheduler's
+    pkg/scheduler/schedule_one.go: 50% less one point per 125 nodes, at least 5%, at least
+    100 nodes)."""
+    if nodes < 100:
+        return nodes
+    percentage = max(50 - nodes // 125, 5)
+    return max(nodes * percentage // 100, 100)
+
+
+def names_sent(names: list[str], free: dict[str, int], need: int, start: int) -> list[str]:
+    """The names kube-scheduler sends the extender's filter: the first
+    ``kube_scheduler_feasible`` nodes, from ``start`` on (wrapping), whose free GPUs by its own
+    count fit ``need`` (its resource fit filter)."""
+    want = kube_scheduler_feasible(len(names))
+    out: list[str] = []
+    for i in range(len(names)):
+        name = names[(start + i) % len(names)]
+        if free[name] >= need:
+            out.append(name)
+            if len(out) == want:
+                break
+    return out
+
+
+def build_cache(nodes: int, gpus: int, seed: int) -> tuple[ClusterCache, list[str], dict[str, int]]:
+    """The cache, the node names, and each node's free GPUs as kube-scheduler counts them."""
     rng = random.Random(seed)
     cache = ClusterCache(resource=RES)
     names = [f"gpu-node-{i:05d}" for i in range(nodes)]
+    free: dict[str, int] = {}
     node_objs = []
     pods = []
     for name in names:
@@ -108,6 +149,7 @@ def build_cache(nodes: int, gpus: int, seed: int) -> tuple[ClusterCache, list[st
             }
         )
         used = rng.randrange(gpus + 1)
+        free[name] = gpus - used
         start = 0
         while start < used:  # pods of 1, 2 or 4 GPUs filling the first `used` devices
             size = min(rng.choice((1, 2, 4)), used - start)
@@ -136,7 +178,7 @@ def build_cache(nodes: int, gpus: int, seed: int) -> tuple[ClusterCache, list[st
             start += size
     cache.replace_nodes(node_objs)
     cache.replace_pods(pods)
-    return cache, names
+    return cache, names, free
 
 
 def lock_some(locks: NodeLocks, names: list[str], share: float, seed: int) -> int:
@@ -160,12 +202,21 @@ def lock_some(locks: NodeLocks, names: list[str], share: float, seed: int) -> in
     return locked
 
 
+POD_GPUS = 2  # what the benchmark's pod asks for
+
+
 def request_body(names: list[str]) -> bytes:
     pod = {
         "metadata": {"name": "train-0", "namespace": "ml", "uid": "uid-train-0"},
         "spec": {
             "containers": [
-                {"name": "train", "resources": {"limits": {RES: "2"}, "requests": {RES: "2"}}}
+                {
+                    "name": "train",
+                    "resources": {
+                        "limits": {RES: str(POD_GPUS)},
+                        "requests": {RES: str(POD_GPUS)},
+                    },
+                }
             ]
         },
         "status": {"phase": "Pending"},
@@ -183,7 +234,7 @@ async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     built = time.perf_counter()
-    cache, names = build_cache(args.nodes, args.gpus, args.seed)
+    cache, names, free = build_cache(args.nodes, args.gpus, args.seed)
     offline = KubeClient(api_client=None)
     locks = NodeLocks(
         offline,
@@ -213,6 +264,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if r.method == "POST" and r.resource is not None and r.resource.canonical == "/prioritize"
     )
     ext_app.router.add_post("/prioritize-passed", prioritize)
+    ext_app.router.add_post("/prioritize-sent", prioritize)
+    filter_ = next(
+        r.handler
+        for r in ext_app.router.routes()
+        if r.method == "POST" and r.resource is not None and r.resource.canonical == "/filter"
+    )
+    ext_app.router.add_post("/filter-sent", filter_)
 
     async def empty(request: web.Request) -> web.Response:
         await request.read()
@@ -242,19 +300,35 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
             filtered = json.loads(await call(f"{ext_url}/filter"))
             passed_body = request_body(filtered["NodeNames"])
-            targets = [
+            # as kube-scheduler sends them: a few start points, as its rotation gives
+            rng = random.Random(args.seed + 2)
+            sent = [names_sent(names, free, POD_GPUS, rng.randrange(len(names))) for _ in range(8)]
+            sent_bodies = [request_body(s) for s in sent]
+            sent_passed = [json.loads(await call(f"{ext_url}/filter", b)) for b in sent_bodies]
+            sent_passed_bodies = [request_body(f["NodeNames"]) for f in sent_passed]
+            fixed = [
                 ("filter", f"{ext_url}/filter", body),
                 ("prioritize", f"{ext_url}/prioritize", body),
                 ("prioritize-passed", f"{ext_url}/prioritize-passed", passed_body),
                 ("empty", f"{base_url}/empty", body),
                 ("decode", f"{base_url}/decode", body),
             ]
-            for _, url, data in targets:  # warm up
-                for _ in range(5):
+
+            def targets(i: int) -> list[tuple[str, str, bytes]]:
+                """Round ``i``: the fixed requests and one of the start points'."""
+                j = i % len(sent_bodies)
+                return [
+                    *fixed,
+                    ("filter-sent", f"{ext_url}/filter-sent", sent_bodies[j]),
+                    ("prioritize-sent", f"{ext_url}/prioritize-sent", sent_passed_bodies[j]),
+                ]
+
+            for i in range(len(sent_bodies)):  # warm up
+                for _, url, data in targets(i):
                     await call(url, data)
             timings.recording = True
-            for _ in range(args.requests):  # interleaved, so drift hits all of them alike
-                for label, url, data in targets:
+            for i in range(args.requests):  # interleaved, so drift hits all of them alike
+                for label, url, data in targets(i):
                     started = time.perf_counter()
                     answer = await call(url, data)
                     round_trips.setdefault(label, []).append(time.perf_counter() - started)
@@ -264,7 +338,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await ext_runner.cleanup()
         await base_runner.cleanup()
 
-    verbs = ("filter", "prioritize", "prioritize-passed", "empty", "decode")
+    verbs = VERBS
     server = {verb: timings.by_path[f"/{verb}"] for verb in verbs}
     server_cpu = {verb: timings.cpu_by_path[f"/{verb}"] for verb in verbs}
 
@@ -283,6 +357,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "answer_bytes": answer_sizes,
         "nodes_locked": locked,
         "nodes_passing_filter": len(filtered["NodeNames"]),
+        "names_sent_by_kube_scheduler": len(sent[0]),
+        "sent_passing_filter": [len(f["NodeNames"]) for f in sent_passed],
         "cache_build_s": round(build_s, 2),
         "policy": args.policy,
         "server_side": {k: summary(v) for k, v in server.items()},
@@ -293,7 +369,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "p50": round(summary(server[verb])["p50_ms"] / base["p50_ms"], 1),
                 "p99": round(summary(server[verb])["p99_ms"] / base["p99_ms"], 1),
             }
-            for verb in ("filter", "prioritize", "prioritize-passed", "decode")
+            for verb in VERBS
+            if verb != "empty"
         },
         "python": platform.python_version(),
         "machine": platform.machine(),
@@ -322,7 +399,12 @@ def main() -> None:
         f"{'':<18}{'server p50 ms':>15}{'server p99 ms':>15}{'x empty p50':>13}{'x empty p99':>13}"
         f"{'cpu p50 ms':>12}{'cpu p99 ms':>12}"
     )
-    for verb in ("filter", "prioritize", "prioritize-passed", "empty", "decode"):
+    print(
+        f"-sent: as kube-scheduler sends them with its default percentageOfNodesToScore: "
+        f"filter {result['names_sent_by_kube_scheduler']} names, prioritize those passing "
+        f"({min(result['sent_passing_filter'])}-{max(result['sent_passing_filter'])})"
+    )
+    for verb in VERBS:
         s = result["server_side"][verb]
         c = result["server_side_cpu"][verb]
         r = result["ratio_to_empty_handler"].get(verb, {"p50": 1.0, "p99": 1.0})
