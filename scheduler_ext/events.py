@@ -16,32 +16,40 @@ from scheduler_ext.protocol import BindingArgs
 WAITING = "WaitingForNodeLock"
 REFUSED = "BindRefused"
 TAKEOVER = "NodeLockTakenOver"
+NOTICE_AFTER_S = 1.0  # a bind still waiting this long says so on its pod (shorter: no Event)
 
 
-def waiting_message(args: BindingArgs, view: NodeLockView, budget_s: float) -> str | None:
+def waiting_message(
+    args: BindingArgs, view: NodeLockView, budget_s: float, waited_s: float
+) -> str | None:
     """Why the bind of ``args`` waits, when another pod holds the node's lock (else None)."""
     holder = view.record.holder
     if holder is None or holder.uid == args.pod_uid:
         return None
     return (
         f"node {args.node}'s GPU lock is held by {holder.key} (token {view.record.token}, "
-        f"held {view.held_for_s:.1f}s{', expired' if view.expired else ''}); this bind waits "
-        f"its turn for up to {budget_s:g}s"
+        f"held {view.held_for_s:.1f}s{', expired' if view.expired else ''}); this bind has "
+        f"waited {waited_s:.1f}s and waits its turn for up to {budget_s:g}s"
     )
 
 
 class BindEvents:
     """The extender's Events over one recorder."""
 
-    def __init__(self, recorder: EventRecorder, *, budget_s: float) -> None:
+    def __init__(
+        self, recorder: EventRecorder, *, budget_s: float, notice_after_s: float = NOTICE_AFTER_S
+    ) -> None:
         self.recorder = recorder
         self.budget_s = budget_s
+        self.notice_after_s = notice_after_s  # the caller asks ``still_waiting`` after that
 
-    def bind_started(self, args: BindingArgs, view: NodeLockView | None) -> None:
-        """A bind arrives: say so on the pod when the node's lock is held by another."""
+    def still_waiting(self, args: BindingArgs, view: NodeLockView | None, waited_s: float) -> None:
+        """A bind is still waiting ``notice_after_s`` after it arrived: say so on the pod when
+        another pod holds the node's lock.  The waits of a burst that the nodes serve within a
+        second write no Event: each would be an API write per pod for a wait nobody notices."""
         if view is None:
             return
-        message = waiting_message(args, view, self.budget_s)
+        message = waiting_message(args, view, self.budget_s, waited_s)
         if message is not None:
             pod = ObjectRef.pod(args.key, args.pod_uid)
             self.recorder.record(pod, EventType.NORMAL, WAITING, message)

@@ -36,6 +36,7 @@ from scheduler_ext.need import PodNeed, pod_need
 from scheduler_ext.promises import Promises
 from scheduler_ext.protocol import (
     BadRequest,
+    BindingArgs,
     ExtenderArgs,
     binding_result,
     filter_error,
@@ -268,8 +269,7 @@ class Endpoints:
             self._done(Verb.BIND, Result.BAD_REQUEST, started)
             return _error(400, str(exc))
         self.promises.forget(args.pod_uid)
-        if self.events is not None:
-            self.events.bind_started(args, self.locks.view(args.node))
+        notice = self._notice_if_still_waiting(args, started)
         bind = asyncio.ensure_future(self.binder.bind(args))
         try:
             # shielded: a disconnect (kube-scheduler's timeout) only makes a queued bind leave
@@ -283,12 +283,29 @@ class Endpoints:
             log.exception("bind of %s to %s failed", args.key, args.node)
             self._done(Verb.BIND, Result.ERROR, started)
             return web.json_response(binding_result(f"GPU extender bind failed: {exc!r}"))
+        finally:
+            if notice is not None:
+                notice.cancel()
         if outcome.error:
             log.info("bind %s to %s: %s", args.key, args.node, outcome.error)
             if self.events is not None:
                 self.events.bind_failed(args, outcome.result, outcome.error)
         self._done(Verb.BIND, outcome.result, started)
         return web.json_response(binding_result(outcome.error))
+
+    def _notice_if_still_waiting(
+        self, args: BindingArgs, started: float
+    ) -> asyncio.TimerHandle | None:
+        """A timer that writes the pod's ``WaitingForNodeLock`` Event if its bind is still
+        running ``notice_after_s`` from now (the caller cancels it when the bind ends)."""
+        events = self.events
+        if events is None:
+            return None
+
+        def still_waiting() -> None:
+            events.still_waiting(args, self.locks.view(args.node), time.perf_counter() - started)
+
+        return asyncio.get_running_loop().call_later(events.notice_after_s, still_waiting)
 
     # ---- probes -----------------------------------------------------------------------------
 

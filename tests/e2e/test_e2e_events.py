@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Any
 
 from kube.client import KubeClient, event_path
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
+from scheduler_ext.events import NOTICE_AFTER_S
 from tests.e2e.kit import BYPASS, GPUCluster, slow_admission
 
 
@@ -57,6 +59,10 @@ async def test_refused_bind_names_the_holder_on_the_waiting_pod(e2e: GPUCluster)
     assert event["involvedObject"]["uid"] == pod["metadata"]["uid"]  # kubectl describe pod
     assert waiting, "no WaitingForNodeLock event on the waiting pod"
     assert e2e.key("holder") in waiting[0]["message"]
+    # written only once the bind had waited a noticeable while, not as it arrived
+    waited = re.search(r"has waited ([0-9.]+)s", waiting[0]["message"])
+    assert waited is not None, waiting[0]["message"]
+    assert float(waited[1]) >= NOTICE_AFTER_S, waiting[0]["message"]
     # no event storm: every event about the waiter, whatever it went through, is a handful
     everything = (
         await e2e.kube.list(
