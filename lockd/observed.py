@@ -11,8 +11,14 @@ Observations arrive out of order (a watch event may trail a write's response).  
 node are ordered by their ``resourceVersion`` when both are integers (the API server's etcd
 revision: every write of the Lease, also a hand edit or a delete and create, gets a higher one),
 else by ``(token, free-after-held)``: a token only grows, and within one token the lock is first
-held, then free.  An older observation is ignored unless ``replace=True`` (an authoritative
-read).  So a held Lease reset by hand to token 0 is still seen as the change it is.
+held, then free.  An older observation is ignored; so a held Lease reset by hand to token 0 is
+still seen as the change it is.  ``replace=True`` (an authoritative read) overrides that only
+where no resourceVersion order exists (the token order cannot see a hand edit that lowers the
+token).  A read's answer older by resourceVersion is ignored like any other: it can reach this
+process after a newer watch event (a GET after a lost race, answered just before the holder
+released), and taking it would bring back a holder that has left, with no later write to
+correct the view until the lock expired.  (Integer resourceVersions go back only when etcd is
+restored from a backup, after which Kubernetes' components, this one too, must be restarted.)
 
 No I/O: times are passed in.
 """
@@ -46,6 +52,11 @@ def older(record: LockRecord, than: LockRecord) -> bool:
     if mine is not None and theirs is not None:
         return mine < theirs
     return history_key(record) < history_key(than)
+
+
+def _ordered(a: LockRecord, b: LockRecord) -> bool:
+    """Whether both records carry integer resourceVersions (an order no hand edit can fool)."""
+    return _revision(a) is not None and _revision(b) is not None
 
 
 def same_content(a: LockRecord, b: LockRecord) -> bool:
@@ -94,7 +105,7 @@ class Observations:
         old = self._seen.get(node)
         if old is None:
             seen = Seen(record, lease, changed_at=now, held_since=now)
-        elif not replace and older(record, old.record):
+        elif older(record, old.record) and (not replace or _ordered(record, old.record)):
             return old  # an older state trailing a newer one: keep the newer
         elif same_content(old.record, record):
             old.record, old.lease = record, lease  # same content, maybe a new resourceVersion

@@ -175,3 +175,19 @@ def test_forget() -> None:
     obs.forget(NODE)
     assert obs.view(NODE, 1.0) is None
     assert obs.nodes() == []
+
+
+def test_a_read_answered_before_a_newer_watch_event_does_not_bring_the_holder_back() -> None:
+    """A GET after a lost race is answered (held, rv 10); the holder releases (rv 11) and the
+    watch delivers that first; the GET's answer, taken in last, must not undo the release."""
+    obs = Observations()
+    see(obs, lease(token=4, rv="9"), 100.0)  # held, as the lost race's write found it
+    released = FMT.released(
+        lease(token=4, rv="11"), outcome=Outcome.ALLOCATED, now="2024-05-01T12:00:01.000000Z"
+    )
+    see(obs, released, 100.2)  # the watch event of the release
+    see(obs, lease(token=4, rv="10"), 100.3, replace=True)  # the GET's answer, read earlier
+    view = obs.view(NODE, 100.3)
+    assert view is not None
+    assert view.record.holder is None
+    assert view.record.resource_version == "11"
