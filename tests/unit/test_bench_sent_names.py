@@ -18,6 +18,6 @@ def test_names_sent_start_at_the_rotation_and_skip_nodes_without_room() -> None:
     free = {n: (0 if i % 2 else 2) for i, n in enumerate(names)}  # odd nodes are full
     sent = names_sent(names, free, 2, start=150)
     assert len(sent) == 100
-    assert sent[0] == "n150" and sent[1] == "n152"
+    assert sent[:2] == ["n150", "n152"]
     assert "n000" in sent  # wrapped past the end
     assert all(free[n] >= 2 for n in sent)
