@@ -12,6 +12,12 @@ replayed, step for step:
   ``LockLost``); at most two writes; 409 re-reads; 404 is ``LockLost``.
 - ``inspect``: one GET, observed with ``replace=True``; 404 forgets.
 - watch events: observed without ``replace``; DELETED forgets.
+- a read answered late (``take_answer``, ``Fault.LATE_READ``): a GET served at one step and its
+  answer taken in, with ``replace=True``, at a later one, after whatever the watch delivered
+  meanwhile.
+
+``newest`` keeps, per node, the highest resourceVersion this process has taken in by any path
+(V1 checks its view never goes back below it).
 
 Every decision itself is the project's (``decide_acquire``, ``decide_release``, ``decide_renew``,
 ``Observations``, ``LeaseFormat``).
@@ -74,6 +80,12 @@ class LockClient:
         self.lose_next_answer = False
         # set by a fault: the next write never reaches the API server (ApiUnavailable)
         self.fail_next_write = False
+        self.newest: dict[NodeName, int] = {}  # node -> highest resourceVersion taken in
+
+    def _saw(self, lease: JSON) -> None:
+        node = NodeName(str(lease["metadata"]["name"]))
+        rv = int(lease["metadata"]["resourceVersion"])
+        self.newest[node] = max(rv, self.newest.get(node, 0))
 
     # -- observations ------------------------------------------------------------------------
 
@@ -88,6 +100,12 @@ class LockClient:
             self.obs.forget(node)
         else:
             self.obs.observe(FMT.parse(event.obj), event.obj, self.clock.now)
+            self._saw(event.obj)
+
+    def take_answer(self, lease: JSON) -> None:
+        """The answer of a GET served earlier, taken in now (as ``NodeLocks._read`` does)."""
+        self.obs.observe(FMT.parse(lease), lease, self.clock.now, replace=True)
+        self._saw(lease)
 
     def relist(self, *, only: NodeName | None = None) -> None:
         """A LIST at (re)start, as ``NodeLocks._take_list`` takes it."""
@@ -98,6 +116,7 @@ class LockClient:
                 continue
             present.add(record.node)
             self.obs.observe(record, lease, self.clock.now, replace=True)
+            self._saw(lease)
         for node in self.obs.nodes():
             if node not in present and (only is None or node == only):
                 self.obs.forget(node)
@@ -108,6 +127,7 @@ class LockClient:
         except NotFound:
             self.obs.forget(node)
             return None
+        self._saw(lease)
         return self.obs.observe(FMT.parse(lease), lease, self.clock.now, replace=True)
 
     def inspect(self, node: NodeName) -> NodeLockView | None:
@@ -118,6 +138,7 @@ class LockClient:
         if self.lose_next_answer:
             self.lose_next_answer = False
             raise ApiUnavailable(f"{self.name}: the write landed but its answer was lost")
+        self._saw(lease)
         return self.obs.observe(FMT.parse(lease), lease, self.clock.now, replace=True)
 
     # -- operations --------------------------------------------------------------------------

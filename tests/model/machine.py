@@ -44,7 +44,7 @@ from scheduler_ext.state import pod_state
 from scheduler_ext.takeover import judge
 from tests.model.extender import BindFailed, BindTask, Replica, Stage
 from tests.model.holes import KNOWN_HOLES, Hole
-from tests.model.locks import DURATION_S, FMT, Clock
+from tests.model.locks import DURATION_S, FMT, Clock, LockClient
 from tests.model.node import Kubelet, Plugin
 from tests.model.world import (
     JSON,
@@ -77,6 +77,7 @@ class Fault(StrEnum):
     RELEASE_FAILS = "release-fails"
     WATCH_STALL = "watch-stalls"
     ADMISSION_REJECT = "kubelet-rejects"
+    LATE_READ = "read-answered-late"
 
 
 TICKS = (1.0, 4.0, float(DURATION_S + 1))
@@ -84,7 +85,7 @@ SETTLE_ROUNDS = 30
 
 
 class Violation(AssertionError):
-    """An invariant broke; ``invariant`` is its name (S1..S4, L1)."""
+    """An invariant broke; ``invariant`` is its name (S1..S4, V1, L1)."""
 
     def __init__(self, invariant: str, message: str, trace: list[str]) -> None:
         lines = "\n".join(trace[-150:])
@@ -159,6 +160,8 @@ class HandoffModel(RuleBasedStateMachine):
         self.started = False
         self.enabled: frozenset[Fault] = frozenset()
         self.stalled: set[str] = set()  # watchers whose stream is down (``Fault.WATCH_STALL``)
+        # GETs of a Lease served and not yet taken in: (process, its lock client, node, answer)
+        self.reads: list[tuple[str, LockClient, NodeName, JSON]] = []
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -660,6 +663,52 @@ class HandoffModel(RuleBasedStateMachine):
             self.stalled.add(name)
             self.fault(name, "watch stalls: its stream is down, nothing is delivered")
 
+    def lock_clients(self) -> dict[str, LockClient]:
+        """Every process's ``NodeLocks``: the replicas' and the device plugins'."""
+        out = {name: rep.locks for name, rep in self.replicas.items()}
+        for n in self.nodes:
+            out[f"plugin/{n}"] = self.plugins[n].locks
+        return out
+
+    @precondition(
+        lambda self: (
+            self.may(Fault.LATE_READ)
+            and not self.avoids(Hole.LATE_READ)
+            and bool(self.store.leases)
+        )
+    )
+    @rule(process=st.integers(0, 3), node=st.integers(0, 1))
+    def read_sent(self, process: int, node: int) -> None:
+        """A process reads a node's Lease (one GET: after a lost race, before a refusal without
+        a watch, ``nodelock locks``); the server answers now, and the answer is on its way while
+        other steps happen (``read_answered`` takes it in)."""
+        self.begin_step()
+        clients = self.lock_clients()
+        name = sorted(clients)[process % len(clients)]
+        nodes = sorted(self.store.leases)
+        n = nodes[node % len(nodes)]
+        lease = self.store.get_lease(n)
+        self.reads.append((name, clients[name], n, lease))
+        rv = lease["metadata"]["resourceVersion"]
+        self.fault(name, f"GET of Lease {n} served at rv{rv}; answer late", excuses_refusals=False)
+
+    @precondition(lambda self: bool(self.reads))
+    @rule(read=st.integers(0, 3))
+    def read_answered(self, read: int) -> None:
+        """A late GET's answer is taken in, after whatever its process's watch delivered since
+        (dropped when the process restarted meanwhile)."""
+        self.begin_step()
+        name, client, n, lease = self.reads.pop(read % len(self.reads))
+        self.take_answer(name, client, n, lease)
+
+    def take_answer(self, name: str, client: LockClient, node: NodeName, lease: JSON) -> None:
+        rv = lease["metadata"]["resourceVersion"]
+        if self.lock_clients().get(name) is not client:
+            self.log(name, f"answer of the GET of Lease {node} (rv{rv}) dropped: restarted")
+            return
+        client.take_answer(lease)
+        self.log(name, f"takes in the answer of its GET of Lease {node} (rv{rv})")
+
     @precondition(lambda self: self.may(Fault.ADMISSION_REJECT) and bool(self.kubelet_ready()))
     @rule(node=st.integers(0, 1))
     def kubelet_rejects(self, node: int) -> None:
@@ -894,11 +943,27 @@ class HandoffModel(RuleBasedStateMachine):
                     f"takeable (judge: {verdict.why}; nodelock locks: {status.why})",
                 )
 
+    @invariant()
+    def v1_lease_views_never_go_back(self) -> None:
+        for name, client in sorted(self.lock_clients().items()):
+            for node, newest in sorted(client.newest.items()):
+                seen = client.obs.get(node)
+                if seen is not None and int(seen.record.resource_version) < newest:
+                    holder = seen.record.holder
+                    self.violate(
+                        "V1",
+                        f"{name} sees Lease {node} at rv{seen.record.resource_version} "
+                        f"(token {seen.record.token}, "
+                        f"{'held by ' + holder.key if holder else 'free'}) after taking in "
+                        f"rv{newest}",
+                    )
+
     def check_safety(self) -> None:
         """Every safety invariant now (Hypothesis does this after each rule; replays call it)."""
         self.s1_no_device_twice()
         self.s2_containers_get_their_assignment()
         self.s3_left_holders_are_takeable()
+        self.v1_lease_views_never_go_back()
 
     # -- liveness ------------------------------------------------------------------------------
 
@@ -913,6 +978,9 @@ class HandoffModel(RuleBasedStateMachine):
         for plugin in self.plugins.values():
             plugin.locks.fail_next_write = False
         self.stalled.clear()
+        for name, client, node, lease in self.reads:  # answers still on their way arrive
+            self.take_answer(name, client, node, lease)
+        self.reads.clear()
         idle_ticks = 0
         for _ in range(SETTLE_ROUNDS):
             moved = False

@@ -58,6 +58,14 @@ FOCUS: dict[Hole, ModelConfig] = {
         templates=("one", "two"),
         prompt=frozenset({"kubelet", "plugin"}),
     ),
+    Hole.LATE_READ: ModelConfig(
+        fault_kinds=frozenset({Fault.LATE_READ}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=3,
+        prompt=frozenset({"kubelet"}),
+    ),
 }
 
 
@@ -86,6 +94,7 @@ SEARCH_SEEDS: dict[Hole, int] = {
     Hole.CANCEL_AFTER_WRITE: 1,
     Hole.DOUBLE_BIND: 2,
     Hole.ORPHANED_LOCK: 3,
+    Hole.LATE_READ: 1,
 }
 
 
