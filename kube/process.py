@@ -5,6 +5,8 @@
 (a bad value is a ``LogConfigError``, one line for the person who typed it).
 ``run_until_signalled`` runs a service coroutine until it returns or SIGINT/SIGTERM arrives,
 then cancels it so its cleanup runs (a Kubernetes pod is stopped with SIGTERM).
+``freeze_long_lived`` takes what a process holds after its first listing out of the garbage
+collector's full passes.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import gc
 import json
 import logging
 import signal
 import sys
+import time
 from collections.abc import Coroutine
 from enum import StrEnum
 from typing import Any
@@ -116,3 +120,20 @@ async def run_until_signalled(service: Coroutine[Any, Any, object]) -> None:
             loop.add_signal_handler(sig, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def freeze_long_lived() -> float:
+    """Collect garbage once, then move every object alive now into the garbage collector's
+    permanent generation (``gc.freeze``); returns the seconds that collection took.
+
+    For a process whose caches were just listed: the collector's full passes then scan only the
+    objects created since, instead of the whole cache.  Over a 5,000-node extender cache one
+    full pass blocks the event loop for about a tenth of a second (``bench.extender_bench``
+    measures it), and such passes recur as the cache's objects are replaced.  Frozen objects are
+    still freed when no longer referenced; only reference cycles among them are never collected,
+    so call it once per process, after the first listing, not in a loop.
+    """
+    started = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    return time.perf_counter() - started
