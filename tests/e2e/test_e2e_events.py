@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from typing import Any
 
 from kube.client import KubeClient, event_path
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
-from scheduler_ext.events import NOTICE_AFTER_S
 from tests.e2e.kit import BYPASS, GPUCluster, slow_admission
 
 
@@ -47,7 +45,6 @@ async def test_refused_bind_names_the_holder_on_the_waiting_pod(e2e: GPUCluster)
         refused = await wait_events(
             e2e.kube, e2e.namespace, "Pod", "waiter", "BindRefused", timeout_s=stall + 10
         )
-        waiting = await events_about(e2e.kube, e2e.namespace, "Pod", "waiter", "WaitingForNodeLock")
         await e2e.wait_phase("waiter", ["Running"], timeout_s=stall + 60)
     assert refused, "no BindRefused event on the waiting pod"
     [event] = refused  # one Event per pod and reason, counted up, not one per bind
@@ -57,12 +54,9 @@ async def test_refused_bind_names_the_holder_on_the_waiting_pod(e2e: GPUCluster)
     assert node in event["message"]
     pod = await e2e.pod("waiter")
     assert event["involvedObject"]["uid"] == pod["metadata"]["uid"]  # kubectl describe pod
-    assert waiting, "no WaitingForNodeLock event on the waiting pod"
-    assert e2e.key("holder") in waiting[0]["message"]
-    # written only once the bind had waited a noticeable while, not as it arrived
-    waited = re.search(r"has waited ([0-9.]+)s", waiting[0]["message"])
-    assert waited is not None, waiting[0]["message"]
-    assert float(waited[1]) >= NOTICE_AFTER_S, waiting[0]["message"]
+    # (WaitingForNodeLock comes only after a second of waiting; a bind refused sooner, as a
+    # fail-fast refusal behind this stalled holder can be, writes none: see
+    # tests/integration/test_extender_bind.py)
     # no event storm: every event about the waiter, whatever it went through, is a handful
     everything = (
         await e2e.kube.list(

@@ -7,7 +7,9 @@ the extender's HTTP endpoint (or to a replica's binder), and check what landed i
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from lockd.metrics import LockMetrics
 from lockd.model import Holder, HolderKey, NodeName
 from scheduler_ext.binder import Binder
 from scheduler_ext.cache import ClusterCache
+from scheduler_ext.events import NOTICE_AFTER_S
 from scheduler_ext.metrics import ExtenderMetrics
 from scheduler_ext.protocol import BindingArgs
 from scheduler_ext.service import Extender, Settings
@@ -490,3 +493,45 @@ async def test_a_second_bind_of_a_pod_that_holds_the_lock_fails_and_keeps_its_to
     after = await lease(kube, namespace, node)
     assert after["spec"]["leaseTransitions"] == held.token
     assert not (await get_pod(kube, namespace, "twice"))["spec"].get("nodeName")
+
+
+async def test_a_bind_says_it_waits_only_once_it_has_waited_a_noticeable_while(
+    kube: KubeClient, namespace: str, nodes: list[str], extender: Extender
+) -> None:
+    """WaitingForNodeLock on the pod: written for a bind still waiting after NOTICE_AFTER_S,
+    naming the holder and how long it waited; a bind served sooner writes none."""
+    node = await gpu_node(kube, nodes, namespace, 8)
+    a, b, c = [
+        await create_pod(kube, namespace, pod_body(n, test=namespace, gpus=1)) for n in "abc"
+    ]
+    await wait_for(lambda: _known(extender, node))
+    locks = new_locks(kube, namespace)
+    assert await post_bind(extender, binding_args(a, node)) == ""  # a holds the lock
+
+    async def release_after(seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        await release_as_device_plugin(locks, node)
+
+    # b waits 1.5 s for a's release: long enough to be noticed
+    _, error = await asyncio.gather(
+        release_after(NOTICE_AFTER_S + 0.5), post_bind(extender, binding_args(b, node))
+    )
+    assert error == ""
+    # c waits a moment for b's release
+    started = time.monotonic()
+    _, error = await asyncio.gather(release_after(0.2), post_bind(extender, binding_args(c, node)))
+    c_waited = time.monotonic() - started
+    assert error == ""
+    await extender.events.recorder.flush()
+
+    [waiting] = await events_on(kube, namespace, "b", "WaitingForNodeLock")
+    assert waiting["involvedObject"]["uid"] == b["metadata"]["uid"]
+    assert f"held by {namespace}/a" in waiting["message"], waiting["message"]
+    waited = re.search(r"has waited ([0-9.]+)s", waiting["message"])
+    assert waited is not None, waiting["message"]
+    assert float(waited[1]) >= NOTICE_AFTER_S
+    on_c = await events_on(kube, namespace, "c", "WaitingForNodeLock")
+    if c_waited < NOTICE_AFTER_S:  # the usual case: nothing to notice, no Event
+        assert on_c == [], on_c
+    else:  # a machine so loaded that c's bind took a second: then it says so
+        assert len(on_c) == 1, on_c
