@@ -108,9 +108,8 @@ class Timings:
 
 def kube_scheduler_feasible(nodes: int) -> int:
     """How many feasible nodes kube-scheduler looks for before it stops filtering, with its
-    default ``percentageOfNodesToScore`` (``numFeasibleNodesToFind`` in kube-scheduler's
-    pkg/scheduler/schedule_one.go: 50% less one point per 125 nodes, at least 5%, at least
-    100 nodes)."""
+    default ``percentageOfNodesToScore`` (kube-scheduler's rule: 50% less one point per 125
+    nodes, at least 5%, at least 100 nodes)."""
     if nodes < 100:
         return nodes
     percentage = max(50 - nodes // 125, 5)
