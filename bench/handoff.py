@@ -35,7 +35,6 @@ import math
 import os
 import platform
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,8 @@ from typing import Any
 import yaml
 
 from devcluster import processes
-from devcluster.binaries import ensure_control_plane, ensure_simkubelet
-from devcluster.cluster import Cluster
+from devcluster.binaries import ensure_simkubelet
+from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.gpunodes import node_names, up_gpu_cluster
 from devcluster.namespaces import create_namespace
 from kube.client import JSON, KubeClient, namespace_path, pod_path
@@ -377,12 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(phases) - {*PHASE_ARGS, "default-binder"}
     if unknown:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
-    binaries = ensure_control_plane()
     ensure_simkubelet()
-    cluster = Cluster(Path(tempfile.mkdtemp(prefix="nlb-", dir="/tmp")), binaries=binaries)
-    cluster.up()
     rows = []
-    try:
+    # its own cluster, stopped and its state folder removed however the run ends (kept with
+    # $NODELOCK_KEEP_STATE, to read the components' logs)
+    with throwaway_cluster("nlb-") as cluster:
         up_gpu_cluster(cluster, nodes=args.nodes, gpus_per_node=args.gpus)
         if args.pod_max_backoff is not None:
             config = yaml.safe_load(cluster.scheduler_config.read_text())
@@ -397,8 +395,6 @@ def main(argv: list[str] | None = None) -> int:
             restart_extenders(cluster, PHASE_ARGS[phase])
             asyncio.run(warm_up(cluster, args.nodes))
             rows.append(asyncio.run(burst(cluster, phase, sizes)))
-    finally:
-        cluster.down()
     print(f"{len(sizes)} pods of {args.mix} GPU(s) on {args.nodes} nodes x {args.gpus} GPUs")
     print(table(rows))
     RESULTS.mkdir(exist_ok=True)
