@@ -16,8 +16,10 @@ from devcluster.shape import (
     Shape,
     check_resume,
     has_data,
+    mig_layouts,
     purge,
     read_shape,
+    shape_of,
     write_shape,
 )
 from deviceplugin.simulated import (
@@ -198,7 +200,15 @@ def _up(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise DevclusterError(f"--gpu-topology: {exc}") from exc
     wanted = (
-        Shape(args.nodes, args.gpus_per_node, args.gpu_topology, args.gpu_split, shared)
+        Shape(
+            args.nodes,
+            args.gpus_per_node,
+            args.gpu_topology,
+            args.gpu_split,
+            shared,
+            mig=mig_layouts(mig),
+            gpu_memory_mib=args.gpu_memory_mib,
+        )
         if args.nodes
         else Shape(0, 0)
     )
@@ -261,14 +271,10 @@ def _status(args: argparse.Namespace) -> int:
         return 1
     recorded = read_shape(cluster.state_dir)
     if recorded is not None and recorded.get("format") == SHAPE_FORMAT:
-        shape = Shape(
-            recorded["nodes"],
-            recorded["gpus_per_node"],
-            recorded.get("gpu_topology"),
-            recorded.get("gpu_split", 1),
-            recorded.get("shared_nodes", 0),
-        )
-        print(f"shape: {shape.describe()}")
+        try:
+            print(f"shape: {shape_of(recorded).describe()}")
+        except (KeyError, TypeError, ValueError) as exc:
+            print(f"shape: not readable ({exc!r})")
     for st in rows:
         state = "running" if st.running else "NOT RUNNING"
         print(f"{st.name:<26} pid {st.pid:<8} {state:<12} log {st.log}")

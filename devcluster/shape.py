@@ -1,10 +1,11 @@
 """What a devcluster state directory holds, so that ``up`` resumes only the cluster it was.
 
 ``up`` keeps etcd's data in the state directory: Node objects, pods and Leases survive a
-``down``/``up``.  Resuming them under another shape (other node count, GPUs per node or GPU
-layout) leaves Nodes whose simulated kubelet no longer runs, and pods bound to them.  So ``up``
-records the shape (``shape.json``) and refuses to resume data of another shape, or data from a
-version that recorded none, naming ``nodelock devcluster down --purge``.
+``down``/``up``.  Resuming them under another shape (other node count, GPUs per node, GPU
+layout, sharing, GPU memory or MIG layouts) leaves Nodes whose simulated kubelet no longer runs,
+or serves other devices, and pods bound to them.  So ``up`` records the shape (``shape.json``) and
+refuses to resume data of another shape, or data from a version that recorded none, naming
+``nodelock devcluster down --purge``.
 
 Guarantees: ``check_resume`` is pure (plain data in, ``DevclusterError`` out); ``purge`` removes
 only a directory that holds a devcluster's files (never an arbitrary path given by mistake).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,8 @@ class Shape:
     gpu_topology: str | None = None
     gpu_split: int = 1  # the split of the sharing nodes (1: none shares)
     shared_nodes: int = 0  # how many nodes (the last ones) share their GPUs
+    mig: str = ""  # the MIG layouts, ``mig_layouts`` of the --mig values ("": no MIG)
+    gpu_memory_mib: int | None = None  # --gpu-memory-mib (None: the simulated default)
 
     def describe(self) -> str:
         if not self.nodes:
@@ -44,7 +48,14 @@ class Shape:
             if self.shared_nodes and self.gpu_split > 1
             else ""
         )
-        return f"{self.nodes} GPU nodes x {self.gpus_per_node} GPUs{layout}{sharing}"
+        memory = f", {self.gpu_memory_mib} MiB per GPU" if self.gpu_memory_mib else ""
+        mig = f", MIG {self.mig}" if self.mig else ""
+        return f"{self.nodes} GPU nodes x {self.gpus_per_node} GPUs{layout}{sharing}{memory}{mig}"
+
+
+def mig_layouts(pairs: Sequence[tuple[int, str]]) -> str:
+    """The MIG part of a shape: ``INDEX=LAYOUT`` per GPU, by index ("" for none)."""
+    return " ".join(f"{index}={layout}" for index, layout in sorted(pairs))
 
 
 def shape_record(shape: Shape) -> dict[str, Any]:
@@ -70,14 +81,7 @@ def check_resume(
             f"reads format {SHAPE_FORMAT}; remove it with {purge} and run up again"
         )
     try:
-        old = Shape(
-            nodes=int(recorded["nodes"]),
-            gpus_per_node=int(recorded["gpus_per_node"]),
-            gpu_topology=recorded.get("gpu_topology"),
-            # shapes recorded before sharing was recorded: nothing shared
-            gpu_split=int(recorded.get("gpu_split", 1)),
-            shared_nodes=int(recorded.get("shared_nodes", 0)),
-        )
+        old = shape_of(recorded)
     except (KeyError, TypeError, ValueError) as exc:
         raise DevclusterError(
             f"{state_dir}/{SHAPE_FILE} is not readable ({exc!r}); remove the state with {purge}"
@@ -86,9 +90,29 @@ def check_resume(
         raise DevclusterError(
             f"{state_dir} holds {old.describe()}; up asks for {wanted.describe()}. Its Node "
             "objects and pods would outlive their simulated kubelets. Run up with the same "
-            "--nodes/--gpus-per-node/--gpu-topology/--gpu-split/--shared-nodes to resume it, or "
-            f"remove it with {purge}"
+            "--nodes/--gpus-per-node/--gpu-topology/--gpu-split/--shared-nodes/--gpu-memory-mib/"
+            f"--mig to resume it, or remove it with {purge}"
         )
+
+
+def shape_of(recorded: dict[str, Any]) -> Shape:
+    """The shape a shape file of this format records; raises ``KeyError``, ``TypeError`` or
+    ``ValueError`` for one it does not.  Fields added after the format's first version read
+    as their defaults when absent (nothing shared, no MIG, the default GPU memory), which is
+    what a cluster recorded before them was made with."""
+    memory = recorded.get("gpu_memory_mib")
+    mig = recorded.get("mig", "")
+    if not isinstance(mig, str):
+        raise TypeError(f"mig is {mig!r}, not a string")
+    return Shape(
+        nodes=int(recorded["nodes"]),
+        gpus_per_node=int(recorded["gpus_per_node"]),
+        gpu_topology=recorded.get("gpu_topology"),
+        gpu_split=int(recorded.get("gpu_split", 1)),
+        shared_nodes=int(recorded.get("shared_nodes", 0)),
+        mig=mig,
+        gpu_memory_mib=None if memory is None else int(memory),
+    )
 
 
 def read_shape(state_dir: Path) -> dict[str, Any] | None:

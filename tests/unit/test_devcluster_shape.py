@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from devcluster.errors import DevclusterError
-from devcluster.shape import SHAPE_FORMAT, Shape, check_resume, shape_record
+from devcluster.shape import SHAPE_FORMAT, Shape, check_resume, mig_layouts, shape_of, shape_record
 
 DIR = Path("/tmp/dc")
 THREE_BY_FOUR = Shape(3, 4)
@@ -68,3 +68,24 @@ def test_sharing_is_part_of_the_shape() -> None:
 def test_a_shape_recorded_before_sharing_was_recorded_reads_as_none_sharing() -> None:
     old = {"format": SHAPE_FORMAT, "nodes": 3, "gpus_per_node": 4, "gpu_topology": None}
     check_resume(old, has_data=True, wanted=THREE_BY_FOUR, state_dir=DIR)
+
+
+def test_mig_layouts_and_gpu_memory_are_part_of_the_shape() -> None:
+    mig = Shape(3, 4, mig=mig_layouts([(1, "3g.40gb+4x1g.10gb"), (0, "7x1g.10gb")]))
+    assert mig.mig == "0=7x1g.10gb 1=3g.40gb+4x1g.10gb"
+    check_resume(shape_record(mig), has_data=True, wanted=mig, state_dir=DIR)
+    with pytest.raises(DevclusterError) as caught:
+        check_resume(shape_record(mig), has_data=True, wanted=THREE_BY_FOUR, state_dir=DIR)
+    assert "MIG 0=7x1g.10gb 1=3g.40gb+4x1g.10gb" in str(caught.value)
+    assert "--mig" in str(caught.value)
+    small = Shape(3, 4, gpu_memory_mib=20000)
+    with pytest.raises(DevclusterError, match="20000 MiB per GPU"):
+        check_resume(shape_record(THREE_BY_FOUR), has_data=True, wanted=small, state_dir=DIR)
+
+
+def test_a_shape_recorded_before_mig_and_memory_were_recorded_reads_as_neither() -> None:
+    old = {"format": SHAPE_FORMAT, "nodes": 3, "gpus_per_node": 4, "gpu_split": 1}
+    assert shape_of(old) == THREE_BY_FOUR
+    check_resume(old, has_data=True, wanted=THREE_BY_FOUR, state_dir=DIR)
+    with pytest.raises(DevclusterError, match="not readable"):
+        check_resume({**old, "mig": 7}, has_data=True, wanted=THREE_BY_FOUR, state_dir=DIR)
