@@ -14,11 +14,12 @@ clear a lock's holder only in a write that names them so (docs/install.md).
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from lockd.model import (
     FencingToken,
@@ -133,7 +134,7 @@ class LeaseFormat:
     ) -> JSON:
         """``lease`` held by ``holder`` with ``token``; ``taken_from`` records a takeover."""
         self.check_data(holder)
-        out = copy.deepcopy(dict(lease))
+        out = _copy(lease)
         meta = out.setdefault("metadata", {})
         meta.setdefault("labels", {})[MANAGED_BY_LABEL] = MANAGED_BY
         annotations = self._without_holder(meta.get("annotations") or {})
@@ -154,7 +155,7 @@ class LeaseFormat:
     def renewed(self, lease: Mapping[str, Any], holder: Holder, *, now: str) -> JSON:
         """``lease`` with ``renewTime`` moved to ``now`` and the holder's data rewritten."""
         self.check_data(holder)
-        out = copy.deepcopy(dict(lease))
+        out = _copy(lease)
         meta = out.setdefault("metadata", {})
         annotations = {
             k: v
@@ -169,7 +170,7 @@ class LeaseFormat:
 
     def released(self, lease: Mapping[str, Any], *, outcome: Outcome, now: str) -> JSON:
         """``lease`` free again, its token kept and its last holder recorded as ``last-*``."""
-        out = copy.deepcopy(dict(lease))
+        out = _copy(lease)
         record = self.parse(out)
         meta = out.setdefault("metadata", {})
         annotations = self._without_holder(meta.get("annotations") or {})
@@ -225,3 +226,10 @@ def _int(value: object, field: str) -> int:
         return int(str(value))
     except ValueError as exc:
         raise MalformedLease(f"{field} is not an integer: {value!r}") from exc
+
+
+def _copy(lease: Mapping[str, Any]) -> JSON:
+    """A deep copy of a Lease as the API server sent it (JSON values only), by one encode and
+    decode: several times cheaper than ``copy.deepcopy`` over its ``managedFields``."""
+    copied: JSON = orjson.loads(orjson.dumps(dict(lease)))
+    return copied
