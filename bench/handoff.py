@@ -24,6 +24,11 @@ measured for 5 s before the burst: node heartbeats renew Leases too), and the lo
 and the binding write), bound -> released (kubelet admission, GetPreferredAllocation, Allocate,
 the release write), released -> Running (the simulated kubelet's status write; not in the hold).
 Prints a table, writes ``bench/results/handoff[-SCENARIO].json``.
+
+``--rounds N`` runs the phases N times in turn on the same cluster and adds each phase's median
+over the rounds; the ratio to the default binder is taken within each round, then the median
+of those.  On a small shared machine one run's ratio moves with whatever else the machine does;
+the median of interleaved rounds moves less.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ import math
 import os
 import platform
 import re
+import statistics
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -239,24 +246,60 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
     }
 
 
+def vs_default_binder(rows: Sequence[Mapping[str, Any]]) -> list[float | None]:
+    """Each row's pods/s as a share of the default binder's in the same round (None: that
+    round ran no default binder); rows without a ``round`` are round 1."""
+    base = {r.get("round", 1): r["pods_per_s"] for r in rows if r["phase"] == "default-binder"}
+    return [
+        r["pods_per_s"] / base[r.get("round", 1)] if r.get("round", 1) in base else None
+        for r in rows
+    ]
+
+
+def medians(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per phase, in first-seen order: the median over its rounds of pods/s, creation->Running
+    p99, binds refused, and the ratio to the default binder (``vs_default_binder``; left out
+    when no round has one), with that ratio's lowest and highest."""
+    out: dict[str, dict[str, float]] = {}
+    ratios = vs_default_binder(rows)
+    for phase in dict.fromkeys(r["phase"] for r in rows):
+        mine = [(r, q) for r, q in zip(rows, ratios, strict=True) if r["phase"] == phase]
+        summary = {
+            "rounds": float(len(mine)),
+            "pods_per_s": statistics.median(r["pods_per_s"] for r, _ in mine),
+            "to_running_p99_s": statistics.median(r["to_running_p99_s"] for r, _ in mine),
+            "contended_binds": statistics.median(r["contended_binds"] for r, _ in mine),
+        }
+        known = [q for _, q in mine if q is not None]
+        if known:
+            summary.update(
+                vs_default_binder=statistics.median(known),
+                vs_default_binder_min=min(known),
+                vs_default_binder_max=max(known),
+            )
+        out[phase] = summary
+    return out
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    base = next((r for r in rows if r["phase"] == "default-binder"), None)  # not run: no ratio
+    rounds = len({r.get("round", 1) for r in rows})
     head = (
         f"{'phase':<24}{'pods/s':>8}{'vs base':>9}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'contended':>11}{'hold p50':>10}{'hold p99':>10}{'writes':>8}{'LISTs':>7}{'req':>7}"
     )
     lines = [head, "-" * len(head)]
 
-    def ratio(r: dict[str, Any]) -> str:
-        return "-" if base is None else f"{r['pods_per_s'] / base['pods_per_s']:.2f}"
+    def label(r: dict[str, Any]) -> str:
+        return r["phase"] if rounds == 1 else f"{r['phase']} #{r.get('round', 1)}"
 
-    for r in rows:
+    for r, share in zip(rows, vs_default_binder(rows), strict=True):
 
         def ms(v: float) -> str:
             return "-" if math.isnan(v) else f"{v * 1000:.0f}"
 
+        ratio = "-" if share is None else f"{share:.2f}"
         lines.append(
-            f"{r['phase']:<24}{r['pods_per_s']:>8.1f}{ratio(r):>9}"
+            f"{label(r):<24}{r['pods_per_s']:>8.1f}{ratio:>9}"
             f"{ms(r['to_running_p50_s']):>9}{ms(r['to_running_p99_s']):>9}"
             f"{r['contended_binds']:>11.0f}{ms(r['handoff_p50_s']):>10}{ms(r['handoff_p99_s']):>10}"
             f"{r['handoff_writes_per_pod']:>8.2f}{r['lists_per_pod']:>7.2f}"
@@ -280,14 +323,14 @@ def table(rows: list[dict[str, Any]]) -> str:
                 for k in ("bind", "admit", "status", "handover")
                 if k in p50
             )
-            lines.append(f"  {r['phase']:<22}{cells}")
+            lines.append(f"  {label(r):<22}{cells}")
     lines.append("")
     lines.append("extender, server side, mean ms per call: filter, prioritize, bind (queue wait)")
     for r in rows:
         m = r.get("extender_mean_s") or {}
         if m:
             cells = "  ".join(f"{k} {v * 1000:.1f}" for k, v in m.items())
-            lines.append(f"  {r['phase']:<22}{cells}")
+            lines.append(f"  {label(r):<22}{cells}")
     lines.append("")
     lines.append(
         "CPU per pod, ms, by component (from the first create to a second after the last Running; "
@@ -297,7 +340,21 @@ def table(rows: list[dict[str, Any]]) -> str:
         cpu = sorted(r.get("cpu_ms_per_pod", {}).items(), key=lambda kv: -kv[1])
         total = sum(v for _, v in cpu)
         cells = "  ".join(f"{k} {v:.0f}" for k, v in cpu if v >= 0.5)
-        lines.append(f"  {r['phase']:<22}total {total:.0f}: {cells}")
+        lines.append(f"  {label(r):<22}total {total:.0f}: {cells}")
+    if rounds > 1:
+        lines.append("")
+        lines.append(f"medians over {rounds} rounds (vs base: each round against its own)")
+        for phase, m in medians(rows).items():
+            against = (
+                f"  vs base {m['vs_default_binder']:.2f} "
+                f"({m['vs_default_binder_min']:.2f}-{m['vs_default_binder_max']:.2f})"
+                if "vs_default_binder" in m
+                else ""
+            )
+            lines.append(
+                f"  {phase:<22}{m['pods_per_s']:.1f} pods/s{against}  "
+                f"p99 {m['to_running_p99_s'] * 1000:.0f} ms  refused {m['contended_binds']:.0f}"
+            )
     return "\n".join(lines)
 
 
@@ -369,7 +426,16 @@ def main(argv: list[str] | None = None) -> int:
         default="nodelock,peers,default-binder",
         help="comma list of nodelock, peers, default-binder (default: all three)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the phases this many times, in turn, and also report each phase's median "
+        "(the ratio: the median of each round's ratio to that round's default binder)",
+    )
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     mix = [int(x) for x in args.mix.split(",")]
     sizes = burst_sizes(mix, nodes=args.nodes, gpus=args.gpus, pods=args.pods)
     phases = sorted(args.phases.split(","), key=lambda p: p == "default-binder")  # it goes last
@@ -382,19 +448,26 @@ def main(argv: list[str] | None = None) -> int:
     # $NODELOCK_KEEP_STATE, to read the components' logs)
     with throwaway_cluster("nlb-") as cluster:
         up_gpu_cluster(cluster, nodes=args.nodes, gpus_per_node=args.gpus)
+        config = yaml.safe_load(cluster.scheduler_config.read_text())
+        with_extender: dict[str, Any] = {"extenders": config["extenders"]}
         if args.pod_max_backoff is not None:
-            config = yaml.safe_load(cluster.scheduler_config.read_text())
-            cluster.restart_scheduler(
-                {"extenders": config["extenders"], "podMaxBackoffSeconds": args.pod_max_backoff}
-            )
-        for phase in phases:
-            if phase == "default-binder":
-                cluster.restart_scheduler({})  # no extender: the default binder
-                rows.append(asyncio.run(burst(cluster, phase, [0] * len(sizes))))
-                continue
-            restart_extenders(cluster, PHASE_ARGS[phase])
-            asyncio.run(warm_up(cluster, args.nodes))
-            rows.append(asyncio.run(burst(cluster, phase, sizes)))
+            with_extender["podMaxBackoffSeconds"] = args.pod_max_backoff
+            cluster.restart_scheduler(with_extender)
+        extender_on = True
+        for round_ in range(1, args.rounds + 1):  # each round runs every phase, in turn
+            for phase in phases:
+                if phase == "default-binder":
+                    cluster.restart_scheduler({})  # no extender: the default binder
+                    extender_on = False
+                    row = asyncio.run(burst(cluster, phase, [0] * len(sizes)))
+                else:
+                    if not extender_on:
+                        cluster.restart_scheduler(with_extender)
+                        extender_on = True
+                    restart_extenders(cluster, PHASE_ARGS[phase])
+                    asyncio.run(warm_up(cluster, args.nodes))
+                    row = asyncio.run(burst(cluster, phase, sizes))
+                rows.append({**row, "round": round_})
     print(f"{len(sizes)} pods of {args.mix} GPU(s) on {args.nodes} nodes x {args.gpus} GPUs")
     print(table(rows))
     RESULTS.mkdir(exist_ok=True)
@@ -405,7 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         "mix": mix,
         "pod_max_backoff_s": args.pod_max_backoff,
         "pods": len(sizes),
+        "rounds": args.rounds,
         "rows": rows,
+        "medians": medians(rows),
     }
     name = (
         "handoff.json"

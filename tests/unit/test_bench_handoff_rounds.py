@@ -1,0 +1,85 @@
+"""The handoff benchmark's rounds: each ratio against its own round's default binder, medians."""
+
+import math
+from typing import Any
+
+import pytest
+
+from bench.handoff import medians, table, vs_default_binder
+
+
+def row(phase: str, pods_per_s: float, round_: int | None, *, p99: float = 1.0) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "phase": phase,
+        "pods_per_s": pods_per_s,
+        "to_running_p50_s": p99 / 2,
+        "to_running_p99_s": p99,
+        "contended_binds": 0.0,
+        "handoff_p50_s": math.nan,
+        "handoff_p99_s": math.nan,
+        "handoff_writes_per_pod": 3.0,
+        "lists_per_pod": 0.0,
+        "all_requests_per_pod": 7.0,
+    }
+    if round_ is not None:
+        out["round"] = round_
+    return out
+
+
+def test_each_ratio_is_against_the_default_binder_of_its_own_round() -> None:
+    rows = [
+        row("nodelock", 40.0, 1),
+        row("default-binder", 100.0, 1),
+        row("nodelock", 30.0, 2),
+        row("default-binder", 60.0, 2),  # a slower round: its own base
+    ]
+    assert vs_default_binder(rows) == [0.4, 1.0, 0.5, 1.0]
+
+
+def test_a_round_without_a_default_binder_has_no_ratio() -> None:
+    rows = [row("nodelock", 40.0, None), row("nodelock", 40.0, 2), row("default-binder", 80.0, 2)]
+    assert vs_default_binder(rows) == [None, 0.5, 1.0]  # no round: round 1, which has no base
+
+
+def test_medians_take_the_median_of_each_rounds_ratio() -> None:
+    rows = [
+        row("nodelock", 40.0, 1, p99=1.2),
+        row("default-binder", 100.0, 1),
+        row("nodelock", 30.0, 2, p99=1.6),
+        row("default-binder", 60.0, 2),
+        row("nodelock", 45.0, 3, p99=1.1),
+        row("default-binder", 150.0, 3),
+    ]
+    got = medians(rows)
+    assert list(got) == ["nodelock", "default-binder"]
+    assert got["nodelock"]["rounds"] == 3
+    assert got["nodelock"]["pods_per_s"] == 40.0
+    assert got["nodelock"]["to_running_p99_s"] == 1.2
+    # ratios 0.4, 0.5, 0.3: the median of the ratios, not 40 / 100 (the medians' ratio)
+    assert got["nodelock"]["vs_default_binder"] == pytest.approx(0.4)
+    assert got["nodelock"]["vs_default_binder_min"] == pytest.approx(0.3)
+    assert got["nodelock"]["vs_default_binder_max"] == pytest.approx(0.5)
+
+
+def test_medians_leave_the_ratio_out_without_a_default_binder() -> None:
+    got = medians([row("nodelock", 40.0, 1), row("nodelock", 20.0, 2)])
+    assert got["nodelock"]["pods_per_s"] == 30.0
+    assert "vs_default_binder" not in got["nodelock"]
+
+
+def test_the_table_labels_rounds_and_adds_the_medians_only_for_several() -> None:
+    one = table([row("nodelock", 40.0, 1), row("default-binder", 100.0, 1)])
+    assert "nodelock #1" not in one
+    assert "medians" not in one
+    assert " 0.40" in one
+    two = table(
+        [
+            row("nodelock", 40.0, 1),
+            row("default-binder", 100.0, 1),
+            row("nodelock", 30.0, 2),
+            row("default-binder", 60.0, 2),
+        ]
+    )
+    assert "nodelock #2" in two
+    assert "medians over 2 rounds" in two
+    assert "35.0 pods/s  vs base 0.45 (0.40-0.50)" in two
