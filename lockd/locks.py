@@ -145,6 +145,17 @@ class NodeLocks:
         locks, not of nodes, so a filter over thousands of nodes can ask it once."""
         return self._obs.holders()
 
+    def held_ages(self) -> dict[NodeName, float]:
+        """Node -> seconds its current holder has held it as this process saw it (the
+        ``held_for_s`` of its view), for every node ``holders()`` names; sends no request and
+        builds no views (prioritize asks it for every held lock on every request)."""
+        return self._obs.held_ages(self._clock())
+
+    def expired(self, node: NodeName) -> bool:
+        """Whether ``view(node).expired`` (held and unchanged for its whole duration), without
+        building the view or counting the expiry in the metrics; sends no request."""
+        return self._obs.expired(node, self._clock())
+
     def views(self) -> list[NodeLockView]:
         """Every node's last observation, sorted by node; sends no request."""
         now = self._clock()

@@ -140,6 +140,23 @@ class Observations:
         """Node -> holder, for every node whose latest record has one (expired or not)."""
         return dict(self._held)
 
+    def held_ages(self, now: float) -> dict[NodeName, float]:
+        """Node -> seconds its holder has held it as of local time ``now`` (since this process
+        first saw that holder with that token), for every node ``holders()`` names: what a
+        wait estimate needs of a held lock, without a view per node."""
+        seen = self._seen
+        return {node: max(0.0, now - seen[node].held_since) for node in self._held}
+
+    def expired(self, node: NodeName, now: float) -> bool:
+        """Whether ``node``'s latest record is held and expired at ``now`` (``view(...).expired``
+        without building the view)."""
+        seen = self._seen.get(node)
+        return (
+            seen is not None
+            and seen.record.holder is not None
+            and max(0.0, now - seen.changed_at) >= seen.record.duration_s
+        )
+
     def nodes(self) -> list[NodeName]:
         """Nodes with an observation, sorted."""
         return sorted(self._seen)

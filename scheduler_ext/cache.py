@@ -12,7 +12,9 @@ Guarantees:
 - ``pictures()`` holds, for every known node, exactly what ``node_gpus`` would build from scratch
   out of the node and its pods as now cached: each write rebuilds the pictures of the nodes it
   touched (and only those) before it returns, so filter and prioritize read a ready picture per
-  node and never rebuild one.
+  node and never rebuild one.  ``fit_keys()`` holds each of those pictures' ``fit_key``, and
+  ``with_key`` a picture for each such key, so a request can look up each name's key and judge
+  a picture per distinct key.
 - ``pending_demand()`` is, at every moment, the GPUs and the largest GPU count asked for by the
   cached pods that are neither bound nor terminal (kept as pods are written, O(1) to read).
 - ``seen_bound_or_gone(uid)`` is true once this cache saw the pod bound or deleted; because a
@@ -33,7 +35,7 @@ from typing import Any
 from handoff.request import BadPod
 from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
 from lockd.model import NodeName
-from scheduler_ext.choose import NodeGPUs
+from scheduler_ext.choose import FitKey, NodeGPUs
 from scheduler_ext.sharing import Holding, holdings, sharing_node
 from scheduler_ext.state import BadObject, NodeState, PodState, node_state, pod_state
 
@@ -94,6 +96,8 @@ class ClusterCache:
         self._pods: dict[str, PodState] = {}  # by UID
         self._on_node: dict[NodeName, set[str]] = {}  # node -> UIDs of pods bound to it
         self._gpus: dict[NodeName, NodeGPUs] = {}  # every known node's picture, kept current
+        self._keys: dict[NodeName, FitKey] = {}  # every known node's picture's fit key
+        self._with_key: dict[FitKey, NodeGPUs] = {}  # a picture per fit key seen (some stale)
         self._stale: set[NodeName] = set()  # pictures the write in progress invalidated
         self._gone: OrderedDict[str, None] = OrderedDict()  # UIDs seen deleted
         self._pending_sizes: Counter[int] = Counter()  # GPUs per unbound GPU pod -> pods
@@ -173,6 +177,16 @@ class ClusterCache:
         """
         return self._gpus
 
+    def fit_keys(self) -> Mapping[NodeName, FitKey]:
+        """Every known node's ``NodeGPUs.fit_key`` (of its ``pictures()`` entry), by node name;
+        live and read-only to callers, like ``pictures()``."""
+        return self._keys
+
+    def with_key(self, key: FitKey) -> NodeGPUs | None:
+        """A picture whose ``fit_key`` is ``key`` (any node's, current or not: equal keys judge
+        alike), if this cache built one; every key in ``fit_keys()`` has one."""
+        return self._with_key.get(key)
+
     def staleness_s(self, resource: str) -> float | None:
         """Seconds since the last watch event or relist of ``resource`` ("nodes"/"pods")."""
         last = self.last_event.get(resource)
@@ -201,9 +215,14 @@ class ClusterCache:
             node = self._nodes.get(name)
             if node is None:
                 self._gpus.pop(name, None)
+                self._keys.pop(name, None)
             else:
-                self._gpus[name] = node_gpus(node, self.pods_on(name))
+                gpus = self._gpus[name] = node_gpus(node, self.pods_on(name))
+                self._keys[name] = gpus.fit_key
+                self._with_key.setdefault(gpus.fit_key, gpus)
         self._stale.clear()
+        if len(self._with_key) > 2 * len(self._gpus) + 1024:  # keys no node has any more
+            self._with_key = {g.fit_key: g for g in self._gpus.values()}
 
     def _touch(self, resource: str) -> None:
         self._refresh()

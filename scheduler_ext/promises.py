@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Sequence
-from operator import itemgetter
 
 from lockd.model import NodeName
 
@@ -30,14 +29,18 @@ class Promises:
         self._clock = clock
         self._by_pod: dict[str, tuple[NodeName, float]] = {}
 
-    def promise(self, scores: Sequence[tuple[NodeName, int]], pod_uid: str) -> NodeName | None:
-        """Remember the best-scored node (first of equals; none when nothing scores) for the pod."""
-        best = max(scores, key=itemgetter(1), default=None)
-        if best is None or best[1] <= 0:
+    def promise(
+        self, names: Sequence[NodeName], scores: Sequence[int], pod_uid: str
+    ) -> NodeName | None:
+        """Remember the best-scored node (``scores[i]`` is ``names[i]``'s; first of equals; none
+        when nothing scores) for the pod."""
+        best = max(scores, default=0)
+        if best <= 0:
             self.forget(pod_uid)
             return None
-        self._by_pod[pod_uid] = (best[0], self._clock() + self._ttl_s)
-        return best[0]
+        node = names[scores.index(best)]
+        self._by_pod[pod_uid] = (node, self._clock() + self._ttl_s)
+        return node
 
     def forget(self, pod_uid: str) -> None:
         """The pod's bind arrived: its promise has done its work."""

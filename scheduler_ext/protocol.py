@@ -11,7 +11,7 @@ formatting returns plain JSON values.  No I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,7 +169,7 @@ def filter_error(message: str) -> JSON:
     }
 
 
-def host_priority_list(scores: Sequence[tuple[NodeName, int]]) -> list[JSON]:
+def host_priority_list(scores: Iterable[tuple[NodeName, int]]) -> list[JSON]:
     """``HostPriorityList``: ``[{"Host": name, "Score": 0..10}]`` in the order given."""
     return [{"Host": name, "Score": score} for name, score in scores]
 

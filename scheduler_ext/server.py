@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -26,10 +27,10 @@ from aiohttp import web
 
 from handoff.request import BadPod
 from lockd.locks import NodeLocks
-from lockd.model import NodeLockView, NodeName
+from lockd.model import NodeName
 from scheduler_ext.binder import Binder
 from scheduler_ext.cache import ClusterCache, node_gpus
-from scheduler_ext.choose import NodeGPUs, Policy, burst_fills_anyway
+from scheduler_ext.choose import FitKey, NodeGPUs, Policy, burst_fills_anyway
 from scheduler_ext.events import BindEvents
 from scheduler_ext.metrics import ExtenderMetrics, Result, Verb
 from scheduler_ext.need import PodNeed, pod_need
@@ -46,10 +47,11 @@ from scheduler_ext.protocol import (
     parse_extender_args,
 )
 from scheduler_ext.state import BadObject, node_state
-from scheduler_ext.takeover import holder_accounted
+from scheduler_ext.takeover import copy_unneeded, holder_accounted
 from scheduler_ext.verbs import (
+    KeyIndex,
     filter_nodes,
-    prioritize_nodes,
+    prioritize_scores,
     with_holder,
     with_lock_holder,
 )
@@ -112,36 +114,40 @@ class Endpoints:
             raise BadRequest(f"body is not JSON: {exc}") from exc
 
     def _gpus_of(
-        self,
-        args: ExtenderArgs,
-        pod_uid: str,
-        view_of: Callable[[NodeName], NodeLockView | None] | None = None,
-    ) -> Callable[[NodeName], NodeGPUs | None]:
-        """Each node's GPU picture for this request (``view_of``: the lock views, as already
-        read for this request)."""
+        self, args: ExtenderArgs, pod_uid: str
+    ) -> tuple[Callable[[NodeName], NodeGPUs | None], KeyIndex | None]:
+        """Each node's GPU picture for this request, and (node-cache capable requests) the
+        matching ``KeyIndex``: the cache's pictures and keys with each held lock's holder
+        overlaid.  Costs a few lookups per held lock and none per node; a held lock's expiry is
+        read only when its holder is unknown to the cache (the expiry then decides)."""
         keys = self.cache.keys
         cache = self.cache
-        view_of = view_of or self.locks.view
         if args.nodes is None:
             pictures = self.cache.pictures()
+            fit_keys = self.cache.fit_keys()
             holders = self.locks.holders()  # the held locks only: few, whatever the node count
             if not holders:
-                return pictures.get
+                return pictures.get, KeyIndex(fit_keys.get, self._with_key({}))
             merged = dict(pictures)
+            merged_keys = dict(fit_keys)
+            overlaid: dict[FitKey, NodeGPUs] = {}
             for name, holder in holders.items():
                 gpus = pictures.get(name)
                 if gpus is None or holder.uid == pod_uid:
                     continue
                 # the holder's Lease copy is not needed (takeover.lease_copy_needed)
-                done = holder_accounted(cache, view_of(name))(holder.uid)
+                done = copy_unneeded(cache, holder.uid, partial(self.locks.expired, name))
                 memo = self._overlays.get(name)  # same picture, holder, holder state: reuse
                 if memo is not None and memo[0] is gpus and memo[1] == (holder, done):
-                    merged[name] = memo[2]
-                    continue
-                over = gpus if done else with_holder(gpus, holder, keys=keys)
-                self._overlays[name] = (gpus, (holder, done), over)
+                    over = memo[2]
+                else:
+                    over = gpus if done else with_holder(gpus, holder, keys=keys)
+                    self._overlays[name] = (gpus, (holder, done), over)
                 merged[name] = over
-            return merged.get
+                if over is not gpus:
+                    merged_keys[name] = over.fit_key
+                    overlaid[over.fit_key] = over
+            return merged.get, KeyIndex(merged_keys.get, self._with_key(overlaid))
         # not node-cache capable: the scheduler sent the Node objects; read inventories there
         given = dict(zip(args.node_names, args.nodes, strict=True))
 
@@ -156,7 +162,19 @@ class Endpoints:
                 gpus, view, pod_uid=pod_uid, keys=keys, finished=holder_accounted(cache, view)
             )
 
-        return from_args
+        return from_args, None
+
+    def _with_key(self, overlaid: dict[FitKey, NodeGPUs]) -> Callable[[FitKey], NodeGPUs]:
+        """``KeyIndex.picture``: the overlaid pictures first, then the cache's."""
+        cache = self.cache
+
+        def picture(key: FitKey) -> NodeGPUs:
+            found = overlaid.get(key) or cache.with_key(key)
+            if found is None:  # the cache keeps a picture for every key it hands out
+                raise LookupError(f"no picture with fit key {key!r}")
+            return found
+
+        return picture
 
     def _parse(self, body: object) -> tuple[ExtenderArgs, PodNeed, str]:
         args = parse_extender_args(body)
@@ -181,7 +199,8 @@ class Endpoints:
             self._done(Verb.FILTER, Result.BAD_REQUEST, started)
             return _error(400, str(exc))
         try:
-            out = filter_nodes(need, args.node_names, self._gpus_of(args, uid))
+            gpus_of, index = self._gpus_of(args, uid)
+            out = filter_nodes(need, args.node_names, gpus_of, index=index)
         except Exception as exc:  # a bug must not fail scheduling silently: say so in Error
             log.exception("filter failed")
             self._done(Verb.FILTER, Result.ERROR, started)
@@ -202,21 +221,14 @@ class Endpoints:
             return _error(400, str(exc))
         waits = None
         queues = self.binder.queues
-        views: dict[NodeName, NodeLockView | None] = {}  # read once per request
-
-        def view_of(node: NodeName) -> NodeLockView | None:
-            if node not in views:
-                views[node] = self.locks.view(node)
-            return views[node]
-
         if self.options.lock_aware:  # binds queued, locks held, and pods about to bind
             waits = queues.expected_waits(
                 self.locks.holders(),
-                view_of,
+                self.locks.held_ages(),
                 self.promises.promised_to_others(uid),
                 pod_uid=uid,
             )
-        gpus_of = self._gpus_of(args, uid, view_of)
+        gpus_of, index = self._gpus_of(args, uid)
         tolerance = queues.steering_tolerance_s()
         larger: dict[int, int] | None = None
         inflight: dict[NodeName, int] = {}
@@ -227,7 +239,7 @@ class Endpoints:
                 tolerance = 0.0  # packing keeps nothing free for later: serve it soonest
             elif largest > need.total:
                 larger, inflight = self._larger_pending(need, uid)
-        scores = prioritize_nodes(
+        scores = prioritize_scores(
             need,
             args.node_names,
             gpus_of,
@@ -236,11 +248,12 @@ class Endpoints:
             tolerance_s=tolerance,
             larger=larger,
             inflight=inflight,
+            index=index,
         )
         if self.options.lock_aware:
-            self.promises.promise(scores, uid)
+            self.promises.promise(args.node_names, scores, uid)
         self._done(Verb.PRIORITIZE, Result.OK, started)
-        return _json(host_priority_list(scores))
+        return _json(host_priority_list(zip(args.node_names, scores, strict=True)))
 
     def _larger_pending(
         self, need: PodNeed, uid: str

@@ -31,6 +31,7 @@ __all__ = [
     "HolderState",
     "Judgement",
     "binding_may_still_land",
+    "copy_unneeded",
     "holder_accounted",
     "holder_state",
     "judge",
@@ -124,14 +125,18 @@ def holder_accounted(cache: ClusterCache, view: NodeLockView | None) -> Callable
     """The ``finished`` argument of ``verbs.with_lock_holder`` for the lock in ``view``: True
     (the Lease's copy is not needed) by ``lease_copy_needed``."""
     expired = view is not None and view.expired
+    return lambda uid: copy_unneeded(cache, uid, lambda: expired)
 
-    def unneeded(uid: str) -> bool:
-        known = cache.pod(uid) is not None or cache.is_gone(uid)
-        return not lease_copy_needed(
-            accounted_for=cache.accounts_for(uid), known=known, expired=expired
-        )
 
-    return unneeded
+def copy_unneeded(cache: ClusterCache, uid: str, expired: Callable[[], bool]) -> bool:
+    """Whether the Lease's copy of holder ``uid``'s assignment is not needed, by
+    ``lease_copy_needed``; ``expired()`` (the lock's expiry) is asked only when it decides:
+    when the cache has no record of the holder at all."""
+    accounted_for = cache.accounts_for(uid)
+    known = accounted_for or cache.pod(uid) is not None or cache.is_gone(uid)
+    return not lease_copy_needed(
+        accounted_for=accounted_for, known=known, expired=not known and expired()
+    )
 
 
 def bound_elsewhere(

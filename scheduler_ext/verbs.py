@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import compress
 from typing import Generic, TypeVar, cast
@@ -63,11 +63,16 @@ class KeyMemo(Generic[V]):
         self._memo: OrderedDict[tuple[PodNeed, Policy], dict[FitKey, V]] = OrderedDict()
 
     def answers(
-        self, one_each: Mapping[FitKey, NodeGPUs], need: PodNeed, policy: Policy
+        self,
+        keys: Iterable[FitKey],
+        picture: Callable[[FitKey], NodeGPUs],
+        need: PodNeed,
+        policy: Policy,
     ) -> dict[FitKey | None, V]:
-        """The answer for each key of ``one_each`` (a node per distinct key)."""
+        """The answer for each of the distinct ``keys``; ``picture(key)``, a node's picture with
+        that key, is asked only for the keys not answered before."""
         if need.wishes.names_devices:
-            return {key: self._answer(g, need, policy) for key, g in one_each.items()}
+            return {key: self._answer(picture(key), need, policy) for key in keys}
         memo = self._memo.get((need, policy))
         if memo is None or len(memo) > self._keys:
             memo = self._memo[(need, policy)] = {}
@@ -76,10 +81,10 @@ class KeyMemo(Generic[V]):
         else:
             self._memo.move_to_end((need, policy))
         out: dict[FitKey | None, V] = {}
-        for key, g in one_each.items():
+        for key in keys:
             value = memo.get(key)
             if value is None:
-                value = memo[key] = self._answer(g, need, policy)
+                value = memo[key] = self._answer(picture(key), need, policy)
             out[key] = value
         return out
 
@@ -144,46 +149,68 @@ def with_holder(
     return replace(gpus, taken=gpus.taken | devices)
 
 
+@dataclass(frozen=True)
+class KeyIndex:
+    """Each node's ``NodeGPUs.fit_key`` and a picture per key, as kept by the cache
+    (``ClusterCache.fit_keys``, ``with_key``): with it a request costs one lookup per name.
+
+    Must agree with the ``gpus_of`` it comes with: ``key_of(n)`` is ``gpus_of(n).fit_key``
+    (None for an unknown node) and ``picture(k)`` a picture whose key is ``k``.
+    """
+
+    key_of: Callable[[NodeName], FitKey | None]
+    picture: Callable[[FitKey], NodeGPUs]
+
+
 def _fit_keys(
     names: Sequence[NodeName],
     gpus_of: Callable[[NodeName], NodeGPUs | None],
     need: PodNeed,
-) -> tuple[list[FitKey | None], dict[FitKey, NodeGPUs]]:
-    """Each name's ``fit_key`` (None: unknown node), and one picture per distinct key.
+    index: KeyIndex | None = None,
+) -> tuple[list[FitKey | None], set[FitKey], Callable[[FitKey], NodeGPUs]]:
+    """Each name's ``fit_key`` (None: unknown node), the distinct keys, and a picture per key.
 
     A pod that names device UUIDs is judged node by node (the key leaves device IDs out).
     Written with built-ins (``map``, ``zip``, ``dict``) so that little Python code runs per node,
-    none at all for ``gpus_of`` when it is itself a built-in (a dict's ``get``, as the server
-    passes).
+    none at all for ``gpus_of`` and ``index.key_of`` when they are themselves built-ins (a dict's
+    ``get``, as the server passes).
     """
+    if index is not None and not need.wishes.names_devices:
+        keys = list(map(index.key_of, names))
+        distinct = set(keys)
+        distinct.discard(None)
+        return keys, cast(set[FitKey], distinct), index.picture
     pictures = list(map(gpus_of, names))
     if need.wishes.names_devices:
-        keys: list[FitKey | None] = [
-            None if g is None else FitKey(f"node {g.node}") for g in pictures
-        ]
+        keys = [None if g is None else FitKey(f"node {g.node}") for g in pictures]
     else:
         keys = [None if g is None else g.fit_key for g in pictures]
     one_each = dict(zip(keys, pictures, strict=True))  # nodes with equal keys judge alike
     one_each.pop(None, None)
-    return keys, cast(dict[FitKey, NodeGPUs], one_each)
+    by_key = cast(dict[FitKey, NodeGPUs], one_each)
+    return keys, set(by_key), by_key.__getitem__
 
 
 def filter_nodes(
-    need: PodNeed, names: Sequence[NodeName], gpus_of: Callable[[NodeName], NodeGPUs | None]
+    need: PodNeed,
+    names: Sequence[NodeName],
+    gpus_of: Callable[[NodeName], NodeGPUs | None],
+    *,
+    index: KeyIndex | None = None,
 ) -> Filtered:
     """Keep the nodes the pod fits on now; the others go to failed (others hold their GPUs) or
     unresolvable (too few GPUs in all, or no usable inventory).
 
     Judges each distinct ``NodeGPUs.fit_key`` once (nodes with equal keys get equal verdicts), so
-    a large cluster costs a few lookups per node.
+    a large cluster costs a few lookups per node (``index``: the keys kept by the cache).
     """
     if not need.wants_gpus:
         return Filtered(tuple(names), {}, {})
-    keys, one_each = _fit_keys(names, gpus_of, need)
+    keys, distinct, picture = _fit_keys(names, gpus_of, need, index)
     fits: set[FitKey | None] = set()
     no_room: dict[FitKey | None, str] = {None: UNKNOWN_NODE}
     never: dict[FitKey | None, str] = {}
-    for key, verdict in VERDICTS.answers(one_each, need, Policy.BINPACK).items():
+    for key, verdict in VERDICTS.answers(distinct, picture, need, Policy.BINPACK).items():
         if verdict.fit is Fit.FITS:
             fits.add(key)
         elif verdict.fit is Fit.NO_ROOM:
@@ -217,17 +244,46 @@ def prioritize_nodes(
     tolerance_s: float = 0.0,
     larger: Mapping[int, int] | None = None,
     inflight: Mapping[NodeName, int] | None = None,
+    index: KeyIndex | None = None,
 ) -> list[tuple[NodeName, int]]:
+    """``prioritize_scores`` paired with the names: ``[(name, score)]`` in ``names`` order."""
+    scores = prioritize_scores(
+        need,
+        names,
+        gpus_of,
+        policy=policy,
+        waits=waits,
+        tolerance_s=tolerance_s,
+        larger=larger,
+        inflight=inflight,
+        index=index,
+    )
+    return list(zip(names, scores, strict=True))
+
+
+def prioritize_scores(
+    need: PodNeed,
+    names: Sequence[NodeName],
+    gpus_of: Callable[[NodeName], NodeGPUs | None],
+    *,
+    policy: Policy,
+    waits: Mapping[NodeName, float] | None = None,
+    tolerance_s: float = 0.0,
+    larger: Mapping[int, int] | None = None,
+    inflight: Mapping[NodeName, int] | None = None,
+    index: KeyIndex | None = None,
+) -> list[int]:
     """Score every candidate 0..10 by ``policy``; with ``larger`` (GPUs -> pods still pending
     that need more GPUs than this one), score 0 on the nodes where this pod would leave them
     no room (``reserved_levels``; ``inflight``: node -> GPUs of binds on their way there, not
     yet in the pictures); with ``waits`` (node -> expected wait of a bind there),
     steer to the fitting nodes where a bind is served soonest (``steer_by_wait``).
-    Same order as ``names``.
+    The scores, in ``names`` order (``scores[i]`` is ``names[i]``'s).
 
-    Scores each distinct ``NodeGPUs.fit_key`` once (nodes with equal keys score alike)."""
-    keys, one_each = _fit_keys(names, gpus_of, need)
-    by_key = SCORES.answers(one_each, need, policy)
+    Scores each distinct ``NodeGPUs.fit_key`` once (nodes with equal keys score alike;
+    ``index``: the keys kept by the cache)."""
+    keys, distinct, picture = _fit_keys(names, gpus_of, need, index)
+    by_key = SCORES.answers(distinct, picture, need, policy)
     by_key[None] = 0  # a node the extender does not know
     values = list(map(by_key.__getitem__, keys))
     if larger:  # the fitting nodes' free GPUs (a node this pod misses, a larger one misses too)
@@ -248,4 +304,4 @@ def prioritize_nodes(
         steered = steer_by_wait(busy, waits, tolerance_s=tolerance_s, fitting=fitting)
         for i in where:
             values[i] = steered[names[i]]
-    return list(zip(names, values, strict=True))
+    return values

@@ -30,12 +30,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from lockd.model import NodeLockView, NodeName
+from lockd.model import Holder, NodeLockView, NodeName
 
 DEFAULT_HOLD_S = 0.2  # the hold estimate before any hold was seen
 STEERING_SHARE = 1 / 8  # of the wait budget: a wait prioritize accepts to keep the policy
@@ -348,39 +348,46 @@ class BindQueues:
 
     def expected_waits(
         self,
-        held: Iterable[NodeName],
-        view_of: Callable[[NodeName], NodeLockView | None],
+        held: Mapping[NodeName, Holder],
+        held_for_s: Mapping[NodeName, float],
         extra: Mapping[NodeName, int],
         *,
         pod_uid: str,
     ) -> dict[NodeName, float]:
         """Node -> expected wait of a new bind of ``pod_uid``, for every node where it is not
-        zero: the ``held`` nodes (whose lock is held), nodes with binds queued, and nodes with
-        ``extra`` binds on their way.  A lock held by ``pod_uid`` itself does not count."""
+        zero: the ``held`` nodes (node -> holder of its lock; ``held_for_s``: how long each has
+        held it, ``NodeLocks.held_ages``), nodes with binds queued, and nodes with ``extra``
+        binds on their way.  A lock held by ``pod_uid`` itself does not count.
+
+        Costs a few operations per held lock: prioritize asks it on every request, and a large
+        cluster in a burst holds hundreds of locks at once."""
         waits: dict[NodeName, float] = {}
-        for node in set(held) | set(self._queues) | set(extra):
-            view = view_of(node)
-            holder = view.record.holder if view is not None else None
+        hold_s = self.hold.value_s
+        queues = self._queues
+        for node in held.keys() | queues.keys() | extra.keys():
+            holder = held.get(node)
             if holder is not None and holder.uid == pod_uid:
-                view = None
-            wait = self.expected_wait_s(node, view, extra=extra.get(node, 0))
+                holder = None
+            wait = self._expected_wait_s(
+                node, holder, held_for_s.get(node, 0.0), extra.get(node, 0), hold_s
+            )
             if wait > 0:
                 waits[node] = wait
         return waits
 
-    def expected_wait_s(
-        self, node: NodeName, view: NodeLockView | None, *, extra: int = 0
+    def _expected_wait_s(
+        self, node: NodeName, holder: Holder | None, age_s: float, extra: int, hold_s: float
     ) -> float:
-        """The wait a new bind to ``node`` should expect: the holder's remaining hold plus one
-        hold per bind queued here and per ``extra`` bind on its way (prioritize's promises)."""
-        holder = view.record.holder if view is not None else None
+        """The wait a new bind to ``node`` should expect: the holder's remaining hold (held for
+        ``age_s``) plus one hold per bind queued here and per ``extra`` bind on its way
+        (prioritize's promises)."""
         queue = self._queues.get(node)
         ahead = (len(queue) if queue else 0) + extra
         if holder is not None and queue and queue[0].uid == holder.uid:
             ahead -= 1  # the head holds the lock while it binds: count it once
         return wait_behind(
             held=holder is not None and bool(holder.key),
-            holder_age_s=view.held_for_s if view is not None and holder is not None else 0.0,
+            holder_age_s=age_s if holder is not None else 0.0,
             position=ahead,
-            hold_s=self.hold.value_s,
+            hold_s=hold_s,
         )

@@ -258,3 +258,26 @@ def test_slices_of_shared_gpus_are_no_whole_gpu_demand() -> None:
     }
     cache = cache_with(shared, pod_obj("w", gpus=2))
     assert cache.pending_demand() == (2, 2)
+
+
+def test_fit_keys_and_a_picture_per_key_follow_every_write() -> None:
+    cache = cache_with(pod_obj("a", node="n1", assignment={"c": ["GPU-0"]}))
+
+    def agrees() -> None:
+        pictures = cache.pictures()
+        assert dict(cache.fit_keys()) == {n: g.fit_key for n, g in pictures.items()}
+        for key in cache.fit_keys().values():
+            found = cache.with_key(key)
+            assert found is not None
+            assert found.fit_key == key
+
+    agrees()
+    cache.apply_pod("ADDED", pod_obj("b", node="n2", assignment={"c": ["GPU-1"]}))
+    agrees()
+    cache.apply_pod("MODIFIED", pod_obj("a", node="n1", phase="Succeeded"))
+    agrees()
+    cache.apply_node("ADDED", node_obj("n3", 8))
+    agrees()
+    cache.apply_node("DELETED", node_obj("n2"))
+    agrees()
+    assert NodeName("n2") not in cache.fit_keys()

@@ -17,6 +17,7 @@ from scheduler_ext.takeover import (
     HolderState,
     binding_may_still_land,
     bound_elsewhere,
+    copy_unneeded,
     holder_accounted,
     holder_state,
     judge,
@@ -199,6 +200,34 @@ def test_a_known_holder_in_handoff_keeps_counting_however_old() -> None:
         ]
     )
     assert not holder_accounted(cache, _view(expired=True))("uid-gone")
+
+
+def test_the_lock_expiry_is_read_only_when_the_holder_is_unknown_to_the_cache() -> None:
+    """Prioritize reads a held lock's expiry only when it decides (``copy_unneeded``), and
+    answers what ``holder_accounted`` answers from a whole view."""
+    cache = ClusterCache()
+    cache.replace_pods(
+        [
+            {
+                "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+                "spec": {"containers": [{"name": "c"}], **({"nodeName": "n"} if bound else {})},
+                "status": {"phase": "Pending"},
+            }
+            for name, bound in (("pending", False), ("bound", True))
+        ]
+    )
+    asked: list[str] = []
+    for uid in ("uid-pending", "uid-bound", "uid-unknown"):
+        for expired in (False, True):
+
+            def expiry(uid: str = uid, expired: bool = expired) -> bool:
+                asked.append(uid)
+                return expired
+
+            assert copy_unneeded(cache, uid, expiry) == holder_accounted(
+                cache, _view(expired=expired)
+            )(uid)
+    assert asked == ["uid-unknown", "uid-unknown"]
 
 
 def test_locks_whose_holder_is_bound_to_another_node_are_left_behind() -> None:

@@ -4,7 +4,8 @@
 ``NodeGPUs.fit_key`` and spread the answer over the nodes with that key.  These tests compare them
 with the plain per-node loop (``fit``/``score`` for every node, then steering by wait) on
 arbitrary clusters whose nodes share shapes, with unknown and repeated names, and check that
-``fit_key`` holds everything ``fit`` and ``score`` read.
+``fit_key`` holds everything ``fit`` and ``score`` read.  With a ``KeyIndex`` (each node's key
+looked up, a picture per key, as the server passes from the cache) the answers are the same.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from scheduler_ext.choose import (
     score,
 )
 from scheduler_ext.need import PodNeed, plan_slots
-from scheduler_ext.verbs import UNKNOWN_NODE, filter_nodes, prioritize_nodes
+from scheduler_ext.verbs import UNKNOWN_NODE, KeyIndex, filter_nodes, prioritize_nodes
 
 PROBLEMS = [None, None, None, "node has no GPU inventory", "node's GPU inventory does not parse"]
 
@@ -196,3 +197,39 @@ def test_binds_on_their_way_count_against_the_room_kept_for_a_larger_pod() -> No
     assert kept[1][1] == 0
     blind = prioritize_nodes(need(2), names, known.get, policy=Policy.BINPACK, larger={8: 1})
     assert blind[0][1] == blind[1][1]  # without them, the two nodes look alike
+
+
+def index_of(known: dict[NodeName, NodeGPUs]) -> KeyIndex:
+    """The index the server builds: each node's key, and for each key the last picture seen
+    with it (not necessarily the node's own: equal keys judge alike)."""
+    keys = {n: g.fit_key for n, g in known.items()}
+    with_key = {g.fit_key: g for g in known.values()}
+    return KeyIndex(keys.get, with_key.__getitem__)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    clusters(),
+    st.integers(0, 9),
+    st.sampled_from(list(Policy)),
+    st.dictionaries(
+        st.sampled_from([NodeName(f"n{i}") for i in range(30)]),
+        st.floats(min_value=0.01, max_value=2.0),
+        max_size=6,
+    ),
+)
+def test_the_cache_kept_key_index_changes_no_answer(
+    cluster: tuple[dict[NodeName, NodeGPUs], list[NodeName]],
+    total: int,
+    policy: Policy,
+    waits: dict[NodeName, float],
+) -> None:
+    known, names = cluster
+    pod = need(total)
+    index = index_of(known)
+    assert filter_nodes(pod, names, known.get, index=index) == filter_nodes(
+        pod, names, known.get
+    )
+    assert prioritize_nodes(
+        pod, names, known.get, policy=policy, waits=waits, tolerance_s=0.1, index=index
+    ) == prioritize_nodes(pod, names, known.get, policy=policy, waits=waits, tolerance_s=0.1)

@@ -255,12 +255,16 @@ def test_lock_changes_teach_the_hold_time_and_prioritize_sees_expected_waits() -
     assert queues.hold.value_s == pytest.approx(0.12)
     other = NodeName("gpu-node-02")
     lock.hold("b")
-    waits = queues.expected_waits(
-        [N], lambda n: lock() if n == N else None, {other: 2}, pod_uid="x"
-    )
+    view = lock()
+    assert view is not None
+    assert view.record.holder is not None
+    holder = view.record.holder
+    waits = queues.expected_waits({N: holder}, {N: 0.0}, {other: 2}, pod_uid="x")
     # N: b's remaining hold (it has just taken it); the other node: two binds on their way
     assert waits == {N: pytest.approx(0.12), other: pytest.approx(0.24)}
-    assert queues.expected_waits([N], lambda n: lock(), {}, pod_uid="b") == {}  # its own lock
+    assert queues.expected_waits({N: holder}, {N: 0.0}, {}, pod_uid="b") == {}  # its own lock
+    # held for longer than a hold: expected to take as long again
+    assert queues.expected_waits({N: holder}, {N: 0.5}, {}, pod_uid="x") == {N: pytest.approx(0.5)}
 
 
 def test_the_wait_budget_must_fit_in_kube_schedulers_timeout() -> None:

@@ -81,6 +81,28 @@ def test_holders_say_what_the_views_say_after_any_observations(
         assert obs.holders() == held_per_view(obs)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(OPS, max_size=30), st.floats(0.0, 60.0))
+def test_held_ages_and_expiry_say_what_the_views_say(
+    ops: list[tuple[str, NodeName, Holder | None, int, bool]], later: float
+) -> None:
+    obs = Observations()
+    for rv, (op, node, holder, token, replace) in enumerate(ops, start=1):
+        if op == "forget":
+            obs.forget(node)
+        else:
+            body = lease(node, holder, token, rv)
+            obs.observe(FMT.parse(body), body, float(rv), replace=replace)
+    now = len(ops) + later
+    ages = obs.held_ages(now)
+    assert set(ages) == set(obs.holders())
+    for node in NODES:
+        view = obs.view(node, now)
+        assert obs.expired(node, now) == (view is not None and view.expired)
+        if view is not None and view.record.holder is not None:
+            assert ages[node] == view.held_for_s
+
+
 def test_node_locks_holders_follow_acquire_and_release_seen_on_the_watch() -> None:
     locks = NodeLocks(
         KubeClient(api_client=None),
