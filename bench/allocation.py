@@ -141,8 +141,9 @@ def schedule(
                 fleet.blocked_8_jobs.add(job.name)
             left.append(job)
             continue
-        scores = prioritize_nodes(need, list(passed), pictures.get, policy=Policy.BINPACK)
-        node = max(scores, key=lambda s: (s[1], [-ord(c) for c in s[0]]))[0]
+        scores = prioritize_nodes(need, passed, pictures.get, policy=Policy.BINPACK)
+        ranked = zip(passed, scores, strict=True)
+        node = max(ranked, key=lambda s: (s[1], [-ord(c) for c in s[0]]))[0]
         got = choose(pictures[node], need)[ContainerName("c")]
         fleet.taken.setdefault(node, set()).update(got)
         fleet.running.append((t + job.runs, node, got))

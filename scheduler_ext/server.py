@@ -51,7 +51,7 @@ from scheduler_ext.takeover import copy_unneeded, holder_accounted
 from scheduler_ext.verbs import (
     KeyIndex,
     filter_nodes,
-    prioritize_scores,
+    prioritize_nodes,
     with_holder,
     with_lock_holder,
 )
@@ -239,7 +239,7 @@ class Endpoints:
                 tolerance = 0.0  # packing keeps nothing free for later: serve it soonest
             elif largest > need.total:
                 larger, inflight = self._larger_pending(need, uid)
-        scores = prioritize_scores(
+        scores = prioritize_nodes(
             need,
             args.node_names,
             gpus_of,

@@ -245,33 +245,6 @@ def prioritize_nodes(
     larger: Mapping[int, int] | None = None,
     inflight: Mapping[NodeName, int] | None = None,
     index: KeyIndex | None = None,
-) -> list[tuple[NodeName, int]]:
-    """``prioritize_scores`` paired with the names: ``[(name, score)]`` in ``names`` order."""
-    scores = prioritize_scores(
-        need,
-        names,
-        gpus_of,
-        policy=policy,
-        waits=waits,
-        tolerance_s=tolerance_s,
-        larger=larger,
-        inflight=inflight,
-        index=index,
-    )
-    return list(zip(names, scores, strict=True))
-
-
-def prioritize_scores(
-    need: PodNeed,
-    names: Sequence[NodeName],
-    gpus_of: Callable[[NodeName], NodeGPUs | None],
-    *,
-    policy: Policy,
-    waits: Mapping[NodeName, float] | None = None,
-    tolerance_s: float = 0.0,
-    larger: Mapping[int, int] | None = None,
-    inflight: Mapping[NodeName, int] | None = None,
-    index: KeyIndex | None = None,
 ) -> list[int]:
     """Score every candidate 0..10 by ``policy``; with ``larger`` (GPUs -> pods still pending
     that need more GPUs than this one), score 0 on the nodes where this pod would leave them

@@ -160,11 +160,12 @@ class Replica:
         passed = filter_nodes(pod.need, names, lambda n: self.picture(n, exclude_uid=uid)).passed
         scores = prioritize_nodes(
             pod.need,
-            list(passed),
+            passed,
             lambda n: self.picture(n, exclude_uid=uid),
             policy=Policy.BINPACK,
         )
-        return [n for n, _ in sorted(scores, key=lambda ns: (-ns[1], ns[0]))]
+        ranked = sorted(zip(passed, scores, strict=True), key=lambda ns: (-ns[1], ns[0]))
+        return [n for n, _ in ranked]
 
     # -- the takeover check -------------------------------------------------------------------
 

@@ -57,6 +57,16 @@ OPS = st.one_of(
 )
 
 
+def apply(obs: Observations, rv: int, op: tuple[str, NodeName, Holder | None, int, bool]) -> None:
+    """One drawn operation, seen at local time ``rv`` (the Lease's resourceVersion too)."""
+    kind, node, holder, token, replace = op
+    if kind == "forget":
+        obs.forget(node)
+    else:
+        body = lease(node, holder, token, rv)
+        obs.observe(FMT.parse(body), body, float(rv), replace=replace)
+
+
 def held_per_view(obs: Observations) -> dict[NodeName, Holder]:
     out: dict[NodeName, Holder] = {}
     for node in obs.nodes():
@@ -72,12 +82,8 @@ def test_holders_say_what_the_views_say_after_any_observations(
     ops: list[tuple[str, NodeName, Holder | None, int, bool]],
 ) -> None:
     obs = Observations()
-    for rv, (op, node, holder, token, replace) in enumerate(ops, start=1):
-        if op == "forget":
-            obs.forget(node)
-        else:
-            body = lease(node, holder, token, rv)
-            obs.observe(FMT.parse(body), body, float(rv), replace=replace)
+    for rv, op in enumerate(ops, start=1):
+        apply(obs, rv, op)
         assert obs.holders() == held_per_view(obs)
 
 
@@ -87,12 +93,8 @@ def test_held_ages_and_expiry_say_what_the_views_say(
     ops: list[tuple[str, NodeName, Holder | None, int, bool]], later: float
 ) -> None:
     obs = Observations()
-    for rv, (op, node, holder, token, replace) in enumerate(ops, start=1):
-        if op == "forget":
-            obs.forget(node)
-        else:
-            body = lease(node, holder, token, rv)
-            obs.observe(FMT.parse(body), body, float(rv), replace=replace)
+    for rv, op in enumerate(ops, start=1):
+        apply(obs, rv, op)
     now = len(ops) + later
     ages = obs.held_ages(now)
     assert set(ages) == set(obs.holders())
