@@ -1,11 +1,12 @@
-"""The handoff benchmark's rounds: each ratio against its own round's default binder, medians."""
+"""The handoff benchmark's rounds (each ratio against its own round's default binder, medians) and
+its CPU columns."""
 
 import math
 from typing import Any
 
 import pytest
 
-from bench.handoff import medians, table, vs_default_binder
+from bench.handoff import cpu_ms_per_pod, medians, table, vs_default_binder
 
 
 def row(phase: str, pods_per_s: float, round_: int | None, *, p99: float = 1.0) -> dict[str, Any]:
@@ -83,3 +84,20 @@ def test_the_table_labels_rounds_and_adds_the_medians_only_for_several() -> None
     assert "nodelock #2" in two
     assert "medians over 2 rounds" in two
     assert "35.0 pods/s  vs base 0.45 (0.40-0.50)" in two
+
+
+def test_cpu_per_pod_is_each_components_use_between_two_readings() -> None:
+    before = {"kube-apiserver": 10.0, "extender": 2.0, "etcd": 1.0}
+    after = {"kube-apiserver": 10.64, "extender": 2.32, "etcd": 1.0, "new": 5.0}
+    got = cpu_ms_per_pod(before, after, 64)
+    assert got == {"kube-apiserver": pytest.approx(10.0), "extender": pytest.approx(5.0)}
+
+
+def test_the_table_shows_the_bursts_cpu_and_the_cpu_to_a_second_after() -> None:
+    nodelock = row("nodelock", 40.0, 1)
+    nodelock["cpu_ms_per_pod_burst"] = {"kube-apiserver": 15.0, "deviceplugin": 8.0}
+    nodelock["cpu_ms_per_pod"] = {"kube-apiserver": 20.0, "deviceplugin": 9.0}
+    lines = table([nodelock]).splitlines()
+    burst = next(i for i, line in enumerate(lines) if "burst total 23:" in line)
+    assert lines[burst].strip().startswith("nodelock")
+    assert "+1 s  total 29: kube-apiserver 20  deviceplugin 9" in lines[burst + 1]
