@@ -412,6 +412,29 @@ def test_admission_policies_guard_the_handoffs_annotation_keys(helm: Path) -> No
         assert f'"{keys.gpus}"' in scope["spec"]["validations"][1]["expression"]
 
 
+def test_namespace_selector_label_values_render_as_strings(helm: Path) -> None:
+    """A label value that reads as a number (``--set ...matchLabels.team=2024``) stays a string:
+    rendered as a number, the API server refuses the policy bindings."""
+    selectors = {
+        "admission.podNamespaceSelector.matchLabels.team": "2024",
+        "admission.podNamespaceSelector.matchLabels.tier": "gold",
+    }
+    objs = objects(helm, **selectors)
+    bindings = [
+        o
+        for o in objs
+        if o["kind"].endswith("AdmissionPolicyBinding")
+        and "namespaceSelector" in o["spec"].get("matchResources", {})
+        and not o["spec"]["matchResources"]["namespaceSelector"].get("matchExpressions")
+        and "kubernetes.io/metadata.name"
+        not in o["spec"]["matchResources"]["namespaceSelector"].get("matchLabels", {})
+    ]
+    assert len(bindings) == 3  # the assignment policy's and the GPU pod policies' two
+    for binding in bindings:
+        labels = binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"]
+        assert labels == {"team": "2024", "tier": "gold"}, binding["metadata"]["name"]
+
+
 # ---- the device plugin's DaemonSet ------------------------------------------------------------
 
 

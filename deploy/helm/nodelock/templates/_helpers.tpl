@@ -21,6 +21,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: nodelock
 {{- end -}}
 
+{{/*
+A label selector given in values: include "nodelock.labelSelector" .Values.x.selector. Its
+matchLabels values are rendered as strings: a value that reads as a number (--set
+...matchLabels.team=2024, or team: 2024 in a values file) would otherwise render as a number,
+which the API server refuses for a label.
+*/}}
+{{- define "nodelock.labelSelector" -}}
+{{- $selector := deepCopy . -}}
+{{- with $selector.matchLabels }}
+{{- $labels := dict }}
+{{- range $key, $value := . }}
+{{- $_ := set $labels $key (toString $value) }}
+{{- end }}
+{{- $_ := set $selector "matchLabels" $labels }}
+{{- end }}
+{{- toYaml $selector }}
+{{- end -}}
+
 {{/* Selector labels of one component: include "nodelock.selector" (list . "extender") */}}
 {{- define "nodelock.selector" -}}
 {{- $ctx := index . 0 -}}
