@@ -23,18 +23,12 @@ app.kubernetes.io/part-of: nodelock
 
 {{/*
 A label selector given in values: include "nodelock.labelSelector" .Values.x.selector. Its
-matchLabels values are rendered as strings: a value that reads as a number (--set
-...matchLabels.team=2024, or team: 2024 in a values file) would otherwise render as a number,
-which the API server refuses for a label.
+matchLabels values are rendered as strings, as "nodelock.nodeSelector" renders a node selector's.
 */}}
 {{- define "nodelock.labelSelector" -}}
 {{- $selector := deepCopy . -}}
 {{- with $selector.matchLabels }}
-{{- $labels := dict }}
-{{- range $key, $value := . }}
-{{- $_ := set $labels $key (toString $value) }}
-{{- end }}
-{{- $_ := set $selector "matchLabels" $labels }}
+{{- $_ := set $selector "matchLabels" (include "nodelock.nodeSelector" . | fromYaml) }}
 {{- end }}
 {{- toYaml $selector }}
 {{- end -}}
