@@ -165,7 +165,7 @@ def start_extender(
             *(extra_args or []),
         ]
         cluster.start_component(name, argv)
-        _wait_ok(cluster, name, f"http://127.0.0.1:{metrics_port}/readyz", timeout_s)
+        wait_ok(cluster, name, f"http://127.0.0.1:{metrics_port}/readyz", timeout_s)
         urls.append(f"http://127.0.0.1:{port}")
         metrics_urls.append(f"http://127.0.0.1:{metrics_port}")
         ports.append(port)
@@ -176,7 +176,7 @@ def start_extender(
         argv += [f"--backend=127.0.0.1:{p}" for p in ports]
         cluster.start_component("extender-lb", argv)
         url = f"http://127.0.0.1:{lb_port}"
-        _wait_ok(cluster, "extender-lb", f"{url}/readyz", timeout_s)
+        wait_ok(cluster, "extender-lb", f"{url}/readyz", timeout_s)
     config = scheduler_config(
         url, kubeconfig=str(cluster.kubeconfig), http_timeout_s=http_timeout_s
     )
@@ -312,7 +312,9 @@ def _get_json(url: str, ctx: ssl.SSLContext) -> dict[str, Any] | None:
         return None
 
 
-def _wait_ok(cluster: Cluster, name: str, url: str, timeout_s: float) -> None:
+def wait_ok(cluster: Cluster, name: str, url: str, timeout_s: float) -> None:
+    """Wait until ``url`` answers 200 (a component's ``/readyz``); raise ``DevclusterError`` with
+    the log tail of component ``name`` if it exits first, or when ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         proc = cluster.state.procs().get(name)
