@@ -10,8 +10,13 @@ Phases, each a burst created at once and waited to Running:
 2. ``peers``: the same parts with the peers' semantics: a bind fails at once on a held lock
    (``--bind-wait-budget=0``) and prioritize is lock-blind (``--no-lock-aware``), so
    kube-scheduler's backoff (1 s doubling to 10 s) paces the retries;
-3. ``default-binder``: kube-scheduler alone binding as many pods that ask for no GPU — no
-   extender, no lock, no device plugin in the path: the limit the handoff can approach.
+3. ``stock-gpu``: kube-scheduler alone binding the same GPU pods, each node's nodelock plugin
+   swapped for a stock one (``devcluster.stockplugin``: kubelet picks the devices, nothing
+   coordinates): what the GPU pods cost with no coordination at all, so ``vs stock`` is what the
+   handoff itself costs (the device side is in both);
+4. ``default-binder``: kube-scheduler alone binding as many pods that ask for no GPU — no
+   extender, no lock, no device plugin in the path: the limit the handoff can approach, and the
+   base of every ``vs base`` ratio.
 
 ``--mix 1`` bursts ``--pods`` single-GPU pods; ``--mix 8,4,2,1`` fills the cluster with equal GPU
 shares of 8-, 4-, 2- and 1-GPU pods (``--pods`` is then ignored).
@@ -29,9 +34,9 @@ for later, such as Events and controllers, counts there only).
 Prints a table, writes ``bench/results/handoff[-SCENARIO].json``.
 
 ``--rounds N`` runs the phases N times in turn on the same cluster and adds each phase's median
-over the rounds; the ratio to the default binder is taken within each round, then the median
-of those.  On a small shared machine one run's ratio moves with whatever else the machine does;
-the median of interleaved rounds moves less.
+over the rounds; the ratios (to the default binder, to the stock GPU phase) are taken within
+each round, then the median of those.  On a small shared machine one run's ratio moves with
+whatever else the machine does; the median of interleaved rounds moves less.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from devcluster.binaries import ensure_simkubelet
 from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.gpunodes import node_names, up_gpu_cluster
 from devcluster.namespaces import create_namespace
+from devcluster.stockplugin import use_nodelock_plugins, use_stock_plugins
 from kube.client import JSON, KubeClient, namespace_path, pod_path
 from kube.errors import NotFound
 from nodelock.measure import (
@@ -80,6 +86,7 @@ PHASE_ARGS = {
     "nodelock": ["--lock-aware"],
     "peers": ["--bind-wait-budget=0", "--no-lock-aware"],
 }
+PHASES = (*PHASE_ARGS, "stock-gpu", "default-binder")  # the order they run in
 
 
 def pod(name: str, gpus: int) -> JSON:
@@ -257,37 +264,46 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
     }
 
 
-def vs_default_binder(rows: Sequence[Mapping[str, Any]]) -> list[float | None]:
-    """Each row's pods/s as a share of the default binder's in the same round (None: that
-    round ran no default binder); rows without a ``round`` are round 1."""
-    base = {r.get("round", 1): r["pods_per_s"] for r in rows if r["phase"] == "default-binder"}
+def vs_phase(rows: Sequence[Mapping[str, Any]], base_phase: str) -> list[float | None]:
+    """Each row's pods/s as a share of ``base_phase``'s in the same round (None: that round ran
+    no such phase); rows without a ``round`` are round 1."""
+    base = {r.get("round", 1): r["pods_per_s"] for r in rows if r["phase"] == base_phase}
     return [
         r["pods_per_s"] / base[r.get("round", 1)] if r.get("round", 1) in base else None
         for r in rows
     ]
 
 
+def vs_default_binder(rows: Sequence[Mapping[str, Any]]) -> list[float | None]:
+    """``vs_phase`` against the default binder: the issue's ratio."""
+    return vs_phase(rows, "default-binder")
+
+
 def medians(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Per phase, in first-seen order: the median over its rounds of pods/s, creation->Running
-    p99, binds refused, and the ratio to the default binder (``vs_default_binder``; left out
-    when no round has one), with that ratio's lowest and highest."""
+    p99, binds refused, and the ratios to the default binder (``vs_default_binder``) and to the
+    stock GPU phase (``vs_stock_gpu``), each with its lowest and highest; a ratio is left out
+    when no round has its base."""
     out: dict[str, dict[str, float]] = {}
-    ratios = vs_default_binder(rows)
+    ratios = {
+        "vs_default_binder": vs_default_binder(rows),
+        "vs_stock_gpu": vs_phase(rows, "stock-gpu"),
+    }
     for phase in dict.fromkeys(r["phase"] for r in rows):
-        mine = [(r, q) for r, q in zip(rows, ratios, strict=True) if r["phase"] == phase]
+        mine = [r for r in rows if r["phase"] == phase]
         summary = {
             "rounds": float(len(mine)),
-            "pods_per_s": statistics.median(r["pods_per_s"] for r, _ in mine),
-            "to_running_p99_s": statistics.median(r["to_running_p99_s"] for r, _ in mine),
-            "contended_binds": statistics.median(r["contended_binds"] for r, _ in mine),
+            "pods_per_s": statistics.median(r["pods_per_s"] for r in mine),
+            "to_running_p99_s": statistics.median(r["to_running_p99_s"] for r in mine),
+            "contended_binds": statistics.median(r["contended_binds"] for r in mine),
         }
-        known = [q for _, q in mine if q is not None]
-        if known:
-            summary.update(
-                vs_default_binder=statistics.median(known),
-                vs_default_binder_min=min(known),
-                vs_default_binder_max=max(known),
-            )
+        for key, shares in ratios.items():
+            known = [q for r, q in zip(rows, shares, strict=True) if r["phase"] == phase]
+            known_q = [q for q in known if q is not None]
+            if known_q:
+                summary[key] = statistics.median(known_q)
+                summary[f"{key}_min"] = min(known_q)
+                summary[f"{key}_max"] = max(known_q)
         out[phase] = summary
     return out
 
@@ -295,7 +311,7 @@ def medians(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
 def table(rows: list[dict[str, Any]]) -> str:
     rounds = len({r.get("round", 1) for r in rows})
     head = (
-        f"{'phase':<24}{'pods/s':>8}{'vs base':>9}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'phase':<24}{'pods/s':>8}{'vs base':>9}{'vs stock':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'contended':>11}{'hold p50':>10}{'hold p99':>10}{'writes':>8}{'LISTs':>7}{'req':>7}"
     )
     lines = [head, "-" * len(head)]
@@ -303,19 +319,26 @@ def table(rows: list[dict[str, Any]]) -> str:
     def label(r: dict[str, Any]) -> str:
         return r["phase"] if rounds == 1 else f"{r['phase']} #{r.get('round', 1)}"
 
-    for r, share in zip(rows, vs_default_binder(rows), strict=True):
+    def share(q: float | None) -> str:
+        return "-" if q is None else f"{q:.2f}"
 
-        def ms(v: float) -> str:
-            return "-" if math.isnan(v) else f"{v * 1000:.0f}"
+    def ms(v: float) -> str:
+        return "-" if math.isnan(v) else f"{v * 1000:.0f}"
 
-        ratio = "-" if share is None else f"{share:.2f}"
+    for r, base, stock in zip(
+        rows, vs_default_binder(rows), vs_phase(rows, "stock-gpu"), strict=True
+    ):
         lines.append(
-            f"{label(r):<24}{r['pods_per_s']:>8.1f}{ratio:>9}"
+            f"{label(r):<24}{r['pods_per_s']:>8.1f}{share(base):>9}{share(stock):>10}"
             f"{ms(r['to_running_p50_s']):>9}{ms(r['to_running_p99_s']):>9}"
             f"{r['contended_binds']:>11.0f}{ms(r['handoff_p50_s']):>10}{ms(r['handoff_p99_s']):>10}"
             f"{r['handoff_writes_per_pod']:>8.2f}{r['lists_per_pod']:>7.2f}"
             f"{r['all_requests_per_pod']:>7.1f}"
         )
+    lines.append(
+        "vs base = pods/s against the default binder's (pods without GPUs); vs stock = against "
+        "the same GPU pods with a stock device plugin and no coordination"
+    )
     lines.append(
         "writes = the handoff's own writes per pod (Lease POST/PUT + pods/binding); "
         "LISTs and req = every client's, per pod"
@@ -357,13 +380,12 @@ def table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"  {name:<22}{what:<6}total {total:.0f}: {cells}")
     if rounds > 1:
         lines.append("")
-        lines.append(f"medians over {rounds} rounds (vs base: each round against its own)")
+        lines.append(f"medians over {rounds} rounds (ratios: each round against its own)")
         for phase, m in medians(rows).items():
-            against = (
-                f"  vs base {m['vs_default_binder']:.2f} "
-                f"({m['vs_default_binder_min']:.2f}-{m['vs_default_binder_max']:.2f})"
-                if "vs_default_binder" in m
-                else ""
+            against = "".join(
+                f"  {what} {m[key]:.2f} ({m[key + '_min']:.2f}-{m[key + '_max']:.2f})"
+                for key, what in (("vs_default_binder", "vs base"), ("vs_stock_gpu", "vs stock"))
+                if key in m
             )
             lines.append(
                 f"  {phase:<22}{m['pods_per_s']:.1f} pods/s{against}  "
@@ -437,8 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--phases",
-        default="nodelock,peers,default-binder",
-        help="comma list of nodelock, peers, default-binder (default: all three)",
+        default=",".join(PHASES),
+        help=f"comma list of {', '.join(PHASES)} (default: all four)",
     )
     parser.add_argument(
         "--rounds",
@@ -452,8 +474,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 1")
     mix = [int(x) for x in args.mix.split(",")]
     sizes = burst_sizes(mix, nodes=args.nodes, gpus=args.gpus, pods=args.pods)
-    phases = sorted(args.phases.split(","), key=lambda p: p == "default-binder")  # it goes last
-    unknown = set(phases) - {*PHASE_ARGS, "default-binder"}
+    # the extender's phases first, then those of kube-scheduler alone (as PHASES orders them)
+    asked = set(args.phases.split(","))
+    phases = sorted(asked, key=lambda p: PHASES.index(p) if p in PHASES else 0)
+    unknown = set(phases) - set(PHASES)
     if unknown:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     ensure_simkubelet()
@@ -470,10 +494,19 @@ def main(argv: list[str] | None = None) -> int:
         extender_on = True
         for round_ in range(1, args.rounds + 1):  # each round runs every phase, in turn
             for phase in phases:
-                if phase == "default-binder":
-                    cluster.restart_scheduler({})  # no extender: the default binder
-                    extender_on = False
-                    row = asyncio.run(burst(cluster, phase, [0] * len(sizes)))
+                if phase in ("stock-gpu", "default-binder"):
+                    if extender_on:
+                        cluster.restart_scheduler({})  # no extender: the default binder
+                        extender_on = False
+                    if phase == "default-binder":
+                        row = asyncio.run(burst(cluster, phase, [0] * len(sizes)))
+                    else:
+                        nodes = node_names(args.nodes)
+                        use_stock_plugins(cluster, nodes, gpus=args.gpus)
+                        try:
+                            row = asyncio.run(burst(cluster, phase, sizes))
+                        finally:
+                            use_nodelock_plugins(cluster, nodes)
                 else:
                     if not extender_on:
                         cluster.restart_scheduler(with_extender)

@@ -1,4 +1,4 @@
-"""The handoff benchmark's rounds (each ratio against its own round's default binder, medians) and
+"""The handoff benchmark's rounds (each ratio against its own round's base phase, medians) and
 its CPU columns."""
 
 import math
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench.handoff import cpu_ms_per_pod, medians, table, vs_default_binder
+from bench.handoff import cpu_ms_per_pod, medians, table, vs_default_binder, vs_phase
 
 
 def row(phase: str, pods_per_s: float, round_: int | None, *, p99: float = 1.0) -> dict[str, Any]:
@@ -101,3 +101,24 @@ def test_the_table_shows_the_bursts_cpu_and_the_cpu_to_a_second_after() -> None:
     burst = next(i for i, line in enumerate(lines) if "burst total 23:" in line)
     assert lines[burst].strip().startswith("nodelock")
     assert "+1 s  total 29: kube-apiserver 20  deviceplugin 9" in lines[burst + 1]
+
+
+def test_the_stock_gpu_ratio_is_against_the_stock_phase_of_each_round() -> None:
+    rows = [
+        row("nodelock", 40.0, 1),
+        row("stock-gpu", 80.0, 1),
+        row("default-binder", 160.0, 1),
+        row("nodelock", 30.0, 2),
+        row("stock-gpu", 50.0, 2),
+        row("default-binder", 100.0, 2),
+    ]
+    assert vs_phase(rows, "stock-gpu") == [0.5, 1.0, 2.0, 0.6, 1.0, 2.0]
+    got = medians(rows)["nodelock"]
+    assert got["vs_stock_gpu"] == pytest.approx(0.55)
+    assert (got["vs_stock_gpu_min"], got["vs_stock_gpu_max"]) == (0.5, 0.6)
+    assert got["vs_default_binder"] == pytest.approx(0.275)
+    assert "vs_stock_gpu" not in medians([row("nodelock", 40.0, 1)])["nodelock"]
+    text = table(rows)
+    assert "35.0 pods/s  vs base 0.28 (0.25-0.30)  vs stock 0.55 (0.50-0.60)" in text
+    first = next(line for line in text.splitlines() if line.startswith("nodelock #1"))
+    assert first.split()[3:5] == ["0.25", "0.50"]  # vs base, then vs stock
