@@ -119,7 +119,6 @@ def test_nvml_without_the_library_is_a_clear_user_facing_error() -> None:
     assert info.value.user_facing
 
 
-
 def test_nvml_numa_from_sysfs(tmp_path: Path) -> None:
     dev = tmp_path / "0000:17:00.0"
     dev.mkdir()

@@ -234,9 +234,7 @@ def test_a_lock_holder_bound_elsewhere_keeps_nothing_on_this_node() -> None:
 
 
 def test_pending_demand_follows_binds_terminal_pods_deletes_and_relists() -> None:
-    cache = cache_with(
-        pod_obj("a", gpus=1), pod_obj("b", gpus=4), pod_obj("c", gpus=2, node="n1")
-    )
+    cache = cache_with(pod_obj("a", gpus=1), pod_obj("b", gpus=4), pod_obj("c", gpus=2, node="n1"))
     assert cache.pending_demand() == (5, 4)  # c is bound: not pending
     cache.apply_pod("MODIFIED", pod_obj("b", gpus=4, node="n2"))  # bound
     assert cache.pending_demand() == (1, 1)
