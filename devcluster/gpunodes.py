@@ -25,12 +25,12 @@ from devcluster.admission import install_gpu_pod_policies
 from devcluster.binaries import ensure_simkubelet
 from devcluster.cluster import APISERVER_REQUEST_TIMEOUT_S, Cluster
 from devcluster.errors import DevclusterError
-from devcluster.pki import ADMIN
+from devcluster.pki import ADMIN, SCHEDULER
 from deviceplugin.simulated import DEFAULT_MEMORY_MIB, layout_numa_nodes
 from handoff.topology import NumaPolicy
 from handoff.wire import DEFAULT_RESOURCE, Keys
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
-from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, scheduler_config
+from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, ExtenderTLS, scheduler_config
 
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
@@ -135,6 +135,7 @@ def start_extender(
     extra_args: list[str] | None = None,
     bind_wait_budget_s: float = DEFAULT_WAIT_BUDGET_S,
     http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S,
+    tls: bool = False,
     timeout_s: float = 60.0,
 ) -> str:
     """Start extender replica(s) (behind a round-robin proxy when more than one), wire them into
@@ -142,7 +143,23 @@ def start_extender(
     and probe port is recorded in the settings (``extender.metrics``, one URL per replica).
     The bind wait budget and
     kube-scheduler's ``httpTimeout`` are set together: the extender is told the timeout the
-    scheduler is configured with, and refuses to start if the budget cannot fit in it."""
+    scheduler is configured with, and refuses to start if the budget cannot fit in it.
+
+    With ``tls`` the extender serves HTTPS and requires kube-scheduler's client certificate, as
+    the shipped configuration does (one replica: the proxy speaks plain HTTP)."""
+    tls_args: list[str] = []
+    scheduler_tls: ExtenderTLS | None = None
+    if tls:
+        if replicas > 1:
+            raise DevclusterError("an HTTPS extender runs as one replica here (the proxy is HTTP)")
+        cert, key = extender_serving_cert(cluster)
+        tls_args = [f"--tls-cert={cert}", f"--tls-key={key}", f"--client-ca={cluster.pki.ca_cert}"]
+        scheduler_tls = ExtenderTLS(
+            ca_file=str(cluster.pki.ca_cert),
+            cert_file=str(cluster.pki.client_cert(SCHEDULER)),
+            key_file=str(cluster.pki.client_key(SCHEDULER)),
+        )
+    scheme = "https" if tls else "http"
     urls = []
     metrics_urls = []
     ports = []
@@ -162,11 +179,12 @@ def start_extender(
             f"--bind-wait-budget={bind_wait_budget_s:g}",
             f"--scheduler-http-timeout={http_timeout_s:g}",
             f"--apiserver-request-timeout={APISERVER_REQUEST_TIMEOUT_S}",
+            *tls_args,
             *(extra_args or []),
         ]
         cluster.start_component(name, argv)
         wait_ok(cluster, name, f"http://127.0.0.1:{metrics_port}/readyz", timeout_s)
-        urls.append(f"http://127.0.0.1:{port}")
+        urls.append(f"{scheme}://127.0.0.1:{port}")
         metrics_urls.append(f"http://127.0.0.1:{metrics_port}")
         ports.append(port)
     url = urls[0]
@@ -178,13 +196,26 @@ def start_extender(
         url = f"http://127.0.0.1:{lb_port}"
         wait_ok(cluster, "extender-lb", f"{url}/readyz", timeout_s)
     config = scheduler_config(
-        url, kubeconfig=str(cluster.kubeconfig), http_timeout_s=http_timeout_s
+        url, kubeconfig=str(cluster.kubeconfig), tls=scheduler_tls, http_timeout_s=http_timeout_s
     )
     cluster.restart_scheduler({"extenders": config["extenders"]})
     data = cluster.state.load()
     data["settings"]["extender"] = {"url": url, "replicas": urls, "metrics": metrics_urls}
     cluster.state.save(data)
     return url
+
+
+def extender_serving_cert(cluster: Cluster) -> tuple[Path, Path]:
+    """The extender's HTTPS certificate and key (for 127.0.0.1, signed by the cluster's CA),
+    issued once per cluster."""
+    where = cluster.state_dir / "extender-tls"
+    cert, key = where / "tls.crt", where / "tls.key"
+    if not (cert.exists() and key.exists()):
+        where.mkdir(parents=True, exist_ok=True)
+        cluster.pki.issue(
+            cert, key, common_name="nodelock-extender", ips=["127.0.0.1"], server=True
+        )
+    return cert, key
 
 
 def start_node(cluster: Cluster, spec: NodeSpec, *, plugin_args: list[str] | None = None) -> None:
@@ -348,9 +379,11 @@ def up_gpu_cluster(
     shared_nodes: int | None = None,
     gpu_memory_mib: int | None = None,
     mig: tuple[tuple[int, str], ...] = (),
+    extender_tls: bool = False,
 ) -> list[NodeSpec]:
     """Install the GPU pod admission policies (as the chart does on a real cluster), start the
-    extender and ``nodes`` simulated GPU nodes, and wait until all report GPUs.
+    extender (``extender_tls``: over HTTPS, ``start_extender``) and ``nodes`` simulated GPU
+    nodes, and wait until all report GPUs.
 
     ``gpu_topology`` names a simulated GPU layout for every node; ``topology_policy`` is the
     simulated kubelets' topology manager policy (published as a node label for the extender).
@@ -379,6 +412,7 @@ def up_gpu_cluster(
         policy=policy,
         lock_aware=lock_aware,
         extra_args=extender_args,
+        tls=extender_tls,
     )
     for spec in specs:
         start_node(cluster, spec, plugin_args=plugin_args)
