@@ -19,7 +19,9 @@ Phases, each a burst created at once and waited to Running:
    base of every ``vs base`` ratio.
 
 ``--mix 1`` bursts ``--pods`` single-GPU pods; ``--mix 8,4,2,1`` fills the cluster with equal GPU
-shares of 8-, 4-, 2- and 1-GPU pods (``--pods`` is then ignored).
+shares of 8-, 4-, 2- and 1-GPU pods (``--pods`` is then ignored).  ``--extender-tls`` serves the
+extender over HTTPS with a client certificate, as shipped (the devcluster's default is plain
+HTTP).
 
 Per phase: pods/s (first create to last Running), creation->Running p50/p99, binds refused for a
 held lock (the extender's ``contended`` binds), API requests per pod by verb and resource from
@@ -458,6 +460,12 @@ def main(argv: list[str] | None = None) -> int:
         help="kube-scheduler's podMaxBackoffSeconds (its default: 10) for the extender phases",
     )
     parser.add_argument(
+        "--extender-tls",
+        action="store_true",
+        help="serve the extender over HTTPS with kube-scheduler's client certificate, as the "
+        "shipped configuration does (default: plain HTTP)",
+    )
+    parser.add_argument(
         "--phases",
         default=",".join(PHASES),
         help=f"comma list of {', '.join(PHASES)} (default: all four)",
@@ -485,7 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     # its own cluster, stopped and its state folder removed however the run ends (kept with
     # $NODELOCK_KEEP_STATE, to read the components' logs)
     with throwaway_cluster("nlb-") as cluster:
-        up_gpu_cluster(cluster, nodes=args.nodes, gpus_per_node=args.gpus)
+        up_gpu_cluster(
+            cluster, nodes=args.nodes, gpus_per_node=args.gpus, extender_tls=args.extender_tls
+        )
         config = yaml.safe_load(cluster.scheduler_config.read_text())
         with_extender: dict[str, Any] = {"extenders": config["extenders"]}
         if args.pod_max_backoff is not None:
@@ -524,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpus_per_node": args.gpus,
         "mix": mix,
         "pod_max_backoff_s": args.pod_max_backoff,
+        "extender_tls": args.extender_tls,
         "pods": len(sizes),
         "rounds": args.rounds,
         "rows": rows,
@@ -536,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.pod_max_backoff is not None:
         name = name.replace(".json", f"-backoff{args.pod_max_backoff}.json")
+    if args.extender_tls:
+        name = name.replace(".json", "-tls.json")
     (RESULTS / name).write_text(json.dumps(out, indent=1))
     print(f"\nwrote {RESULTS / name}")
     return 0
