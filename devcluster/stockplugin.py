@@ -36,7 +36,7 @@ from devcluster.gpunodes import node_dir, wait_ok
 from deviceplugin.answer import DeviceMode, container_answer
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.metrics import PluginMetrics
-from deviceplugin.servicer import container_response, device_message
+from deviceplugin.servicer import container_response, device_message, options
 from deviceplugin.simulated import SimSpec, inventory
 from handoff.wire import DEFAULT_RESOURCE, GPU, DeviceID
 from proto import deviceplugin_v1beta1_pb2 as pb
@@ -67,9 +67,7 @@ class StockServicer(pb_grpc.DevicePluginServicer):
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
     ) -> pb.DevicePluginOptions:
-        return pb.DevicePluginOptions(
-            pre_start_required=False, get_preferred_allocation_available=True
-        )
+        return options()  # nodelock's own: GetPreferredAllocation yes, PreStartContainer no
 
     async def ListAndWatch(
         self,
