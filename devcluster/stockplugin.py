@@ -6,7 +6,7 @@ benchmark's ``stock-gpu`` phase swaps it in on every node to measure what a burs
 costs under kube-scheduler's own binder with no coordination at all: the device side (kubelet's
 device manager, the plugin's gRPC calls, the checkpoint, the harness's allocation record) without
 the lock. nodelock's handoff is added to exactly that. It is a measuring tool: under it the
-scheduler and the node never agree on a device choice, which is the problem nodelock solves.
+node cannot learn which devices the scheduler meant for a pod, the problem nodelock solves.
 
     python -m devcluster.stockplugin --node-name N --plugin-dir DIR --gpus 8 --ready-file F
 
