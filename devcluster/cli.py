@@ -87,6 +87,12 @@ def register(sub: Any) -> None:
         help="extender replicas behind one address (default 1)",
     )
     u.add_argument(
+        "--extender-tls",
+        action="store_true",
+        help="serve the extender over HTTPS and require kube-scheduler's client certificate, "
+        "as the shipped configuration does (one replica; default: plain HTTP)",
+    )
+    u.add_argument(
         "--policy",
         choices=["binpack", "spread"],
         default="binpack",
@@ -179,6 +185,8 @@ def _up(args: argparse.Namespace) -> int:
         shared = 0  # nothing to share
     if args.gpu_memory_mib is not None and args.gpu_memory_mib < 1:
         raise DevclusterError("--gpu-memory-mib must be positive")
+    if args.extender_tls and args.extender_replicas > 1:
+        raise DevclusterError("--extender-tls serves one extender replica (--extender-replicas 1)")
     try:
         mig = parse_mig_flags(args.mig)
         sim_inventory(
@@ -233,6 +241,7 @@ def _up(args: argparse.Namespace) -> int:
                 shared_nodes=shared,
                 gpu_memory_mib=args.gpu_memory_mib,
                 mig=mig,
+                extender_tls=args.extender_tls,
             )
         except BaseException:
             cluster.down()

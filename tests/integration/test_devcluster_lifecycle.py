@@ -121,6 +121,21 @@ def test_up_with_gpu_nodes_waits_until_every_node_reports_its_gpus(tmp_path: Pat
     assert deep.returncode == 2
     assert "choose a shorter --state-dir" in deep.stderr
     assert "Traceback" not in deep.stderr
+    proxied = run(
+        "devcluster",
+        "up",
+        "--state-dir",
+        str(tmp_path / "tls"),
+        "--no-build",
+        "--nodes",
+        "1",
+        "--extender-tls",
+        "--extender-replicas",
+        "2",
+    )
+    assert proxied.returncode == 2
+    assert "--extender-tls serves one extender replica" in proxied.stderr
+    assert "Traceback" not in proxied.stderr
 
     state = Path(tempfile.mkdtemp(prefix="nlt-", dir="/tmp"))  # unix socket paths are short
     up = run(
@@ -133,6 +148,7 @@ def test_up_with_gpu_nodes_waits_until_every_node_reports_its_gpus(tmp_path: Pat
         "2",
         "--gpus-per-node",
         "2",
+        "--extender-tls",
     )
     try:
         assert up.returncode == 0, up.stderr
@@ -161,6 +177,8 @@ def test_up_with_gpu_nodes_waits_until_every_node_reports_its_gpus(tmp_path: Pat
         for n in nodes:
             assert n["status"]["allocatable"]["nvidia.com/gpu"] == "2"
             assert len(json.loads(n["metadata"]["annotations"]["nodelock.io/gpus"])) == 2
+        # --extender-tls: kube-scheduler calls the extender over HTTPS, as shipped
+        assert settings["settings"]["extender"]["url"].startswith("https://127.0.0.1:")
         pids = [c["pid"] for c in settings["components"].values()]
         assert {"extender", "kubelet-gpu-node-01", "deviceplugin-gpu-node-02"} <= set(
             settings["components"]
