@@ -300,12 +300,15 @@ def medians(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
             "contended_binds": statistics.median(r["contended_binds"] for r in mine),
         }
         for key, shares in ratios.items():
-            known = [q for r, q in zip(rows, shares, strict=True) if r["phase"] == phase]
-            known_q = [q for q in known if q is not None]
-            if known_q:
-                summary[key] = statistics.median(known_q)
-                summary[f"{key}_min"] = min(known_q)
-                summary[f"{key}_max"] = max(known_q)
+            known = [
+                q
+                for r, q in zip(rows, shares, strict=True)
+                if r["phase"] == phase and q is not None
+            ]
+            if known:
+                summary[key] = statistics.median(known)
+                summary[f"{key}_min"] = min(known)
+                summary[f"{key}_max"] = max(known)
         out[phase] = summary
     return out
 
@@ -484,10 +487,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = burst_sizes(mix, nodes=args.nodes, gpus=args.gpus, pods=args.pods)
     # the extender's phases first, then those of kube-scheduler alone (as PHASES orders them)
     asked = set(args.phases.split(","))
-    phases = sorted(asked, key=lambda p: PHASES.index(p) if p in PHASES else 0)
-    unknown = set(phases) - set(PHASES)
+    unknown = asked - set(PHASES)
     if unknown:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
+    phases = sorted(asked, key=PHASES.index)
     ensure_simkubelet()
     rows = []
     # its own cluster, stopped and its state folder removed however the run ends (kept with

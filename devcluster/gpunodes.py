@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -343,9 +344,11 @@ def _get_json(url: str, ctx: ssl.SSLContext) -> dict[str, Any] | None:
         return None
 
 
-def wait_ok(cluster: Cluster, name: str, url: str, timeout_s: float) -> None:
-    """Wait until ``url`` answers 200 (a component's ``/readyz``); raise ``DevclusterError`` with
-    the log tail of component ``name`` if it exits first, or when ``timeout_s`` passes."""
+def wait_ready(
+    cluster: Cluster, name: str, ready: Callable[[], bool], what: str, timeout_s: float
+) -> None:
+    """Wait until ``ready()``; raise ``DevclusterError`` with the log tail of component ``name``
+    if it exits first, or naming ``what`` it was not when ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         proc = cluster.state.procs().get(name)
@@ -353,14 +356,23 @@ def wait_ok(cluster: Cluster, name: str, url: str, timeout_s: float) -> None:
             raise DevclusterError(
                 f"{name} exited while starting; the end of {proc.log}:\n" + processes.log_tail(proc)
             )
+        if ready():
+            return
+        time.sleep(0.1)
+    raise DevclusterError(f"{name} was not {what} within {timeout_s:.0f}s")
+
+
+def wait_ok(cluster: Cluster, name: str, url: str, timeout_s: float) -> None:
+    """``wait_ready`` until ``url`` answers 200 (a component's ``/readyz``)."""
+
+    def answers() -> bool:
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
+                return bool(resp.status == 200)
         except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise DevclusterError(f"{name} was not ready at {url} within {timeout_s:.0f}s")
+            return False
+
+    wait_ready(cluster, name, answers, f"ready at {url}", timeout_s)
 
 
 def up_gpu_cluster(

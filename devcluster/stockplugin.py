@@ -29,10 +29,8 @@ from pathlib import Path
 import grpc
 from prometheus_client import CollectorRegistry
 
-from devcluster import processes
 from devcluster.cluster import Cluster
-from devcluster.errors import DevclusterError
-from devcluster.gpunodes import node_dir, wait_ok
+from devcluster.gpunodes import node_dir, wait_ok, wait_ready
 from deviceplugin.answer import DeviceMode, container_answer
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.metrics import PluginMetrics
@@ -166,14 +164,14 @@ def use_stock_plugins(
 ) -> None:
     """Stop each node's nodelock device plugin (kept on record for ``use_nodelock_plugins``) and
     serve the stock plugin in its place; returns once kubelet registered every stock plugin."""
-    waiting: dict[str, Path] = {}
+    ready: dict[str, Path] = {}
     for node in nodes:
         cluster.stop_component(f"deviceplugin-{node}", forget=False)
         here = node_dir(cluster.state_dir, node)
-        ready = here / READY_FILE
-        ready.unlink(missing_ok=True)
+        name, ready_file = f"stockplugin-{node}", here / READY_FILE
+        ready_file.unlink(missing_ok=True)
         cluster.start_component(
-            f"stockplugin-{node}",
+            name,
             [
                 sys.executable,
                 "-m",
@@ -181,28 +179,14 @@ def use_stock_plugins(
                 f"--node-name={node}",
                 f"--plugin-dir={here / 'device-plugins'}",
                 f"--gpus={gpus}",
-                f"--ready-file={ready}",
+                f"--ready-file={ready_file}",
             ],
         )
-        waiting[f"stockplugin-{node}"] = ready
+        ready[name] = ready_file
     deadline = time.monotonic() + timeout_s
-    while waiting:
-        for name, ready in list(waiting.items()):
-            if ready.exists():
-                del waiting[name]
-                continue
-            proc = cluster.state.procs()[name]
-            if not processes.alive(proc):
-                raise DevclusterError(
-                    f"{name} exited while starting; the end of {proc.log}:\n"
-                    + processes.log_tail(proc)
-                )
-        if waiting and time.monotonic() > deadline:
-            raise DevclusterError(
-                f"stock plugins not registered with kubelet within {timeout_s:.0f}s: "
-                f"{sorted(waiting)}"
-            )
-        time.sleep(0.1)
+    for name, ready_file in ready.items():  # they start side by side; one deadline for all
+        left = max(deadline - time.monotonic(), 0.1)
+        wait_ready(cluster, name, ready_file.exists, "registered with kubelet", left)
 
 
 def use_nodelock_plugins(
