@@ -281,6 +281,29 @@ def vs_default_binder(rows: Sequence[Mapping[str, Any]]) -> list[float | None]:
     return vs_phase(rows, "default-binder")
 
 
+NODELOCK_PARTS = ("extender", "deviceplugin")  # the product's own processes in a burst
+
+
+def cores_busy(row: Mapping[str, Any]) -> float | None:
+    """Cores the whole machine kept busy during the burst: its CPU per pod times pods/s (None
+    without the CPU reading)."""
+    burst = row.get("cpu_ms_per_pod_burst") or {}
+    if not burst:
+        return None
+    return float(sum(burst.values()) * row["pods_per_s"] / 1000)
+
+
+def ceiling(
+    row: Mapping[str, Any], cores: int, *, without: Sequence[str] = NODELOCK_PARTS
+) -> float | None:
+    """The most pods/s ``cores`` allow at the burst's CPU per pod less ``without``'s: the rate
+    the burst could reach if those processes cost nothing, when it is CPU-bound (``cores_busy``
+    near ``cores``).  None without the CPU reading, or when the rest used nothing."""
+    burst = row.get("cpu_ms_per_pod_burst") or {}
+    rest = sum(v for k, v in burst.items() if k not in without)
+    return cores * 1000 / rest if rest > 0 else None
+
+
 def medians(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Per phase, in first-seen order: the median over its rounds of pods/s, creation->Running
     p99, binds refused, and the ratios to the default binder (``vs_default_binder``) and to the
@@ -313,7 +336,10 @@ def medians(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def table(rows: list[dict[str, Any]], *, cores: int | None = None) -> str:
+    """The report: one line per phase and round, then the hold stages, the extender's times,
+    CPU per pod, the ceiling, and (several rounds) the medians; ``cores``: the machine's."""
+    cores = cores or os.cpu_count() or 1
     rounds = len({r.get("round", 1) for r in rows})
     head = (
         f"{'phase':<24}{'pods/s':>8}{'vs base':>9}{'vs stock':>10}{'p50 ms':>9}{'p99 ms':>9}"
@@ -374,7 +400,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines.append(
         "CPU per pod, ms, by component: during the burst (first create to last Running), and to "
         "a second after it (work left behind: Events, controllers); the machine has "
-        f"{os.cpu_count()} cores"
+        f"{cores} cores"
     )
     for r in rows:
         for key, what in (("cpu_ms_per_pod_burst", "burst"), ("cpu_ms_per_pod", "+1 s")):
@@ -383,6 +409,26 @@ def table(rows: list[dict[str, Any]]) -> str:
             cells = "  ".join(f"{k} {v:.0f}" for k, v in cpu if v >= 0.5)
             name = label(r) if what == "burst" else ""
             lines.append(f"  {name:<22}{what:<6}total {total:.0f}: {cells}")
+    capped = [
+        (r, base, cores_busy(r), ceiling(r, cores))
+        for r, base in zip(rows, vs_default_binder(rows), strict=True)
+        if r["phase"] in PHASE_ARGS
+    ]
+    if any(busy is not None and most is not None for _, _, busy, most in capped):
+        lines.append("")
+        lines.append(
+            f"ceiling: the most pods/s {cores} cores allow at the burst's CPU per pod less "
+            f"{' and '.join(NODELOCK_PARTS)}'s (as if they cost nothing; holds while the burst "
+            "keeps every core busy)"
+        )
+        for r, base, busy, most in capped:
+            if busy is None or most is None:
+                continue
+            of_base = "" if base is None else f" ({most / r['pods_per_s'] * base:.2f} x base)"
+            lines.append(
+                f"  {label(r):<22}cores busy {busy:.2f} of {cores}; "
+                f"at most {most:.1f} pods/s{of_base}"
+            )
     if rounds > 1:
         lines.append("")
         lines.append(f"medians over {rounds} rounds (ratios: each round against its own)")

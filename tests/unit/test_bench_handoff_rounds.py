@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from bench.handoff import cpu_ms_per_pod, medians, table, vs_default_binder, vs_phase
+from bench.handoff import (
+    ceiling,
+    cores_busy,
+    cpu_ms_per_pod,
+    medians,
+    table,
+    vs_default_binder,
+    vs_phase,
+)
 
 
 def row(phase: str, pods_per_s: float, round_: int | None, *, p99: float = 1.0) -> dict[str, Any]:
@@ -122,3 +130,28 @@ def test_the_stock_gpu_ratio_is_against_the_stock_phase_of_each_round() -> None:
     assert "35.0 pods/s  vs base 0.28 (0.25-0.30)  vs stock 0.55 (0.50-0.60)" in text
     first = next(line for line in text.splitlines() if line.startswith("nodelock #1"))
     assert first.split()[3:5] == ["0.25", "0.50"]  # vs base, then vs stock
+
+
+def test_the_ceiling_is_the_rate_the_cores_allow_without_the_products_processes() -> None:
+    nodelock = row("nodelock", 40.0, 1)
+    nodelock["cpu_ms_per_pod_burst"] = {
+        "kube-apiserver": 20.0,
+        "extender": 6.0,
+        "deviceplugin": 8.0,
+        "etcd": 5.0,
+    }
+    assert cores_busy(nodelock) == pytest.approx(39.0 * 40.0 / 1000)  # 1.56 cores
+    assert ceiling(nodelock, 2) == pytest.approx(2000 / 25)  # 25 ms/pod left: 80 pods/s
+    assert ceiling(nodelock, 2, without=()) == pytest.approx(2000 / 39)
+    assert ceiling(row("nodelock", 40.0, 1), 2) is None  # no CPU reading
+    assert cores_busy(row("nodelock", 40.0, 1)) is None
+    text = table([nodelock, row("default-binder", 160.0, 1)], cores=2)
+    line = next(x for x in text.splitlines() if "cores busy" in x)
+    # 80 pods/s against the default binder's 160: half of it, the most this machine allows
+    assert (
+        " ".join(line.split()) == "nodelock cores busy 1.56 of 2; at most 80.0 pods/s (0.50 x base)"
+    )
+    # the kube-scheduler-alone phases have no ceiling line
+    stock = row("stock-gpu", 80.0, 1)
+    stock["cpu_ms_per_pod_burst"] = {"kube-apiserver": 20.0}
+    assert "cores busy" not in table([stock, row("default-binder", 160.0, 1)], cores=2)
