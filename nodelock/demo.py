@@ -16,7 +16,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -433,6 +433,28 @@ def _describe(w: Workload) -> str:
     return f"{w.name} {w.replicas}x{w.gpus} GPU{slice_}"
 
 
+def slowest(tl: Timeline, keys: Iterable[str], n: int = 3) -> list[str]:
+    """The ``n`` pods of ``keys`` slowest from creation to running, slowest first, each with how
+    long it waited to be bound and how long it took from bound to running (the handoff and
+    kubelet); pods not seen both created and running are left out."""
+    seen = [
+        (tl.running[k] - tl.first_seen[k], k)
+        for k in keys
+        if k in tl.first_seen and k in tl.running
+    ]
+    out = []
+    for total, key in sorted(seen, reverse=True)[:n]:
+        bound = tl.bound.get(key)
+        split = ""
+        if bound is not None:
+            split = (
+                f" (bound after {(bound - tl.first_seen[key]) * 1000:.0f} ms, "
+                f"running {(tl.running[key] - bound) * 1000:.0f} ms later)"
+            )
+        out.append(f"{key} {total * 1000:.0f} ms{split}")
+    return out
+
+
 def report(
     tl: Timeline, workloads: Sequence[Workload], extra: Mapping[str, Any]
 ) -> tuple[str, list[tuple[str, str]]]:
@@ -462,6 +484,7 @@ def report(
         ("workload", ", ".join(_describe(w) for w in workloads)),
         ("GPU pods admitted", f"{len(placed)}/{len(pods)}, the last {last:.1f} s after the start"),
         ("creation -> running", f"p50 {_ms(to_running, 0.5)}, p99 {_ms(to_running, 0.99)}"),
+        ("slowest to running", "; ".join(slowest(tl, placed)) or "-"),
         ("lock holds", f"{len(holds)} handoffs, p50 {_ms(holds, 0.5)}, p99 {_ms(holds, 0.99)}"),
         (
             "lock waits",
