@@ -435,6 +435,29 @@ def test_namespace_selector_label_values_render_as_strings(helm: Path) -> None:
         assert labels == {"team": "2024", "tier": "gold"}, binding["metadata"]["name"]
 
 
+def test_label_values_that_came_back_as_json_numbers_render_as_integers(helm: Path) -> None:
+    """``helm upgrade --reuse-values`` reads the release's values back from JSON, where every
+    number is a float: a label value given as ``73584679`` must render as that, not as
+    ``7.3584679e+07`` (which the API server refuses).  ``--set-json`` takes the same path."""
+    objs = objects(
+        helm,
+        "--set-json",
+        'admission.podNamespaceSelector.matchLabels={"team": 73584679, "tier": 2.5}',
+        "--set-json",
+        'devicePlugin.nodeSelector={"rack": 12}',
+        "--set-json",
+        'extraEnv=[{"name": "BATCH", "value": 1000000}, {"name": "RATIO", "value": 0.25}]',
+    )
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", "nodelock-assignment")
+    labels = binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"]
+    assert labels == {"team": "73584679", "tier": "2.5"}
+    ds = find(objs, "DaemonSet", "nodelock-device-plugin")
+    selector = ds["spec"]["template"]["spec"]["nodeSelector"]
+    assert selector == {"nodelock.io/enabled": "true", "rack": "12"}  # merged with the default
+    env = {e["name"]: e.get("value") for e in container(ds, "device-plugin")["env"]}
+    assert (env["BATCH"], env["RATIO"]) == ("1000000", "0.25")
+
+
 # ---- the device plugin's DaemonSet ------------------------------------------------------------
 
 

@@ -103,7 +103,7 @@ a string (`--set extraEnv[0].value=1` gives a number, which a container's env re
 {{- $env := list -}}
 {{- range concat ($ctx.Values.extraEnv | default list) ((index $ctx.Values (index . 1)).extraEnv | default list) -}}
 {{- $var := deepCopy . -}}
-{{- if hasKey $var "value" }}{{ $_ := set $var "value" (toString $var.value) }}{{ end -}}
+{{- if hasKey $var "value" }}{{ $_ := set $var "value" (include "nodelock.string" $var.value) }}{{ end -}}
 {{- $env = append $env $var -}}
 {{- end -}}
 {{- with $env }}{{ toYaml . }}{{ end -}}
@@ -173,11 +173,24 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "nodelock.devicePlugin
   {{- end }}
 {{- end -}}
 
+{{/*
+A value as a string, for a label or an env var. A whole number that came back as a float
+(`helm upgrade --reuse-values` reads the values from JSON, as `--set-json` does) renders as the
+integer it was: 73584679, not 7.3584679e+07, which no label accepts.
+*/}}
+{{- define "nodelock.string" -}}
+{{- if and (kindIs "float64" .) (eq (floor .) .) -}}
+{{- printf "%.0f" . -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
+{{- end -}}
+
 {{/* A node selector with every value a string (`--set sel.key=true` would give a boolean). */}}
 {{- define "nodelock.nodeSelector" -}}
 {{- $out := dict -}}
 {{- range $k, $v := . -}}
-{{- $_ := set $out $k (toString $v) -}}
+{{- $_ := set $out $k (include "nodelock.string" $v) -}}
 {{- end -}}
 {{- toYaml $out -}}
 {{- end -}}
