@@ -36,6 +36,8 @@ system-deps:
 	    apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
+# Every Go binary the tests and the demo run (control plane, simulated-node harness, helm), built
+# from the Go modules it fetches; a complete cache builds nothing.
 binaries: setup
 	$(BIN)/nodelock devcluster build
 
@@ -48,10 +50,12 @@ unit: setup
 	$(BIN)/pytest -m unit
 
 # The Go harness (the simulated kubelet in devcluster/gomod) keeps Go's habits: gofmt, go vet, and
-# its own tests.  Offline (the module cache only) and with the flags the binaries are built with,
-# so the build cache they left is reused.
-GO_ENV := GOFLAGS=-mod=readonly GOPROXY=off
-go-check:
+# its own tests, with the flags the binaries are built with, so the build cache they left is
+# reused.  It depends on `binaries`, the step that fetches the Go modules: on a new machine (empty
+# module cache) `go vet` can only type-check the harness once that step has run, in any order
+# make picks, also with -j (tests/unit/test_makefile.py keeps it so).
+GO_ENV := GOFLAGS=-mod=readonly
+go-check: binaries
 	@out=$$(cd devcluster/gomod && gofmt -l .); \
 	  if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi; \
 	  echo "gofmt -l devcluster/gomod: clean"
@@ -61,7 +65,7 @@ go-check:
 test: lint go-check binaries system-deps bytecode
 	$(BIN)/pytest
 
-demo: setup bytecode
+demo: setup binaries bytecode
 	$(BIN)/nodelock demo
 
 bench: setup binaries bytecode

@@ -7,10 +7,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devcluster.binaries import KUBERNETES_VERSION, ensure_control_plane
+from devcluster.binaries import KUBERNETES_VERSION, ensure_control_plane, ensure_simkubelet
 from devcluster.cluster import Cluster, default_state_dir
 from devcluster.errors import DevclusterError
 from devcluster.gpunodes import up_gpu_cluster
+from devcluster.helm import ensure_helm
 from devcluster.shape import (
     SHAPE_FORMAT,
     Shape,
@@ -54,7 +55,9 @@ def register(sub: Any) -> None:
         )
 
     b = dsub.add_parser(
-        "build", help=f"build (or verify) the Kubernetes {KUBERNETES_VERSION} binaries"
+        "build",
+        help=f"build (or verify) every binary devcluster runs: the Kubernetes "
+        f"{KUBERNETES_VERSION} control plane, the simulated-node harness and helm",
     )
     common(b)
     b.set_defaults(func=_build)
@@ -163,8 +166,11 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 
 def _build(args: argparse.Namespace) -> int:
+    """Build (or verify) every Go binary, so later steps (``go vet``, tests) find the modules."""
     binaries = ensure_control_plane(cache=args.cache_dir)
     print(f"Kubernetes {KUBERNETES_VERSION} binaries are in {binaries.directory}")
+    print(f"the simulated-node harness is {ensure_simkubelet(cache=args.cache_dir)}")
+    print(f"helm is {ensure_helm(cache=args.cache_dir)}")
     return 0
 
 
