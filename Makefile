@@ -84,6 +84,7 @@ generated-files:
 	$(BIN)/python -m proto.generate
 	$(BIN)/python -m dashboards.build
 	$(BIN)/python -m devcluster.helm manifests
+	$(BIN)/python -m nodelock.reference
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
