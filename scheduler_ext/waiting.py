@@ -41,6 +41,7 @@ DEFAULT_HOLD_S = 0.2  # the hold estimate before any hold was seen
 STEERING_SHARE = 1 / 8  # of the wait budget: a wait prioritize accepts to keep the policy
 HOLD_SMOOTHING = 0.2  # weight of the newest hold in the moving average
 MAX_HOLD_SAMPLE_S = 30.0  # a longer hold (a stuck holder) is capped in the estimate
+MAX_FOREIGN_SHARE = 0.8  # of handoffs seen going to other replicas' binds, in the estimate
 
 
 class GiveUp(StrEnum):
@@ -70,28 +71,49 @@ class WaitPicture:
     holder_age_s: float  # since this process first saw that holder
     hold_s: float  # the recent hold estimate
     token: int = 0  # the lock's fencing token as last seen
+    foreign_share: float = 0.0  # of recent handoffs, the share other replicas' binds took
 
 
 def expected_wait_s(picture: WaitPicture) -> float:
     """Seconds until this waiter's turn: the current holder's expected remaining hold plus one
-    recent hold per waiter ahead.  A holder within the recent hold time is expected to finish
-    by then; one past it is overdue (a slow or stuck admission) and is expected to take as long
-    again as it already has."""
+    recent hold per handoff expected before this waiter's.  A holder within the recent hold time
+    is expected to finish by then; one past it is overdue (a slow or stuck admission) and is
+    expected to take as long again as it already has.  The handoffs before this waiter's are the
+    waiters ahead of it here and, in between, the other replicas' binds (``foreign_share``)."""
     return wait_behind(
         held=bool(picture.holder),
         holder_age_s=picture.holder_age_s,
         position=picture.position,
         hold_s=picture.hold_s,
+        foreign_share=picture.foreign_share,
     )
 
 
-def wait_behind(*, held: bool, holder_age_s: float, position: int, hold_s: float) -> float:
+def handoffs_before(position: int, foreign_share: float) -> float:
+    """Handoffs expected before the turn of a waiter with ``position`` waiters ahead of it, when
+    a share ``foreign_share`` of handoffs goes to other replicas' binds: this replica's
+    ``position + 1`` turns take ``(position + 1) / (1 - share)`` handoffs in all, the waiter's
+    own last.  ``position`` itself when no other replica takes the lock."""
+    share = min(max(foreign_share, 0.0), MAX_FOREIGN_SHARE)
+    if share == 0.0:
+        return float(position)
+    return (position + 1) / (1 - share) - 1
+
+
+def wait_behind(
+    *,
+    held: bool,
+    holder_age_s: float,
+    position: int,
+    hold_s: float,
+    foreign_share: float = 0.0,
+) -> float:
     """``expected_wait_s`` from its parts (no picture to build: prioritize asks it for every
     held lock)."""
     remaining = 0.0
     if held:
         remaining = hold_s - holder_age_s if holder_age_s < hold_s else holder_age_s
-    return remaining + position * hold_s
+    return remaining + handoffs_before(position, foreign_share) * hold_s
 
 
 def give_up_reason(picture: WaitPicture, left_s: float) -> GiveUp | None:
@@ -115,9 +137,16 @@ def explain(reason: GiveUp, node: NodeName, picture: WaitPicture, budget_s: floa
         held = "free, another bind's turn"
     queue = f"{picture.depth} bind(s) queued, {picture.position} ahead of this one"
     if reason is GiveUp.FAIL_FAST:
+        others = ""
+        if picture.foreign_share > 0:
+            others = (
+                f", {min(picture.foreign_share, MAX_FOREIGN_SHARE) * 100:.0f}% of handoffs "
+                "going to other replicas' binds"
+            )
         why = (
             f"cannot be served within the {budget_s:.1f}s wait budget (expected "
-            f"{expected_wait_s(picture):.1f}s at {picture.hold_s * 1000:.0f}ms per handoff)"
+            f"{expected_wait_s(picture):.1f}s at {picture.hold_s * 1000:.0f}ms per handoff"
+            f"{others})"
         )
     elif reason is GiveUp.BUDGET:
         why = f"waited the whole {budget_s:.1f}s budget"
@@ -171,7 +200,8 @@ class Turn:
 
     def lost(self, view: NodeLockView | None) -> None:
         """The acquire found the lock held after all (a race, or a refused takeover): wait for
-        the Lease to change before trying again."""
+        the Lease to change before trying again — unless ``view`` shows the lock free, which is
+        tried again at once (``ready``)."""
         self._refused_version = view.record.resource_version if view is not None else None
 
     async def ready(self, view_of: Callable[[], NodeLockView | None]) -> None:
@@ -197,11 +227,16 @@ class Turn:
     def _may_try(self, view: NodeLockView | None) -> bool:
         if view is None:
             return True
-        if view.record.resource_version == self._refused_version:
-            return False  # nothing changed since the last refusal
         holder = view.record.holder
+        if holder is None:
+            # free: try, even at the version of the last refusal.  An acquire that lost the
+            # write race twice may end on a read that shows the lock free; no change of the
+            # Lease need ever follow, and waiting for one would sit out the whole budget.
+            return True
+        if view.record.resource_version == self._refused_version:
+            return False  # held, and nothing changed since the last refusal
         # a lock held by this very pod is the caller's to judge (an earlier bind of it)
-        return holder is None or holder.uid == self._waiter.uid or view.expired
+        return holder.uid == self._waiter.uid or view.expired
 
     def _refuse(self, reason: GiveUp, view: NodeLockView | None) -> None:
         picture = self._queues.picture(self.node, self._waiter, view)
@@ -230,6 +265,7 @@ class BindQueues:
         self._queues: dict[NodeName, collections.deque[_Waiter]] = {}
         self.hold = HoldEstimate()
         self._held_since: dict[NodeName, tuple[int, float]] = {}
+        self._foreign: dict[NodeName, float] = {}
 
     # -- the queue ----------------------------------------------------------------------------
 
@@ -305,6 +341,7 @@ class BindQueues:
             holder_age_s=view.held_for_s if view is not None and holder is not None else 0.0,
             hold_s=self.hold.value_s,
             token=view.record.token if view is not None else 0,
+            foreign_share=self.foreign_share(node),
         )
 
     async def sleep(self, waiter: _Waiter) -> None:
@@ -333,10 +370,29 @@ class BindQueues:
         if holder is not None and view is not None:
             if since is None or since[0] != view.record.token:
                 self._held_since[node] = (view.record.token, now - view.held_for_s)
+                self._learn_demand(node, holder.uid)
         elif since is not None:
             del self._held_since[node]
             self.hold.add(now - since[1])
         self.notify(node)
+
+    def _learn_demand(self, node: NodeName, uid: str) -> None:
+        """A new holder took ``node``'s lock.  While binds of this replica queue for it, a holder
+        that is none of them is another replica's bind (or a pod bound without this extender):
+        the share of such handoffs is what the Lease watch shows of the other replicas' queues,
+        which this replica cannot see.  With no bind queued here nothing is learned: a lock
+        that other replicas take while this one does not want it says nothing about a wait."""
+        queue = self._queues.get(node)
+        if not queue:
+            return
+        sample = 0.0 if any(w.uid == uid for w in queue) else 1.0
+        share = self._foreign.get(node, 0.0)
+        self._foreign[node] = share + HOLD_SMOOTHING * (sample - share)
+
+    def foreign_share(self, node: NodeName) -> float:
+        """The share of recent handoffs of ``node``'s lock, seen while binds of this replica
+        queued for it, that went to other replicas' binds (0: none seen)."""
+        return min(self._foreign.get(node, 0.0), MAX_FOREIGN_SHARE)
 
     def steering_tolerance_s(self) -> float:
         """How much longer than the soonest node a bind may expect to wait on a node before
@@ -390,4 +446,5 @@ class BindQueues:
             holder_age_s=age_s if holder is not None else 0.0,
             position=ahead,
             hold_s=hold_s,
+            foreign_share=self._foreign.get(node, 0.0) if ahead or holder is not None else 0.0,
         )
