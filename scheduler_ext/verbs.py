@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from itertools import compress
 from typing import Generic, TypeVar, cast
 
+from handoff.sharing import WHOLE
 from handoff.wire import LEASE_ASSIGNMENT, Keys, MalformedAnnotation, parse_assignment
 from lockd.model import Holder, NodeLockView, NodeName
 from scheduler_ext.choose import (
@@ -30,6 +31,7 @@ from scheduler_ext.choose import (
     steer_by_wait,
 )
 from scheduler_ext.need import PodNeed
+from scheduler_ext.sharing import sharing_node
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +117,9 @@ def with_lock_holder(
     deleted, terminal or bound — bound, its own annotations count them where it is).
 
     The holder's pod annotation may not have reached the cache yet; the Lease's copy of its
-    assignment covers that gap.
+    assignment covers that gap.  On a sharing node each of the holder's GPUs counts as held
+    whole (the copy names GPUs, not the size of the holder's slice), also a GPU that already
+    holds other pods' slices.
     """
     holder = view.record.holder if view is not None else None
     return with_holder(gpus, holder, pod_uid=pod_uid, keys=keys, finished=finished)
@@ -144,6 +148,12 @@ def with_holder(
     except MalformedAnnotation as exc:
         log.warning("node %s: lock holder %s: %s", gpus.node, holder.key, exc)
         return gpus
+    if sharing_node(gpus.devices):
+        # A GPU here may hold several pods' slices, so "already taken" says nothing about the
+        # holder's own claim, and the Lease's copy names GPUs, not claim sizes: each of the
+        # holder's GPUs counts as held whole until its pod is seen bound (its spec then counts).
+        extra = tuple((d, WHOLE) for d in sorted(devices))
+        return replace(gpus, taken=gpus.taken | devices, held=(*gpus.held, *extra))
     if devices <= gpus.taken:
         return gpus
     return replace(gpus, taken=gpus.taken | devices)
