@@ -5,15 +5,35 @@ has no devices for; the plugin's progress must survive its own restart the same 
 repeat or skip a container.  A release that could not be written (API server down) is kept here
 too, so a restart retries it instead of leaking the lock.
 
-Guarantees: ``save`` replaces the file atomically (temporary file, fsync, rename, fsync of the
-directory), so a crash leaves either the old or the new checkpoint, never a torn one.  ``load``
-refuses a file it cannot read rather than guessing (``CheckpointError``, user-facing).
+Guarantees: ``save`` writes a temporary file, fsyncs it, renames it over the checkpoint and, when
+``durable``, fsyncs the directory.  The file's data is on the disk before the rename, so neither a
+process crash nor a power loss leaves a torn or empty checkpoint: the old one or the new one.
+Without ``durable`` the rename itself may be lost in a power loss (the previous checkpoint
+returns), which callers use only where resuming from the previous one is safe.
+
+``load`` of a *damaged* file (empty, not JSON, fields of the wrong shape) does not refuse to
+start: it logs an error naming the file, sets the file aside (``<name>.damaged``, nothing is
+deleted) and starts from the safe state, the state of a first start: no progress, no pending
+release, no served pod.  Why that gives no GPU twice: a pod's devices come from the Lease's
+assignment, which the extender proved against every bound pod, never from this file; a lost
+pending release leaves the lock held, which expires and is taken over only once its holder has
+left the handoff (docs/design.md, "Expiry and takeover"); a lost served-pod list only makes the
+plugin wait for kubelet's own records.  A handoff under way at the damage is decided as if none
+of its containers had been served: kubelet asks again only for containers it has no devices
+for, and picks among devices it has not given; the plugin serves kubelet's pick when it lies in
+the pod's assigned devices and otherwise refuses the container (the pod is recreated by its
+controller) under ``--mismatch-policy=refuse``, the default.  Under ``--mismatch-policy=assignment``
+it would serve the next container's expected devices, which may be an earlier container's of
+the same pod: the error log says a checkpoint was set aside, so that pod can be checked.  A file
+of another version or of another node is not damage but a setting to fix: ``load`` refuses it
+(``CheckpointError``, user-facing).
 Not guaranteed: safety when two processes use one file (one plugin per node and state dir).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, replace
@@ -24,7 +44,10 @@ from deviceplugin.decide import HandoffProgress
 from handoff.wire import ContainerName, DeviceID, valid_device_id
 from lockd.model import FencingToken, Holder, HolderKey, NodeName, Outcome
 
+log = logging.getLogger(__name__)
+
 VERSION = 1
+DAMAGED_SUFFIX = ".damaged"
 SERVED_PODS_KEPT = 64  # UIDs of the pods served most recently (their statuses may still lag)
 
 
@@ -32,6 +55,10 @@ class CheckpointError(Exception):
     """The checkpoint file exists but cannot be used."""
 
     user_facing = True
+
+
+class ForeignCheckpoint(ValueError):
+    """A well-formed checkpoint of another format version or of another node."""
 
 
 @dataclass(frozen=True)
@@ -104,10 +131,16 @@ def to_json(cp: Checkpoint) -> dict[str, Any]:
 
 def from_json(raw: Any, node: NodeName) -> Checkpoint:
     """Parse a checkpoint; raises ``ValueError`` (with what is wrong) for anything unexpected."""
-    if not isinstance(raw, dict) or raw.get("version") != VERSION:
+    if not isinstance(raw, dict):
+        raise ValueError(f"not a version {VERSION} device plugin checkpoint")
+    if raw.get("version") != VERSION:
+        if isinstance(raw.get("version"), int) and raw.get("node") == node:
+            raise ForeignCheckpoint(f"checkpoint version {raw['version']}, not {VERSION}")
         raise ValueError(f"not a version {VERSION} device plugin checkpoint")
     if raw.get("node") != node:
-        raise ValueError(f"it belongs to node {raw.get('node')!r}, not {node!r}")
+        if isinstance(raw.get("node"), str):
+            raise ForeignCheckpoint(f"it belongs to node {raw.get('node')!r}, not {node!r}")
+        raise ValueError("it names no node")
     progress = None
     p = raw.get("progress")
     if p is not None:
@@ -162,26 +195,53 @@ def _int(value: Any) -> int:
 
 
 def load(path: Path, node: NodeName) -> Checkpoint:
-    """Read the checkpoint at ``path``; an empty one when the file does not exist."""
+    """Read the checkpoint at ``path``; an empty one when the file does not exist, and the safe
+    state (also empty) when it is damaged, the file then set aside (module docstring)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return Checkpoint(node)
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
+        if isinstance(exc, UnicodeDecodeError):
+            return _damaged(path, node, f"not UTF-8 text ({exc})")
         raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
     try:
         return from_json(json.loads(text), node)
-    except (ValueError, KeyError, TypeError) as exc:
+    except ForeignCheckpoint as exc:
         raise CheckpointError(
-            f"checkpoint {path} is unusable ({exc}); it records which containers of the pod in "
-            "handoff were served — move it aside only when no GPU pod is being admitted here"
+            f"checkpoint {path} is not this plugin's ({exc}); it records which containers of "
+            "the pod in handoff were served — move it aside only when no GPU pod is being "
+            "admitted here"
         ) from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        return _damaged(path, node, "empty" if not text.strip() else str(exc))
+
+
+def _damaged(path: Path, node: NodeName, why: str) -> Checkpoint:
+    """Set the damaged checkpoint aside and return the safe state (the module docstring)."""
+    aside = path.with_name(path.name + DAMAGED_SUFFIX)
+    try:
+        os.replace(path, aside)
+        kept = f"kept as {aside}"
+    except OSError as exc:
+        kept = f"could not be set aside ({exc}); it is overwritten by the next save"
+    log.error(
+        "device plugin checkpoint %s is damaged (%s); %s. Starting from the safe state: no "
+        "handoff progress, no pending lock release, no served pod. A pod whose handoff was "
+        "under way is refused if kubelet asks for a container it cannot match, and a lock whose "
+        "release was pending expires and is taken over once its holder left the handoff",
+        path,
+        why,
+        kept,
+    )
+    return Checkpoint(node)
 
 
 def save(path: Path, cp: Checkpoint, *, durable: bool = True) -> None:
-    """Replace the checkpoint at ``path`` atomically, and durably (fsync of the file and its
-    directory) unless ``durable`` is False: then a crash may leave the previous checkpoint,
-    which must be safe to resume from."""
+    """Replace the checkpoint at ``path`` atomically: write a temporary file, fsync it, rename it
+    over ``path``, then fsync the directory unless ``durable`` is False (then a power loss may
+    undo the rename and leave the previous checkpoint, which must be safe to resume from — never
+    an empty or torn file: the data is on the disk before the rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.dumps(to_json(cp), indent=1, sort_keys=True).encode("utf-8")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -189,8 +249,7 @@ def save(path: Path, cp: Checkpoint, *, durable: bool = True) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            if durable:
-                os.fsync(f.fileno())
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

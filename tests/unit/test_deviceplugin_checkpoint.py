@@ -1,8 +1,10 @@
-"""The checkpoint: progress survives a restart, writes are atomic, bad files are refused."""
+"""The checkpoint: progress survives a restart, writes are atomic and synced before the rename,
+a damaged file is set aside for the safe state, another version's or node's file is refused."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -105,35 +107,90 @@ def test_save_replaces_atomically_and_leaves_no_temporary_files(tmp_path: Path) 
     assert loaded.progress.token == 3
 
 
+DAMAGED = [
+    "",  # a rename of data that never reached the disk, after a power loss
+    "{",
+    "[]",
+    json.dumps({"version": 1, "node": "n1", "progress": {"holder": "a/b"}}),
+    json.dumps(
+        {
+            "version": 1,
+            "node": "n1",
+            "progress": {"holder": "a/b", "uid": "u", "token": -1, "served": []},
+        }
+    ),
+    json.dumps(
+        {
+            "version": 1,
+            "node": "n1",
+            "pending": [{"holder": "a/b", "uid": "u", "token": 1, "outcome": "nope"}],
+        }
+    ),
+]
+
+
+@pytest.mark.parametrize("content", DAMAGED)
+def test_a_damaged_checkpoint_starts_from_the_safe_state_and_is_kept_aside(
+    tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "cp.json"
+    path.write_text(content)
+    with caplog.at_level(logging.ERROR):
+        loaded = checkpoint.load(path, NODE)
+    assert loaded == Checkpoint(NODE)  # no progress, no pending release, no served pod
+    kept = tmp_path / "cp.json.damaged"
+    assert kept.read_text() == content  # nothing lost: the damaged file is set aside
+    assert not path.exists()
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "cp.json" in record.getMessage()
+    assert "cp.json.damaged" in record.getMessage()
+
+
 @pytest.mark.parametrize(
     "content",
     [
-        "{",
-        "[]",
         json.dumps({"version": 99, "node": "n1"}),
         json.dumps({"version": 1, "node": "n2"}),
-        json.dumps({"version": 1, "node": "n1", "progress": {"holder": "a/b"}}),
-        json.dumps(
-            {
-                "version": 1,
-                "node": "n1",
-                "progress": {"holder": "a/b", "uid": "u", "token": -1, "served": []},
-            }
-        ),
-        json.dumps(
-            {
-                "version": 1,
-                "node": "n1",
-                "pending": [{"holder": "a/b", "uid": "u", "token": 1, "outcome": "nope"}],
-            }
-        ),
     ],
 )
-def test_unusable_checkpoint_is_refused_with_its_path(tmp_path: Path, content: str) -> None:
+def test_a_checkpoint_of_another_version_or_node_is_refused_with_its_path(
+    tmp_path: Path, content: str
+) -> None:
+    """Not damage but a configuration to fix (a downgrade, a renamed node): refused as before."""
     path = tmp_path / "cp.json"
     path.write_text(content)
     with pytest.raises(CheckpointError, match=r"cp\.json"):
         checkpoint.load(path, NODE)
+    assert path.read_text() == content
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_every_save_syncs_the_file_before_it_renames_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
+    """Write, fsync, rename (then fsync the directory when ``durable``): a rename of data not yet
+    on the disk can leave an empty file after a power loss.  The system calls run for real; the
+    test only records their order."""
+    path = tmp_path / "cp.json"
+    checkpoint.save(path, Checkpoint(NODE))
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        calls.append("fsync dir" if Path(target) == tmp_path else "fsync file")
+        real_fsync(fd)
+
+    def replace(src: str, dst: str | Path) -> None:
+        calls.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    checkpoint.save(path, Checkpoint(NODE, served_pods=("u",)), durable=durable)
+    expected = ["fsync file", "rename", "fsync dir"] if durable else ["fsync file", "rename"]
+    assert calls == expected
+    assert checkpoint.load(path, NODE).served_pods == ("u",)
 
 
 def test_checkpoint_files_are_per_node(tmp_path: Path) -> None:
