@@ -249,3 +249,64 @@ async def eventually(
         if loop.time() > deadline:
             raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
         await asyncio.sleep(0.2)
+
+
+# ---- which APIs each Kubernetes version serves ------------------------------------------------
+
+# (apiVersion, kind) -> the first Kubernetes 1.x minor whose kube-apiserver serves it by default.
+# Sources: the kind's Go type in k8s.io/api (staging/src/k8s.io/api in kubernetes) at the
+# release's v0.<minor>.0 tag, and kube-apiserver's default resource configuration
+# (pkg/controlplane/instance.go, DefaultAPIResourceConfigSource: stable versions on, beta and
+# alpha versions of admissionregistration off by default, kubernetes v1.37.2).
+SERVED_FROM: dict[tuple[str, str], int] = {
+    # core/v1 (api/core/v1/types.go): served since 1.0
+    **{("v1", k): 0 for k in ("Namespace", "ServiceAccount", "Secret", "ConfigMap", "Service")},
+    # apps/v1 (api/apps/v1/types.go): GA in 1.9
+    ("apps/v1", "Deployment"): 9,
+    ("apps/v1", "DaemonSet"): 9,
+    # rbac/v1 (api/rbac/v1/types.go): GA in 1.8
+    **{
+        ("rbac.authorization.k8s.io/v1", k): 8
+        for k in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    },
+    # policy/v1 (api/policy/v1/types.go): GA in 1.21
+    ("policy/v1", "PodDisruptionBudget"): 21,
+    # admissionregistration/v1 ValidatingAdmissionPolicy[Binding]: in api/admissionregistration/
+    # v1/types.go from k8s.io/api v0.30.0, absent at v0.29.0 (only v1alpha1, v1beta1): GA in 1.30
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): 30,
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): 30,
+    # admissionregistration/v1 MutatingAdmissionPolicy[Binding]: in api/admissionregistration/v1/
+    # types.go from k8s.io/api v0.36.0, absent at v0.35.0 (v1beta1 from v0.34.0, v1alpha1 from
+    # v0.32.0, both off by default); the MutatingAdmissionPolicy feature gate is GA and on from
+    # 1.36 (k8s.io/apiserver pkg/features/kube_features.go, v0.37.2)
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): 36,
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"): 36,
+}
+# What kube-scheduler reads from the chart's ConfigMap: KubeSchedulerConfiguration v1 is in
+# k8s.io/kube-scheduler config/v1 from v0.25.0 (v0.24.0 has only v1beta2 and v1beta3).
+SCHEDULER_CONFIG_FROM: dict[str, int] = {"kubescheduler.config.k8s.io/v1": 25}
+# Kinds of custom resources: served wherever their operator's CRDs are installed, and rendered
+# only when Helm sees them (the chart fails with a message naming the CRDs otherwise).
+CUSTOM_RESOURCES: dict[str, set[str]] = {
+    "cert-manager.io/v1": {"Certificate", "Issuer"},
+    "monitoring.coreos.com/v1": {"ServiceMonitor", "PrometheusRule"},
+}
+
+
+def unserved(objs: Iterable[JSON], minor: int) -> list[str]:
+    """The objects (and kube-scheduler configurations) that Kubernetes 1.<minor> does not serve by
+    default, as "apiVersion kind name"; a kind the table does not know is unserved too."""
+    missing = []
+    for obj in objs:
+        api, kind = obj["apiVersion"], obj["kind"]
+        name = f"{api} {kind} {obj['metadata']['name']}"
+        if kind in CUSTOM_RESOURCES.get(api, set()):
+            continue
+        if SERVED_FROM.get((api, kind), minor + 1) > minor:
+            missing.append(name)
+        if kind == "ConfigMap":
+            for text in (obj.get("data") or {}).values():
+                doc = yaml.safe_load(text) if "KubeSchedulerConfiguration" in text else None
+                if doc and SCHEDULER_CONFIG_FROM.get(doc["apiVersion"], minor + 1) > minor:
+                    missing.append(f"{name}: {doc['apiVersion']} {doc['kind']}")
+    return missing

@@ -269,3 +269,23 @@ label on the pod and on its namespace). include with (dict "resource" ... "escap
         {{ .escape | quote }} in namespaceObject.metadata.labels &&
         namespaceObject.metadata.labels[{{ .escape | quote }}] == "true"
 {{- end }}
+
+{{/*
+"true" when the MutatingAdmissionPolicy that gives GPU pods the extender's scheduler is rendered:
+asked for (admission.enabled, admission.gpuPods.enabled, admission.gpuPods.setSchedulerName), a
+scheduler other than default-scheduler to give, and a cluster that serves
+admissionregistration.k8s.io/v1 MutatingAdmissionPolicy, which is v1, GA and on by default from
+Kubernetes 1.36 (k8s.io/api v0.36.0 admissionregistration/v1/types.go; the MutatingAdmissionPolicy
+gate in k8s.io/apiserver pkg/features/kube_features.go). Both checks are needed: a live cluster's
+discovery answers .Capabilities.APIVersions, but `helm template` answers it with every API its
+client library knows, whatever --kube-version says. v1beta1 (1.34, 1.35) and v1alpha1 (1.32, 1.33)
+are off by default and not used.
+*/}}
+{{- define "nodelock.setsSchedulerName" -}}
+{{- $gp := .Values.admission.gpuPods -}}
+{{- $target := include "nodelock.gpuPodSchedulers" . | fromJsonArray | first -}}
+{{- $served := and (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy") -}}
+{{- if and .Values.admission.enabled $gp.enabled $gp.setSchedulerName (ne $target "default-scheduler") $served -}}
+true
+{{- end -}}
+{{- end -}}
