@@ -4,8 +4,11 @@
 dependency graph in ``devcluster/gomod-helm``, a module separate from the control plane's) into
 ``<cache>/helm/<version>/helm`` and returns that path.  ``render`` runs ``helm template`` on the
 chart in ``deploy/helm/nodelock``; ``python -m devcluster.helm manifests`` regenerates the plain
-manifests in ``deploy/manifests`` from it, and the devcluster's copy of the GPU pod admission
-policies (``devcluster/admission.yaml``), and copies ``dashboards/alerts.yaml`` into the chart.
+manifests in ``deploy/manifests`` from it (for the newest supported Kubernetes version,
+``MANIFEST_ARGS``), the devcluster's copy of the GPU pod admission policies
+(``devcluster/admission.yaml``) and the chart's README (every value of ``values.schema.json``,
+its description and default), and copies ``dashboards/alerts.yaml`` into the chart.  The
+supported Kubernetes versions are the chart's ``kubeVersion`` (``supported_minors``).
 
 Guarantees, the same as ``devcluster.binaries``: a second call with a complete cache builds
 nothing; the cached binary is used only when it matches the SHA-256 recorded when it was built (a
@@ -16,13 +19,16 @@ that is renamed into place whole.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devcluster.binaries import KUBERNETES_VERSION, GoModule, Progress, _ensure, _stderr, cache_root
 from devcluster.errors import DevclusterError
@@ -67,6 +73,8 @@ CHART_ALERTS = CHART_DIR / "files" / "alerts.yaml"
 CHART_DASHBOARDS = CHART_DIR / "files" / "dashboards"
 CHART_VALUES = CHART_DIR / "values.yaml"
 CHART_README = CHART_DIR / "README.md"
+CHART_SCHEMA = CHART_DIR / "values.schema.json"
+CHART_YAML = CHART_DIR / "Chart.yaml"
 
 MANIFEST_RELEASE = "nodelock"
 MANIFEST_NAMESPACE = "nodelock-system"
@@ -79,6 +87,12 @@ MANIFEST_SETTINGS: dict[str, str] = {
     "tls.source": "secret",
     "scheduler.image.tag": KUBERNETES_VERSION,
 }
+# The Kubernetes version the plain manifests are rendered for: the newest supported, so they hold
+# every object the chart renders anywhere. Only 25-admission-scheduler-name.yaml depends on it
+# (MutatingAdmissionPolicy v1, Kubernetes >= 1.36): on an older cluster it is left out
+# (docs/install.md, "Plain manifests"); every other file is the same for every supported version
+# (tests/integration/test_deploy_versions.py).
+MANIFEST_ARGS: tuple[str, ...] = ("--kube-version", KUBERNETES_VERSION)
 
 # Which manifest file each chart template goes to (apply order: the file names sort).
 MANIFEST_FILES: dict[str, str] = {
@@ -91,6 +105,7 @@ MANIFEST_FILES: dict[str, str] = {
     "admission-device-plugin.yaml": "20-admission.yaml",
     "admission-gpu-pods.yaml": "20-admission.yaml",
     "admission-locks.yaml": "20-admission.yaml",
+    "admission-scheduler-name.yaml": "25-admission-scheduler-name.yaml",
     "tls.yaml": "30-extender.yaml",
     "certmanager.yaml": "30-extender.yaml",
     "extender.yaml": "30-extender.yaml",
@@ -102,8 +117,9 @@ MANIFEST_FILES: dict[str, str] = {
 }
 _HEADER = (
     "# Generated from deploy/helm/nodelock by `python -m devcluster.helm manifests`: helm template "
-    "with the\n# chart's default values and {settings}.\n# Do not edit: change the chart and "
-    "regenerate (tests/integration/test_deploy_chart.py checks they agree).\n"
+    "with the\n# chart's default values and {settings}, for Kubernetes {kube_version}.\n"
+    "# Do not edit: change the chart and regenerate (tests/integration/test_deploy_chart.py checks "
+    "they agree).\n"
 )
 
 
@@ -150,7 +166,7 @@ def manifest_files(rendered: str) -> dict[str, str]:
                 f"the chart's template {template} has no manifest file: add it to MANIFEST_FILES"
             )
         files.setdefault(name, []).append(doc)
-    header = _HEADER.format(settings=settings)
+    header = _HEADER.format(settings=settings, kube_version=KUBERNETES_VERSION)
     return {name: header + "---\n" + "---\n".join(docs) for name, docs in sorted(files.items())}
 
 
@@ -189,32 +205,84 @@ def chart_copies() -> dict[Path, Path]:
 
 def alerts_in_step() -> bool:
     """Whether the chart's alert rules and dashboards are the observability part's files, and
-    its README is the one generated from its values."""
+    its README is the one generated from its values.schema.json."""
     for copy, source in chart_copies().items():
         if not copy.exists() or copy.read_bytes() != source.read_bytes():
             return False
     stale = [p for p in CHART_DASHBOARDS.glob("*.json") if p not in chart_copies()]
-    return not stale and CHART_README.read_text() == chart_readme(CHART_VALUES.read_text())
+    return not stale and CHART_README.read_text() == chart_readme(CHART_SCHEMA.read_text())
 
 
-# ---- the chart's README, generated from values.yaml ---------------------------------------------
+# ---- the chart's values, described by values.schema.json ---------------------------------------
+
+
+@dataclass(frozen=True)
+class ChartValue:
+    """One value of the chart as ``values.schema.json`` describes it: its dotted ``key``, its
+    ``description``, and its ``default`` (``SECTION`` for an object whose members are listed)."""
+
+    key: str
+    description: str
+    default: object
+
+
+SECTION = object()
+
+
+def chart_values(schema: Mapping[str, Any]) -> list[ChartValue]:
+    """Every value of the chart, sections first then their members, in the schema's order.
+    A property with ``properties`` of its own is a section; any other is a value."""
+    out: list[ChartValue] = []
+
+    def walk(props: Mapping[str, Any], prefix: str) -> None:
+        for name, prop in props.items():
+            key = f"{prefix}{name}"
+            members = prop.get("properties")
+            is_section = bool(members) and "default" not in prop
+            default = SECTION if is_section else prop.get("default", SECTION)
+            out.append(ChartValue(key, str(prop.get("description", "")), default))
+            if is_section:
+                walk(members, f"{key}.")
+
+    walk(schema["properties"], "")
+    return out
+
+
+def values_leaves(values: object, prefix: str = "") -> dict[str, object]:
+    """The values of a parsed ``values.yaml`` by dotted key, down to the members of the sections
+    that ``values.schema.json`` lists (a map of free keys, e.g. a node selector, is one value)."""
+    schema = json.loads(CHART_SCHEMA.read_text())
+    sections = {v.key for v in chart_values(schema) if v.default is SECTION}
+    out: dict[str, object] = {}
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict) and (path == "" or path in sections):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else key)
+        else:
+            out[path] = node
+
+    walk(values, prefix)
+    return out
+
 
 _README_HEAD = """\
 # The nodelock Helm chart
 
-<!-- Generated from values.yaml by `python -m devcluster.helm manifests`; do not edit. -->
+<!-- Generated from values.schema.json by `python -m devcluster.helm manifests`; do not edit. -->
 
 GPU scheduler extender and kubelet device plugin that agree on exactly which GPUs a pod gets,
-through per-node Lease locks with fencing tokens. The walk-through of every value that matters on
-a real cluster is `docs/install.md` in the repository; the metrics and alerts are in
-`docs/metrics.md`, the Events in `docs/events.md`.
+through per-node Lease locks with fencing tokens.
 
-```sh
-helm install nodelock deploy/helm/nodelock --namespace nodelock-system --create-namespace
-```
+**Install it by [docs/install.md](../../../docs/install.md)**: the one install path, in the order
+an operator works (requirements, preparing the nodes, install, a test pod, moving nodes over,
+upgrade, uninstall, troubleshooting). The metrics and alerts are in `docs/metrics.md`, the Events
+in `docs/events.md`.
 
-`values.schema.json` checks every value: a misspelt or unknown key fails `helm install`,
-`helm template` and `helm lint`.
+Kubernetes versions: `{kube_version}` (the chart's `kubeVersion`).
+
+`values.schema.json` describes every value below and checks them: a misspelt or unknown key
+fails `helm install`, `helm template` and `helm lint`.
 
 ## Values
 
@@ -227,47 +295,37 @@ def _readme_text(text: str) -> str:
     return text.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
 
 
-def _readme_value(value: str) -> str:
-    value = value.strip()
-    return f"`{value}`".replace("|", "\\|") if value else '`""`'
+def _readme_default(value: object) -> str:
+    if value is SECTION:
+        return ""
+    return "`" + json.dumps(value).replace("|", "\\|") + "`"
 
 
-def chart_readme(values: str) -> str:
-    """The chart's README: one row per value of ``values.yaml`` (its dotted key, its default as
-    written, and the ``# --`` comment above it, helm-docs style). Objects whose members are
-    listed get no row of their own; comments without ``--`` (section notes) are skipped."""
-    rows: list[str] = []
-    path: list[tuple[int, str]] = []  # (indent, key) of the enclosing mappings
-    doc: list[str] = []
-    in_doc = False
-    for line in values.splitlines():
-        stripped = line.strip()
-        if not stripped:
-            doc, in_doc = [], False
-            continue
-        if stripped.startswith("#"):
-            text = stripped.lstrip("#").strip()
-            if text.startswith("--"):
-                doc, in_doc = [text[2:].strip()], True
-            elif in_doc:
-                doc.append(text)
-            continue
-        match = re.match(r"^( *)([A-Za-z_][\w.-]*|\"[^\"]+\"):(.*)$", line)
-        if not match:  # a list item or a continuation
-            continue
-        indent, key, rest = len(match.group(1)), match.group(2).strip('"'), match.group(3)
-        while path and path[-1][0] >= indent:
-            path.pop()
-        dotted = ".".join([*(k for _, k in path), key])
-        if rest.strip() == "":  # a mapping whose members follow
-            path.append((indent, key))
-            if doc:
-                rows.append(f"| `{dotted}` | | {_readme_text(' '.join(doc))} |")
-        else:
-            text = _readme_text(" ".join(doc))
-            rows.append(f"| `{dotted}` | {_readme_value(rest)} | {text} |")
-        doc, in_doc = [], False
-    return _README_HEAD + "\n".join(rows) + "\n"
+def chart_kube_version() -> str:
+    """The chart's ``kubeVersion`` constraint, as written in Chart.yaml."""
+    match = re.search(r'^kubeVersion:\s*"([^"]+)"', CHART_YAML.read_text(), flags=re.MULTILINE)
+    if match is None:
+        raise DevclusterError(f"{CHART_YAML} has no quoted kubeVersion")
+    return match.group(1)
+
+
+def supported_minors() -> list[int]:
+    """The Kubernetes 1.x minors the chart supports, from its kubeVersion (">=1.A.0-0 <1.B.0-0")."""
+    constraint = chart_kube_version()
+    match = re.fullmatch(r">=1\.(\d+)\.0-0 <1\.(\d+)\.0-0", constraint)
+    if match is None:
+        raise DevclusterError(f"Chart.yaml kubeVersion {constraint!r} is not >=1.A.0-0 <1.B.0-0")
+    return list(range(int(match.group(1)), int(match.group(2))))
+
+
+def chart_readme(schema_text: str) -> str:
+    """The chart's README: one row per value of ``values.schema.json`` (its dotted key, its
+    default and its description); a section's row has no default."""
+    rows = [
+        f"| `{v.key}` | {_readme_default(v.default)} | {_readme_text(v.description)} |"
+        for v in chart_values(json.loads(schema_text))
+    ]
+    return _README_HEAD.format(kube_version=chart_kube_version()) + "\n".join(rows) + "\n"
 
 
 def write_manifests(helm: Path) -> list[Path]:
@@ -283,11 +341,11 @@ def write_manifests(helm: Path) -> list[Path]:
         if not copy.exists() or copy.read_bytes() != source.read_bytes():
             shutil.copyfile(source, copy)
             written.append(copy)
-    readme = chart_readme(CHART_VALUES.read_text())
+    readme = chart_readme(CHART_SCHEMA.read_text())
     if not CHART_README.exists() or CHART_README.read_text() != readme:
         CHART_README.write_text(readme)
         written.append(CHART_README)
-    files = manifest_files(render(helm, settings=MANIFEST_SETTINGS))
+    files = manifest_files(render(helm, settings=MANIFEST_SETTINGS, extra_args=MANIFEST_ARGS))
     MANIFESTS_DIR.mkdir(parents=True, exist_ok=True)
     for stale in MANIFESTS_DIR.glob("*.yaml"):
         if stale.name not in files:

@@ -30,6 +30,7 @@ from devcluster.helm import (
     CHART_DIR,
     DEVCLUSTER_POLICIES,
     DEVCLUSTER_SETTINGS,
+    MANIFEST_ARGS,
     MANIFEST_SETTINGS,
     MANIFESTS_DIR,
     REPO_ROOT,
@@ -83,7 +84,7 @@ def container(workload: JSON, name: str) -> JSON:
 
 
 def test_manifests_are_the_chart_rendered_with_their_settings(helm: Path) -> None:
-    expected = manifest_files(render(helm, settings=MANIFEST_SETTINGS))
+    expected = manifest_files(render(helm, settings=MANIFEST_SETTINGS, extra_args=MANIFEST_ARGS))
     on_disk = {p.name: p.read_text() for p in sorted(MANIFESTS_DIR.glob("*.yaml"))}
     assert sorted(on_disk) == sorted(expected), "run `python -m devcluster.helm manifests`"
     for name, text in expected.items():
@@ -104,14 +105,14 @@ def test_devcluster_policies_are_the_charts(helm: Path) -> None:
 
 def test_chart_alert_rules_are_the_dashboards_rules() -> None:
     assert alerts_in_step(), (
-        "dashboards/alerts.yaml, dashboards/*.json or values.yaml changed: "
+        "dashboards/alerts.yaml, dashboards/*.json or values.schema.json changed: "
         "`python -m devcluster.helm manifests`"
     )
 
 
-def test_committed_chart_readme_is_the_one_generated_from_values() -> None:
+def test_committed_chart_readme_is_the_one_generated_from_the_schema() -> None:
     readme = (CHART_DIR / "README.md").read_text()
-    assert readme == chart_readme((CHART_DIR / "values.yaml").read_text()), (
+    assert readme == chart_readme((CHART_DIR / "values.schema.json").read_text()), (
         "deploy/helm/nodelock/README.md is stale: `python -m devcluster.helm manifests`"
     )
     # every value a user sets by hand has its row
