@@ -2,7 +2,9 @@
 
 ``ensure_control_plane`` builds etcd, kube-apiserver, kube-scheduler, kube-controller-manager and
 kubectl from the wrapper module in ``devcluster/gomod`` (Kubernetes ``KUBERNETES_VERSION`` with
-its staging modules replaced by their published versions) into ``<cache>/k8s/<version>/``.
+its staging modules replaced by their published versions) into ``<cache>/k8s/<version>/``; with
+``version=`` another release from ``devcluster.versions`` (its programs and kubelet, from its own
+wrapper module, into ``<cache>/k8s/<tag>/``).
 ``ensure_simkubelet`` builds the simulated-node harness, keyed by a hash of its sources.
 
 Guarantees: a second call with a complete cache builds nothing; a cache entry is used only when
@@ -28,9 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devcluster.errors import DevclusterError
+from devcluster.versions import DEFAULT_VERSION, resolve
 
 GOMOD_DIR = Path(__file__).resolve().parent / "gomod"
-KUBERNETES_VERSION = "v1.37.2"
+KUBERNETES_VERSION = DEFAULT_VERSION
 GO_MIN = (1, 26)
 
 CONTROL_PLANE: dict[str, str] = {
@@ -39,6 +42,11 @@ CONTROL_PLANE: dict[str, str] = {
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
     "kubectl": "k8s.io/kubernetes/cmd/kubectl",
     "etcd": "go.etcd.io/etcd/server/v3",
+}
+# another release's entry: its own Kubernetes programs and kubelet (etcd is the default entry's)
+VERSIONED_CONTROL_PLANE: dict[str, str] = {
+    **{name: pkg for name, pkg in CONTROL_PLANE.items() if name != "etcd"},
+    "kubelet": "k8s.io/kubernetes/cmd/kubelet",
 }
 SIMKUBELET = ("nodelock-simkubelet", "./cmd/nodelock-simkubelet")
 
@@ -62,16 +70,22 @@ def cache_root(override: str | os.PathLike[str] | None = None) -> Path:
 
 @dataclass(frozen=True)
 class Binaries:
-    """Paths of the built programs."""
+    """Paths of the built programs (etcd may come from another release's entry)."""
 
     directory: Path
+    etcd_directory: Path | None = None
 
     def path(self, name: str) -> Path:
         return self.directory / name
 
     @property
     def etcd(self) -> Path:
-        return self.path("etcd")
+        return (self.etcd_directory or self.directory) / "etcd"
+
+    @property
+    def kubernetes_version(self) -> str:
+        """The release the entry was built for: its directory's name (``<cache>/k8s/<tag>``)."""
+        return self.directory.name
 
     @property
     def kube_apiserver(self) -> Path:
@@ -144,14 +158,7 @@ def go_toolchain() -> str:
 
 
 def _ldflags() -> str:
-    major, minor = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
-    pairs = {
-        "k8s.io/component-base/version.gitVersion": KUBERNETES_VERSION,
-        "k8s.io/component-base/version.gitMajor": major,
-        "k8s.io/component-base/version.gitMinor": minor,
-        "k8s.io/client-go/pkg/version.gitVersion": KUBERNETES_VERSION,
-    }
-    return "-s -w " + " ".join(f"-X {k}={v}" for k, v in pairs.items())
+    return resolve(None).ldflags()
 
 
 def _default_binary_name(package: str) -> str:
@@ -263,19 +270,38 @@ def _ensure(
 
 
 def ensure_control_plane(
-    *, cache: str | os.PathLike[str] | None = None, build: bool = True, progress: Progress = _stderr
+    *,
+    cache: str | os.PathLike[str] | None = None,
+    build: bool = True,
+    progress: Progress = _stderr,
+    version: str | None = None,
 ) -> Binaries:
-    """The control-plane binaries for ``KUBERNETES_VERSION``, built if not cached."""
-    entry = cache_root(cache) / "k8s" / KUBERNETES_VERSION
-    return Binaries(
-        _ensure(
-            entry,
-            CONTROL_PLANE,
-            what=f"Kubernetes {KUBERNETES_VERSION} control plane",
-            build=build,
-            progress=progress,
-        )
+    """The control-plane binaries for ``version`` (default ``KUBERNETES_VERSION``), built if not
+    cached.
+
+    Another release (``devcluster.versions``) is built from its own wrapper module into
+    ``<cache>/k8s/<tag>`` with its kubelet; etcd, which does not depend on the Kubernetes
+    release, is the default entry's.
+    """
+    release = resolve(version)
+    default_entry = _ensure(
+        cache_root(cache) / "k8s" / KUBERNETES_VERSION,
+        CONTROL_PLANE,
+        what=f"Kubernetes {KUBERNETES_VERSION} control plane",
+        build=build,
+        progress=progress,
     )
+    if release.is_default:
+        return Binaries(default_entry)
+    entry = _ensure(
+        cache_root(cache) / "k8s" / release.tag,
+        VERSIONED_CONTROL_PLANE,
+        what=f"Kubernetes {release.tag} control plane and kubelet",
+        build=build,
+        progress=progress,
+        module=GoModule(release.gomod, release.ldflags()),
+    )
+    return Binaries(entry, etcd_directory=default_entry)
 
 
 def simkubelet_key() -> str:

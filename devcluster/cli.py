@@ -23,6 +23,7 @@ from devcluster.shape import (
     shape_of,
     write_shape,
 )
+from devcluster.versions import supported
 from deviceplugin.simulated import (
     DEFAULT_MEMORY_MIB,
     LAYOUTS,
@@ -40,6 +41,15 @@ def register(sub: Any) -> None:
         "devcluster", help="a real local Kubernetes control plane for tests and demos"
     )
     dsub = p.add_subparsers(dest="devcluster_command", required=True, metavar="ACTION")
+
+    def version_flag(q: argparse.ArgumentParser) -> None:
+        q.add_argument(
+            "--kubernetes-version",
+            default=None,
+            metavar="VERSION",
+            help=f"the Kubernetes release to build and run: a minor (1.33) or a pinned release "
+            f"(v1.33.13); supported: {supported()} (default {KUBERNETES_VERSION})",
+        )
 
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument(
@@ -60,10 +70,12 @@ def register(sub: Any) -> None:
         f"{KUBERNETES_VERSION} control plane, the simulated-node harness and helm",
     )
     common(b)
+    version_flag(b)
     b.set_defaults(func=_build)
 
     u = dsub.add_parser("up", help="start the control plane and wait until it is ready")
     common(u)
+    version_flag(u)
     u.add_argument(
         "--apiserver-port",
         type=int,
@@ -167,8 +179,8 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 def _build(args: argparse.Namespace) -> int:
     """Build (or verify) every Go binary, so later steps (``go vet``, tests) find the modules."""
-    binaries = ensure_control_plane(cache=args.cache_dir)
-    print(f"Kubernetes {KUBERNETES_VERSION} binaries are in {binaries.directory}")
+    binaries = ensure_control_plane(cache=args.cache_dir, version=args.kubernetes_version)
+    print(f"Kubernetes {binaries.kubernetes_version} binaries are in {binaries.directory}")
     print(f"the simulated-node harness is {ensure_simkubelet(cache=args.cache_dir)}")
     print(f"helm is {ensure_helm(cache=args.cache_dir)}")
     return 0
@@ -176,7 +188,9 @@ def _build(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    binaries = ensure_control_plane(cache=args.cache_dir, build=not args.no_build)
+    binaries = ensure_control_plane(
+        cache=args.cache_dir, build=not args.no_build, version=args.kubernetes_version
+    )
     cluster = Cluster(_state_dir(args), binaries=binaries)
     if args.nodes < 0 or args.gpus_per_node < 1 or args.extender_replicas < 1:
         raise DevclusterError("--nodes must be >= 0, --gpus-per-node and --extender-replicas >= 1")
@@ -261,7 +275,7 @@ def _up(args: argparse.Namespace) -> int:
     for st in cluster.status():
         print(f"  {st.name:<26} pid {st.pid:<8} log {st.log}")
     print(f"\nPoint kubectl at it:\n  export KUBECONFIG={cluster.kubeconfig}")
-    print(f"  export PATH={binaries.directory}:$PATH   # kubectl {KUBERNETES_VERSION}")
+    print(f"  export PATH={binaries.directory}:$PATH   # kubectl {binaries.kubernetes_version}")
     print(f"Stop it with:\n  nodelock devcluster down --state-dir {cluster.state_dir}")
     return 0
 

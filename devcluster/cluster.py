@@ -76,7 +76,8 @@ class Cluster:
             stored = self.state.load()["settings"].get("binaries")
             if not stored:
                 raise DevclusterError(f"no devcluster has been started in {self.state_dir}")
-            self._binaries = Binaries(Path(stored))
+            etcd = self.state.load()["settings"].get("etcd_binaries")
+            self._binaries = Binaries(Path(stored), etcd_directory=Path(etcd) if etcd else None)
         return self._binaries
 
     @property
@@ -125,7 +126,12 @@ class Cluster:
             "kube-scheduler": processes.free_port(),
         }
         data = self.state.load()
-        data["settings"] = {"ports": ports, "binaries": str(binaries.directory)}
+        data["settings"] = {
+            "ports": ports,
+            "binaries": str(binaries.directory),
+            "etcd_binaries": str(binaries.etcd.parent),
+            "kubernetes_version": binaries.kubernetes_version,
+        }
         self.state.save(data)
         self.pki.kubeconfig(self.kubeconfig, ADMIN, self.api_url)
         try:
@@ -375,8 +381,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def throwaway_cluster(prefix: str) -> Iterator[Cluster]:
-    """A control plane of its own for a test session or a benchmark run.
+def throwaway_cluster(prefix: str, *, version: str | None = None) -> Iterator[Cluster]:
+    """A control plane of its own for a test session or a benchmark run, of Kubernetes
+    ``version`` (``devcluster.versions``; default the default release).
 
     Its state folder is new, under /tmp (unix socket paths must stay short), named ``prefix``
     and a random tail.  The cluster is up inside the ``with`` block and stopped when the block
@@ -384,7 +391,7 @@ def throwaway_cluster(prefix: str) -> Iterator[Cluster]:
     (to read the components' logs after a failure).
     """
     state = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    cluster = Cluster(state, binaries=ensure_control_plane())
+    cluster = Cluster(state, binaries=ensure_control_plane(version=version))
     try:
         cluster.up()
         yield cluster

@@ -1,0 +1,66 @@
+"""Which Kubernetes release a devcluster builds, and that each wrapper module pins exactly it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from devcluster.errors import DevclusterError
+from devcluster.versions import DEFAULT_VERSION, RELEASES, UNBUILDABLE, Release, resolve
+
+
+@pytest.mark.parametrize("spec", ["1.33", "v1.33", "v1.33.13", "1.33.13", " 1.33 "])
+def test_a_minor_or_its_pinned_release_names_the_same_release(spec: str) -> None:
+    assert resolve(spec) == Release("v1.33.13")
+
+
+def test_no_version_is_the_default_release_built_from_the_harness_module() -> None:
+    release = resolve(None)
+    assert release.tag == DEFAULT_VERSION
+    assert release.is_default
+    assert release.gomod.name == "gomod"
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ("1.31", "kube-scheduler"),
+        ("1.32", "endpointslice"),
+        ("1.30", "not supported"),
+        ("1.38", "not supported"),
+        ("v1.33.6", "not the pinned 1.33 release"),
+        ("latest", "not a Kubernetes version"),
+    ],
+)
+def test_a_release_that_cannot_be_built_is_refused_with_the_reason(spec: str, reason: str) -> None:
+    with pytest.raises(DevclusterError, match=reason):
+        resolve(spec)
+
+
+def test_the_ldflags_stamp_the_release_it_reports() -> None:
+    flags = Release("v1.35.4").ldflags()
+    assert "-X k8s.io/component-base/version.gitVersion=v1.35.4" in flags
+    assert "-X k8s.io/component-base/version.gitMinor=35" in flags
+
+
+@pytest.mark.parametrize("minor", sorted(RELEASES))
+def test_each_wrapper_module_pins_its_release_and_every_staging_module_to_match(
+    minor: int,
+) -> None:
+    release = Release(RELEASES[minor])
+    go_mod = (release.gomod / "go.mod").read_text()
+    assert (release.gomod / "go.sum").is_file()
+    assert re.search(
+        rf"^\s*(require\s+)?k8s\.io/kubernetes {re.escape(release.tag)}\b", go_mod, re.M
+    )
+    staging = re.findall(r"^\s*(k8s\.io/[\w-]+) => (k8s\.io/[\w-]+) (v\S+)$", go_mod, re.M)
+    assert len(staging) >= 20, "the staging modules are replaced by their published versions"
+    patch = release.tag.split(".", 2)[2]
+    want = f"v0.{minor}.{patch}"
+    for old, new, version in staging:
+        assert old == new and version == want, (old, version)
+
+
+def test_no_minor_is_both_buildable_and_refused() -> None:
+    assert not set(RELEASES) & set(UNBUILDABLE)
