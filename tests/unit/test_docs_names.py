@@ -9,8 +9,8 @@ values.yaml; not the CHANGELOG, which names what was) and fails, naming page and
   after it that the command does not take;
 - ``python -m <module>`` whose module does not exist, or a ``--flag`` after it that the module's
   source never mentions;
-- a repository path (its first part is a top-level entry of the repository: ``deploy/…``,
-  ``bench/…``) or a relative link that does not exist;
+- a repository path, in code or prose (its first part is a top-level entry of the repository:
+  ``deploy/…``, ``bench/…``), or a relative link, that does not exist;
 - a section cited as ``page.md#anchor`` or ``page.md, "Heading"`` that the page does not have;
 - a benchmark's figure (a p50/p99 in ms or s, pods/s) outside ``docs/performance.md`` and the
   dated records (decisions, CHANGELOG): copies drift; link to performance.md instead.  Targets
@@ -184,8 +184,7 @@ def _exists(path: str) -> bool:
 
 def path_problems(page: Path, text: str) -> Iterator[tuple[int, str]]:
     top = _top_level()
-    whole = page.suffix in {".yaml", ".txt"}
-    for piece in code_pieces(text, whole_lines=whole):
+    for piece in code_pieces(text, whole_lines=True):  # prose too: "kept by deploy/x.py"
         for match in PATH.finditer(piece.text):
             path = match.group(1).rstrip(".,:")
             if path.split("/")[0] not in top or "<" in path or path.startswith(OUTPUT_DIRS):
@@ -205,7 +204,7 @@ def path_problems(page: Path, text: str) -> Iterator[tuple[int, str]]:
 
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading."""
-    text = re.sub(r"[`*_]|<[^>]+>", "", heading).strip().lower()
+    text = re.sub(r"[`*]|<[^>]+>", "", heading).strip().lower()
     text = re.sub(r"[^\w\- ]", "", text)
     return text.replace(" ", "-")
 
@@ -245,7 +244,10 @@ def heading_problems(page: Path, text: str) -> Iterator[tuple[int, str]]:
             where = (page.parent / file) if file else page
             if where.is_file() and where.suffix == ".md" and anchor not in headings(where)[1]:
                 yield number, f"{file or page.name}#{anchor}: no such heading"
-    flat = " ".join(text.split())
+    plain = text
+    if page.suffix != ".md":  # YAML and template comments: the text after each comment sign
+        plain = re.sub(r"^\s*(#|\{\{-?\s*/\*)\s?", "", text, flags=re.MULTILINE)
+    flat = " ".join(plain.split())
     for match in CITED.finditer(flat):
         where = _page(page, match.group(1))
         if where is None:
@@ -293,7 +295,7 @@ def test_paths_named_exist(page: Path) -> None:
     assert _report(page, path_problems(page, page.read_text())) == []
 
 
-@pytest.mark.parametrize("page", [p for p in pages() if p.suffix == ".md"], ids=_rel)
+@pytest.mark.parametrize("page", pages(), ids=_rel)
 def test_sections_named_exist(page: Path) -> None:
     assert _report(page, heading_problems(page, page.read_text())) == []
 
@@ -339,5 +341,9 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert list(path_problems(page, "kept in step by `deploy/render.py`"))
     assert not list(path_problems(page, "`deploy/helm/nodelock/values.yaml`, `pkg/kubelet/x.go`"))
     assert list(heading_problems(page, 'see (docs/install.md, "No Such Heading Here")'))
+    assert list(heading_problems(page, "[the lock](performance.md#no-such-anchor)"))
+    assert not list(
+        heading_problems(page, "[the lock](performance.md#the-lock-python--m-benchlockd_requests)")
+    )
     assert list(figure_problems(page, "the demo measures p50 about 2 s, p99 about 5 s"))
     assert not list(figure_problems(page, "target: p99 <= 1.5 s; alert when p99 above about 1 s"))
