@@ -28,10 +28,18 @@ The steps (docs/design.md, "Bind"):
 
 Guarantees: no device is given to two live pods by binds that all go through node locks (two
 extender replicas included), provided the inventory's device IDs are stable.  A bind is never
-written more than ``duration_s / 3`` after the lock was acquired, so a bind that stalls cannot
-land after another holder took the lock over (takeover needs ``duration_s`` of no change).  A
-bind call lasts at most the wait budget plus ``duration_s / 3`` plus its reads, which the
-extender's configuration check keeps below kube-scheduler's ``httpTimeout``.
+written more than ``duration_s / 3`` after the acquire was sent, so a bind that stalls cannot
+land after another holder took the lock over (takeover needs ``duration_s`` of no change).
+
+Every bind has one deadline from its arrival (``scheduler_ext.deadline``): kube-scheduler's
+``httpTimeout`` less a slack.  Every request it sends — its own and lockd's — is checked against
+it and given no more than the time left; it is checked again after the wait, before and after
+taking the lock, and before the binding.  A bind past its deadline, or whose caller left
+(``abandon``), sends no further Lease write and no binding; one that took the lock by then
+releases it.  After its wait a bind also looks at the cache once more: a pod seen bound
+meanwhile (a retry bound it elsewhere) fails without a Lease write.  The configuration check
+(``config.check_bind_timing``) keeps the worst-case path of a bind that waits its whole budget
+inside that deadline.
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ from lockd.microtime import now_microtime
 from lockd.model import HeldLock, Holder, HolderKey, LockRecord, NodeName, Outcome
 from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import Fit, NodeGPUs, NoFit, choose, conflicts, fit
+from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, BindPath
+from scheduler_ext.deadline import BindCancelled, BindDeadline, bind_deadline, unguarded
 from scheduler_ext.metrics import ExtenderMetrics, Result
 from scheduler_ext.need import PodNeed
 from scheduler_ext.protocol import BindingArgs
@@ -96,7 +106,7 @@ def keep_lock_after(exc: BaseException, *, binding_sent: bool) -> bool:
     """
     if not binding_sent:
         return False
-    return not isinstance(exc, BindFailed | ApiError | LockError)
+    return not isinstance(exc, BindFailed | ApiError | LockError | BindCancelled)
 
 
 class BindFailed(Exception):
@@ -121,9 +131,12 @@ class Binder:
         wait_budget_s: float = DEFAULT_WAIT_BUDGET_S,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         confirm_wait_s: float = CONFIRM_WAIT_S,
+        http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         on_takeover: Callable[[LockRecord, str], None] | None = None,
     ) -> None:
+        """``kube`` and ``locks`` should send through a ``deadline.DeadlineClient``: then every
+        request of a bind, lockd's included, is held to the bind's deadline."""
         self._on_takeover = on_takeover  # an Event: the expired lock is about to be taken over
         self._kube = kube
         self._cache = cache
@@ -134,6 +147,9 @@ class Binder:
         self._confirm_wait_s = min(confirm_wait_s, duration_s / 6)
         self._clock = clock
         self._request_timeout_s = request_timeout_s
+        self._http_timeout_s = http_timeout_s
+        self._path = BindPath(wait_budget_s, duration_s)
+        self._deadlines: dict[str, BindDeadline] = {}  # pod UID -> deadline of its bind here
         self.queues = BindQueues(budget_s=wait_budget_s, clock=clock, on_refused=metrics.refused)
         metrics.follow_queues(self.queues.depths)
 
@@ -239,12 +255,38 @@ class Binder:
 
     # ---- bind -------------------------------------------------------------------------------
 
-    async def bind(self, args: BindingArgs) -> BindOutcome:
-        """Bind the pod of ``args`` to its node; never raises for expected failures."""
+    async def bind(self, args: BindingArgs, *, arrived_at: float | None = None) -> BindOutcome:
+        """Bind the pod of ``args`` to its node, within the deadline of a request that arrived at
+        ``arrived_at`` (this binder's clock; default: now); never raises for expected failures.
+        """
+        arrived = self._clock() if arrived_at is None else arrived_at
+        deadline = BindDeadline.from_arrival(
+            arrived, http_timeout_s=self._http_timeout_s, clock=self._clock
+        )
+        self._deadlines[args.pod_uid] = deadline
         try:
-            return await self._bind(args)
+            with bind_deadline(deadline):
+                return await self._bind(args, deadline)
         except BindFailed as exc:
             return BindOutcome(exc.result, str(exc))
+        except BindCancelled as exc:
+            return BindOutcome(Result.ERROR, f"bind of {args.key} to {args.node}: {exc}")
+        finally:
+            if self._deadlines.get(args.pod_uid) is deadline:
+                del self._deadlines[args.pod_uid]
+
+    def abandon(self, node: NodeName, uid: str) -> None:
+        """The caller of ``uid``'s bind stopped waiting (kube-scheduler's timeout, a disconnect):
+        a queued bind leaves its queue, and from now on the bind sends no Lease write and no
+        binding; a lock it took is released."""
+        deadline = self._deadlines.get(uid)
+        if deadline is not None:
+            deadline.cancel()
+        self.queues.abandon(node, uid)
+
+    def deadline_of(self, uid: str) -> BindDeadline | None:
+        """The deadline of ``uid``'s bind under way here (None: none)."""
+        return self._deadlines.get(uid)
 
     async def _pod(self, args: BindingArgs) -> PodState:
         pod = self._cache.pod(args.pod_uid)
@@ -274,7 +316,7 @@ class Binder:
             finished=holder_accounted(self._cache, view),
         )
 
-    async def _bind(self, args: BindingArgs) -> BindOutcome:
+    async def _bind(self, args: BindingArgs, deadline: BindDeadline) -> BindOutcome:
         node = args.node
         pod = await self._pod(args)
         if pod.node is not None:
@@ -285,16 +327,24 @@ class Binder:
             await self._post_binding(args, annotations={})
             self._metrics.bound(args.pod_uid)
             return BindOutcome(Result.OK)
+        # the wait ends early enough for every step after it to fit before the deadline
+        give_up_at = deadline.at - self._path.after_wait_s
         try:
-            async with self.queues.turn(node, args.pod_uid, args.key) as turn:
+            async with self.queues.turn(
+                node, args.pod_uid, args.key, give_up_at=give_up_at
+            ) as turn:
                 while True:
                     await turn.ready(lambda: self._locks.view(node))
+                    deadline.check("taking the lock")
+                    self._not_bound_meanwhile(args)
                     await self._not_holding_already(args)
                     try:
                         assignment = choose(self._picture(node, args.pod_uid), pod.need)
                     except NoFit as exc:
                         raise BindFailed(Result.NO_FIT, f"pod {args.key}: {exc}") from exc
                     holder = self._holder(args, assignment)
+                    deadline.check("taking the lock")
+                    acquire_sent = self._clock()
                     try:
                         # never a new token for a pod that holds the lock already: its earlier
                         # bind's binding may still land (this replica's view may not show it)
@@ -309,20 +359,29 @@ class Binder:
                             Result.ERROR, f"cannot take the lock of node {node}: {exc}"
                         ) from exc
                     self._metrics.queue_wait.observe(turn.waited_s)
-                    return await self._bind_holding(args, pod.need, held, assignment)
+                    return await self._bind_holding(
+                        args, pod.need, held, assignment, deadline, acquire_sent
+                    )
         except WaitRefused as exc:
             self._metrics.contended(args.pod_uid)
             raise BindFailed(Result.CONTENDED, str(exc)) from exc
 
     async def _bind_holding(
-        self, args: BindingArgs, need: PodNeed, held: HeldLock, assignment: Assignment
+        self,
+        args: BindingArgs,
+        need: PodNeed,
+        held: HeldLock,
+        assignment: Assignment,
+        deadline: BindDeadline,
+        acquired_at: float,
     ) -> BindOutcome:
-        """Steps 3-5 with the lock held: confirm, the one binding write, release on failure."""
+        """Steps 3-5 with the lock held: confirm, the one binding write, release on failure.
+        ``acquired_at``: when the acquire was sent (the Lease write cannot be older)."""
         node = args.node
-        acquired_at = self._clock()
         sent = False  # whether the binding write may have reached the API server
         failpoints.hit("bind.after-acquire")  # e2e: an extender crash with the lock held, unbound
         try:
+            deadline.check("confirming its choice, with the lock held")
             held, assignment = await self._confirm(held, args, need, assignment)
             annotations = {
                 self._cache.keys.assignment: format_assignment(assignment),
@@ -335,6 +394,13 @@ class Binder:
                     Result.ERROR,
                     f"bind of {args.key} to {node} took longer than {self._duration_s / 3:.1f}s "
                     "after taking the lock; released it",
+                )
+            left = min(left, deadline.check("the binding"))
+            if left < MIN_BINDING_BUDGET_S:
+                raise BindFailed(
+                    Result.ERROR,
+                    f"bind of {args.key} to {node}: {left:.2f}s left before kube-scheduler's "
+                    f"httpTimeout, too little to send the binding; released the lock",
                 )
             self._still_ours(held)
             sent = True
@@ -359,6 +425,10 @@ class Binder:
             await self._release(held, args)
             if isinstance(exc, BindFailed):
                 raise
+            if isinstance(exc, BindCancelled):
+                raise BindFailed(
+                    Result.ERROR, f"bind of {args.key} to {node}: {exc}; released the lock"
+                ) from exc
             if isinstance(exc, (ApiError, ApiUnavailable, LockError)):
                 raise BindFailed(Result.ERROR, f"bind of {args.key} failed: {exc}") from exc
             raise
@@ -383,6 +453,19 @@ class Binder:
                 Result.CONFLICT,
                 f"node {held.node}'s lock changed under the bind of {held.holder.key} "
                 f"(ours: token {held.token}; now {seen}); not bound",
+            )
+
+    def _not_bound_meanwhile(self, args: BindingArgs) -> None:
+        """After its wait, the bind's pod must still be unbound as the cache shows it: a retry
+        of it may have been bound elsewhere (or here) while this bind queued.  Refused without a
+        Lease write: a token for a bound pod would only end in a 409 and a ``bind-failed``
+        release, which makes the next bind on the node list its pods."""
+        pod = self._cache.pod(args.pod_uid)
+        if pod is not None and pod.node is not None:
+            raise BindFailed(
+                Result.ERROR,
+                f"pod {args.key} was bound to {pod.node} while this bind waited its turn on "
+                f"{args.node}; not bound again",
             )
 
     async def _not_holding_already(self, args: BindingArgs) -> None:
@@ -417,7 +500,8 @@ class Binder:
 
     async def _release(self, held: HeldLock, args: BindingArgs) -> None:
         try:
-            await self._locks.release(held, outcome=Outcome.BIND_FAILED)
+            with unguarded():  # the lock this bind took goes back even after its caller left
+                await self._locks.release(held, outcome=Outcome.BIND_FAILED)
             self.queues.notify(held.node)
         except (LockError, ApiError, ApiUnavailable) as exc:
             log.warning(

@@ -23,7 +23,21 @@ JSON = dict[str, Any]
 
 DEFAULT_WEIGHT = 5
 DEFAULT_HTTP_TIMEOUT_S = 10.0
-BIND_READS_MARGIN_S = 1.0  # a bind's reads outside the wait and the binding window
+# Each API request a bind sends outside its binding window is allowed this long in the worst-case
+# path; the bind's deadline (``scheduler_ext.deadline``) cuts a slower one, failing the bind.
+REQUEST_ALLOWANCE_S = 0.1
+ANSWER_SLACK_S = 0.25  # between the bind's deadline and kube-scheduler's httpTimeout
+# The requests outside the binding window, in the order a bind may send them.
+BIND_REQUESTS = (
+    "the pod GET (a pod the cache does not have yet)",
+    "the GET when the pod already holds the lock",
+    "the takeover GET of an expired lock's holder",
+    "the Lease write",
+    "its re-read after a 409",
+    "the second Lease write",
+    "the GET after a binding whose answer was lost",
+)
+REQUESTS_BEFORE_WAIT = 1  # the pod GET; the others come after the wait
 
 
 def go_duration(seconds: float) -> str:
@@ -31,26 +45,72 @@ def go_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+@dataclass(frozen=True)
+class BindPath:
+    """The longest path a bind may take, step by step: the pod GET, the wait budget, the
+    requests before and while taking the lock, the binding window (``lease_duration / 3``: the
+    confirm step and the binding are sent within it, or the bind fails), the GET after a lost
+    answer; each request outside the window allowed ``REQUEST_ALLOWANCE_S``; then
+    ``ANSWER_SLACK_S`` for the answer to reach kube-scheduler."""
+
+    wait_budget_s: float
+    lease_duration_s: int
+    request_allowance_s: float = REQUEST_ALLOWANCE_S
+    slack_s: float = ANSWER_SLACK_S
+
+    @property
+    def binding_window_s(self) -> float:
+        return self.lease_duration_s / 3
+
+    @property
+    def requests_s(self) -> float:
+        return len(BIND_REQUESTS) * self.request_allowance_s
+
+    @property
+    def after_wait_s(self) -> float:
+        """What the steps after the wait need in the worst case (slack excluded)."""
+        after = len(BIND_REQUESTS) - REQUESTS_BEFORE_WAIT
+        return self.binding_window_s + after * self.request_allowance_s
+
+    @property
+    def total_s(self) -> float:
+        return self.wait_budget_s + self.binding_window_s + self.requests_s + self.slack_s
+
+    def arithmetic(self) -> str:
+        """The sum, written out."""
+        return (
+            f"wait budget {self.wait_budget_s:g}s + lease duration {self.lease_duration_s}s / 3 "
+            f"= {self.binding_window_s:g}s holding the lock before the binding + "
+            f"{len(BIND_REQUESTS)} API requests outside that window x "
+            f"{self.request_allowance_s:g}s + {self.slack_s:g}s for the answer = "
+            f"{self.total_s:g}s"
+        )
+
+
 def check_bind_timing(
     *, wait_budget_s: float, lease_duration_s: int, http_timeout_s: float
 ) -> None:
-    """Raise ``ValueError`` unless a bind that waits its whole budget still ends before
-    kube-scheduler's ``httpTimeout``: the wait, then at most ``lease_duration / 3`` holding the
-    lock before the binding write, plus a margin for the bind's reads.  A bind answered after
-    kube-scheduler stopped listening could bind a pod the scheduler already gave up on."""
+    """Raise ``ValueError`` unless the whole worst-case path of a bind (``BindPath``) ends before
+    kube-scheduler's ``httpTimeout``: a bind that waits its whole budget must still have time for
+    every request after it, its binding window and the answer's way back.  A bind answered after
+    kube-scheduler stopped listening could bind a pod the scheduler already gave up on; at run
+    time each bind's deadline cuts a slower path, this check keeps the configured one inside."""
     if wait_budget_s < 0:
         raise ValueError(f"the bind wait budget cannot be negative ({wait_budget_s:g}s)")
-    needed = wait_budget_s + lease_duration_s / 3 + BIND_READS_MARGIN_S
-    if needed > http_timeout_s:
-        fits = http_timeout_s - lease_duration_s / 3 - BIND_READS_MARGIN_S
+    if http_timeout_s <= 0:
+        raise ValueError(f"kube-scheduler's httpTimeout must be positive ({http_timeout_s:g}s)")
+    path = BindPath(wait_budget_s, lease_duration_s)
+    if path.total_s > http_timeout_s:
+        fits = http_timeout_s - (path.total_s - wait_budget_s)
         raise ValueError(
-            f"a bind may take up to {needed:g}s (wait budget {wait_budget_s:g}s + lease duration "
-            f"{lease_duration_s}s / 3 + {BIND_READS_MARGIN_S:g}s of reads), longer than "
+            f"a bind may take up to {path.total_s:g}s ({path.arithmetic()}), longer than "
             f"kube-scheduler's extender httpTimeout of {http_timeout_s:g}s: "
             + (
-                f"use a wait budget of at most {fits:g}s, or raise httpTimeout"
-                if fits > 0
-                else "raise httpTimeout or shorten the lease duration"
+                f"use a wait budget of at most {fits:.2f}s, or raise httpTimeout to at least "
+                f"{path.total_s:g}s"
+                if fits >= 0
+                else f"raise httpTimeout to at least {path.total_s:g}s or shorten the lease "
+                "duration"
             )
         )
 

@@ -8,8 +8,9 @@ no scrape credential is one that can also call ``/bind``.
 Guarantees: a body that is not the protocol (not JSON, wrong types, missing fields) gets a 400,
 one over the size limit a 413, each with ``{"Error": reason}``; nothing a client sends stops the
 server.  Filter and prioritize read only the cache and the lock views: they never call the API
-server.  A bind runs to its end even if kube-scheduler gives up waiting (it is shielded), so a
-lock is never left half-handled.
+server.  A bind is shielded from its caller's disconnect, so a lock is never left half-handled:
+a caller that leaves (kube-scheduler's timeout) makes the bind leave its queue, send no further
+Lease write and no binding, and release a lock it took (``Binder.abandon``).
 """
 
 from __future__ import annotations
@@ -285,11 +286,12 @@ class Endpoints:
         notice = self._notice_if_still_waiting(args, started)
         bind = asyncio.ensure_future(self.binder.bind(args))
         try:
-            # shielded: a disconnect (kube-scheduler's timeout) only makes a queued bind leave
-            # its queue; a bind holding the lock finishes, bounded by the binding's own budget
+            # shielded: a disconnect (kube-scheduler's timeout) makes the bind leave its queue
+            # and send no further write; it releases a lock it took, or keeps one whose binding
+            # was already sent (its outcome unknown)
             outcome = await asyncio.shield(bind)
         except asyncio.CancelledError:
-            self.binder.queues.abandon(args.node, args.pod_uid)
+            self.binder.abandon(args.node, args.pod_uid)
             self._done(Verb.BIND, Result.ERROR, started)
             raise
         except Exception as exc:  # a bug: say so in Error (a 500 would reach no one's events)

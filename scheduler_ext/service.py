@@ -32,6 +32,7 @@ from scheduler_ext.binder import CONFIRM_WAIT_S, DEFAULT_WAIT_BUDGET_S, Binder
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.choose import Policy
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, check_bind_timing
+from scheduler_ext.deadline import DeadlineClient
 from scheduler_ext.events import BindEvents
 from scheduler_ext.metrics import ExtenderMetrics
 from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES, Endpoints, ServerOptions, make_app
@@ -122,7 +123,9 @@ def check_settings(settings: Settings) -> None:
             http_timeout_s=settings.scheduler_http_timeout_s,
         )
     except ValueError as exc:
-        raise ConfigError(f"--bind-wait-budget: {exc}") from exc
+        raise ConfigError(
+            f"--bind-wait-budget, --lease-duration and --scheduler-http-timeout: {exc}"
+        ) from exc
     if settings.apiserver_request_timeout_s <= 0:
         raise ConfigError("--apiserver-request-timeout must be positive")
     if settings.max_body_bytes < 1024:
@@ -156,8 +159,10 @@ class Extender:
             keys=Keys(settings.annotation_prefix), resource=settings.resource_name
         )
         self.metrics = ExtenderMetrics(self.cache, registry=registry)
+        # the binder's and its locks' requests are held to each bind's deadline
+        held_to_deadline = DeadlineClient(kube)
         self.locks = NodeLocks(
-            kube,
+            held_to_deadline,
             namespace=settings.lock_namespace,
             prefix=settings.annotation_prefix,
             duration_s=settings.lease_duration_s,
@@ -169,7 +174,7 @@ class Extender:
             budget_s=settings.wait_budget_s,
         )
         self.binder = Binder(
-            kube,
+            held_to_deadline,
             self.cache,
             self.locks,
             self.metrics,
@@ -177,6 +182,7 @@ class Extender:
             wait_budget_s=settings.wait_budget_s,
             request_timeout_s=settings.apiserver_request_timeout_s,
             confirm_wait_s=confirm_wait_s,
+            http_timeout_s=settings.scheduler_http_timeout_s,
             clock=clock,
             on_takeover=self.events.takeover if settings.events else None,
         )

@@ -270,9 +270,13 @@ class BindQueues:
     # -- the queue ----------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def turn(self, node: NodeName, uid: str, key: str) -> AsyncIterator[Turn]:
+    async def turn(
+        self, node: NodeName, uid: str, key: str, *, give_up_at: float | None = None
+    ) -> AsyncIterator[Turn]:
         """Join ``node``'s queue for the pod ``uid``; leaving the block leaves the queue and
-        wakes the next head.  Raises ``WaitRefused(DUPLICATE)`` when that pod already waits."""
+        wakes the next head.  Raises ``WaitRefused(DUPLICATE)`` when that pod already waits.
+        The wait ends at the budget's end or at ``give_up_at`` (on ``clock``), the earlier: the
+        bind's own deadline less what its steps after the wait need."""
         queue = self._queues.setdefault(node, collections.deque())
         now = self.clock()
         if any(w.uid == uid for w in queue):
@@ -281,7 +285,8 @@ class BindQueues:
             raise WaitRefused(
                 GiveUp.DUPLICATE, explain(GiveUp.DUPLICATE, node, picture, self.budget_s)
             )
-        waiter = _Waiter(uid, key, now, now + self.budget_s)
+        ends = now + self.budget_s if give_up_at is None else min(now + self.budget_s, give_up_at)
+        waiter = _Waiter(uid, key, now, ends)
         queue.append(waiter)
         try:
             yield Turn(self, node, waiter)

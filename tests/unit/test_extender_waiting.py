@@ -11,8 +11,6 @@ import asyncio
 import pytest
 
 from lockd.model import FencingToken, Holder, HolderKey, LockRecord, NodeLockView, NodeName
-from scheduler_ext.config import check_bind_timing
-from scheduler_ext.service import ConfigError, Settings, check_settings
 from scheduler_ext.waiting import (
     BindQueues,
     GiveUp,
@@ -265,20 +263,6 @@ def test_lock_changes_teach_the_hold_time_and_prioritize_sees_expected_waits() -
     assert queues.expected_waits({N: holder}, {N: 0.0}, {}, pod_uid="b") == {}  # its own lock
     # held for longer than a hold: expected to take as long again
     assert queues.expected_waits({N: holder}, {N: 0.5}, {}, pod_uid="x") == {N: pytest.approx(0.5)}
-
-
-def test_the_wait_budget_must_fit_in_kube_schedulers_timeout() -> None:
-    check_bind_timing(wait_budget_s=4.0, lease_duration_s=15, http_timeout_s=10.0)
-    with pytest.raises(ValueError, match=r"at most 4s, or raise httpTimeout"):
-        check_bind_timing(wait_budget_s=5.0, lease_duration_s=15, http_timeout_s=10.0)
-    with pytest.raises(ValueError, match="raise httpTimeout or shorten the lease"):
-        check_bind_timing(wait_budget_s=1.0, lease_duration_s=60, http_timeout_s=10.0)
-    with pytest.raises(ValueError, match="cannot be negative"):
-        check_bind_timing(wait_budget_s=-1.0, lease_duration_s=15, http_timeout_s=10.0)
-    check_bind_timing(wait_budget_s=0.0, lease_duration_s=15, http_timeout_s=10.0)
-    with pytest.raises(ConfigError, match="--bind-wait-budget: a bind may take up to 11s"):
-        check_settings(Settings(wait_budget_s=5.0))
-    check_settings(Settings(wait_budget_s=9.0, scheduler_http_timeout_s=15.0))
 
 
 async def test_a_zero_budget_fails_at_once_on_a_held_lock_as_the_peers_do() -> None:
