@@ -15,14 +15,22 @@ How a bind waits (``BindQueues.turn``):
   leaving); each wakes the head alone, so there is no polling loop and no thundering herd.
 - A waiter gives up (``WaitRefused``) when its budget runs out, or at once when it cannot make
   it: its expected wait (``expected_wait_s``: the holder's expected remaining hold plus one
-  recent hold per waiter ahead) exceeds what is left of the budget.  A waiter whose caller is
+  recent hold per handoff expected before its own) exceeds what is left of the budget.  The
+  handoffs before its own are the waiters ahead of it and, with several replicas, the other
+  replicas' binds in between: this replica cannot see their queues, but the Lease watch shows
+  every new holder, and while binds of this replica queue for a node, the share of new holders
+  that are none of them (``foreign_share``) stretches the wait.  A waiter whose caller is
   abandoned (kube-scheduler stopped waiting) leaves too.
+- A head whose acquire lost the write race waits for the Lease to change before it tries again,
+  unless the lock is free: then it tries again at once (a race lost twice may end on a read that
+  shows the lock free, and no change need follow).
 
 Guarantees: waiting never writes, so a waiter that gives up or is abandoned leaves the Lease as
 it was; a node's head is served in FIFO order within this replica (replicas race only on the
 conditional write, which lockd keeps exclusive); a waiter never waits past its deadline by more
-than one event-loop turn.  Not guaranteed: fairness *across* replicas (each has its own queue),
-or that an expected wait is met (it is an estimate from recent holds).
+than one event-loop turn.  Not guaranteed: fairness *across* replicas (each has its own queue;
+the foreign share only estimates the others' demand from the handoffs they won), or that an
+expected wait is met (it is an estimate from recent holds).
 """
 
 from __future__ import annotations
