@@ -149,7 +149,8 @@ class Binder:
         self._request_timeout_s = request_timeout_s
         self._http_timeout_s = http_timeout_s
         self._path = BindPath(wait_budget_s, duration_s)
-        self._deadlines: dict[str, BindDeadline] = {}  # pod UID -> deadline of its bind here
+        # (node, pod UID) -> the deadline of that bind under way here
+        self._deadlines: dict[tuple[NodeName, str], BindDeadline] = {}
         self.queues = BindQueues(budget_s=wait_budget_s, clock=clock, on_refused=metrics.refused)
         metrics.follow_queues(self.queues.depths)
 
@@ -263,7 +264,10 @@ class Binder:
         deadline = BindDeadline.from_arrival(
             arrived, http_timeout_s=self._http_timeout_s, clock=self._clock
         )
-        self._deadlines[args.pod_uid] = deadline
+        key = (args.node, args.pod_uid)
+        mine = key not in self._deadlines  # a second call for the same pod and node is refused
+        if mine:
+            self._deadlines[key] = deadline
         try:
             with bind_deadline(deadline):
                 return await self._bind(args, deadline)
@@ -272,21 +276,21 @@ class Binder:
         except BindCancelled as exc:
             return BindOutcome(Result.ERROR, f"bind of {args.key} to {args.node}: {exc}")
         finally:
-            if self._deadlines.get(args.pod_uid) is deadline:
-                del self._deadlines[args.pod_uid]
+            if mine:
+                del self._deadlines[key]
 
     def abandon(self, node: NodeName, uid: str) -> None:
         """The caller of ``uid``'s bind stopped waiting (kube-scheduler's timeout, a disconnect):
         a queued bind leaves its queue, and from now on the bind sends no Lease write and no
         binding; a lock it took is released."""
-        deadline = self._deadlines.get(uid)
+        deadline = self._deadlines.get((node, uid))
         if deadline is not None:
             deadline.cancel()
         self.queues.abandon(node, uid)
 
-    def deadline_of(self, uid: str) -> BindDeadline | None:
-        """The deadline of ``uid``'s bind under way here (None: none)."""
-        return self._deadlines.get(uid)
+    def deadline_of(self, node: NodeName, uid: str) -> BindDeadline | None:
+        """The deadline of ``uid``'s bind to ``node`` under way here (None: none)."""
+        return self._deadlines.get((node, uid))
 
     async def _pod(self, args: BindingArgs) -> PodState:
         pod = self._cache.pod(args.pod_uid)
