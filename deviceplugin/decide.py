@@ -22,8 +22,13 @@ Guarantees (each one unit-tested with plain data):
   to lose (no holder, token mismatch, taken over), leave the lock alone.
 - Nothing here does I/O, reads a clock or keeps state.
 
-- While another GPU pod is bound to this node, Pending and not admitted (and not served by this
-  plugin), nothing is served (``bystanders``): kubelet may be admitting that pod.
+- While kubelet may be admitting another pod than the holder, nothing is served: by kubelet's
+  PodResources ``List`` (``kubelet_admitting``), or, when it cannot be read, by the pods bound
+  here and kubelet's device checkpoint (``bystanders``, never weaker than the ``List`` rule).
+  A finished pod (Succeeded, Failed, rejected, or every container terminated for good) and a
+  pod whose GPUs come from DRA never count; a pod the API server does not know counts for
+  ``UNKNOWN_POD_WAIT_S`` only; a pod this plugin served counts unless kubelet records its
+  devices (a kubelet restart may have lost them; it then calls Allocate for it again).
 - A plugin serving several resources (whole GPUs and MIG instances, ``Context.others``) decides
   each call on the resource kubelet asked for: the assignment's devices of that resource, the
   containers asking for it, its own progress; the lock is released after the last container of
@@ -61,6 +66,8 @@ from handoff.wire import (
 from lockd.model import FencingToken, Holder, HolderKey, NodeLockView, NodeName
 
 PodJSON = Mapping[str, Any]
+# kubelet's device checkpoint: pod UID -> the containers it records devices of one resource for
+KubeletRecords = Mapping[str, Collection[str]]
 
 
 class MismatchPolicy(StrEnum):
@@ -519,6 +526,7 @@ def decide_allocate(
     bound_here: Sequence[PodJSON] = (),
     served_pods: Collection[str] = (),
     kubelet: KubeletAdmission | None = None,
+    recorded: KubeletRecords | None = None,
 ) -> Allocation | Refusal:
     """Answer kubelet's Allocate for one container that asked for ``requested``.
 
@@ -527,9 +535,10 @@ def decide_allocate(
     Who kubelet is admitting comes from ``kubelet`` (its own PodResources view, see
     ``kubelet_admitting``) when given: the call is refused without a release unless the holder
     is the one pod kubelet may be admitting.  Without it, from ``bound_here`` (the pods bound
-    to this node, from the API server) and ``served_pods`` (UIDs of pods this plugin already
-    served): while another GPU pod is bound here, Pending and not admitted, the call is refused
-    without a release (``bystanders``).
+    to this node, from the API server) and ``recorded`` (kubelet's device checkpoint): while
+    another unfinished GPU pod is bound here whose devices kubelet does not record, the call is
+    refused without a release (``bystanders``).  ``served_pods`` is accepted for callers and
+    no longer trusted alone.
     """
     plan = _verify(view, pod, progress, ctx)
     if isinstance(plan, Refusal):
@@ -548,7 +557,7 @@ def decide_allocate(
             )
         others = list(kubelet.others)
     else:
-        others = bystanders(bound_here, plan.holder.uid, served_pods, ctx)
+        others = bystanders(bound_here, plan.holder.uid, served_pods, ctx, recorded=recorded)
     if others:
         return Refusal(
             RefusalKind.AMBIGUOUS,
@@ -602,27 +611,49 @@ def decide_allocate(
 
 
 def bystanders(
-    bound_here: Sequence[PodJSON], holder_uid: str, served_pods: Collection[str], ctx: Context
+    bound_here: Sequence[PodJSON],
+    holder_uid: str,
+    served_pods: Collection[str],
+    ctx: Context,
+    *,
+    recorded: KubeletRecords | None = None,
 ) -> list[str]:
-    """The pods (``namespace/name (uid …)``) that make an Allocate call ambiguous: bound to this
-    node, not the lock holder, asking for ``ctx.resource``, not served by this plugin, and still
-    in handoff by ``handoff.holder`` (Pending here, not admitted; being deleted included, as
-    kubelet admits such a pod before stopping it).  kubelet does not say which pod it admits;
-    extender-bound pods never wait bound here beside the holder (the lock serializes binds), so
-    such a pod was bound around the extender."""
+    """The pods (``namespace/name (uid …)``) that make an Allocate call ambiguous when kubelet's
+    PodResources ``List`` could not be read: bound to this node, not the lock holder, asking
+    for ``ctx.resource`` (not through DRA), not finished, and not shown by kubelet's device
+    checkpoint (``recorded``) with devices for every GPU container.
+
+    This is never weaker than ``kubelet_admitting``: a pod counts here whenever ``List`` could
+    list it with a GPU container without devices.  An admitted (Running) pod counts unless the
+    checkpoint records its devices, as kubelet calls Allocate again for a running pod whose
+    devices it has no record of (``GetDeviceRunContainerOptions``, after a restart that lost
+    its checkpoint); a pod this plugin served counts likewise (``served_pods`` is not trusted
+    alone: kubelet may have died before recording what it was given).  ``recorded`` None
+    (the checkpoint is unreadable) counts every such pod.  kubelet does not say which pod it
+    admits; extender-bound pods never wait bound here beside the holder (the lock serializes
+    binds), so a pod counted here was bound around the extender or lost its devices."""
+    del served_pods  # kubelet's own record decides (docstring)
     out: list[str] = []
     for other in bound_here:
         meta = other.get("metadata") or {}
         uid = str(meta.get("uid") or "")
-        if not uid or uid == holder_uid or uid in served_pods:
+        if not uid or uid == holder_uid:
+            continue
+        if str((other.get("spec") or {}).get("nodeName") or "") != ctx.node:
+            continue
+        if _done_with_devices(other):
             continue
         try:
-            if not gpu_containers(other, ctx.resource):
-                continue
+            wanted = _device_plugin_containers(other, ctx.resource)
         except ValueError:
-            pass  # a count kubelet cannot parse: it asks for something; stay on the safe side
-        if handoff_status(other, uid=uid, node=ctx.node).in_handoff:
-            out.append(_pod_name(other))
+            out.append(_pod_name(other))  # a count kubelet cannot parse: stay on the safe side
+            continue
+        if not wanted:
+            continue
+        mine = recorded.get(uid) if recorded is not None else None
+        if mine is not None and all(c in mine for c in wanted):
+            continue
+        out.append(_pod_name(other))
     return sorted(out)
 
 
@@ -632,6 +663,18 @@ class KubeletAdmission:
 
     holder_listed: bool  # kubelet holds the lock holder, and it may still await devices
     others: tuple[str, ...]  # other pods it holds that may still be waiting for devices
+    # listed pods unknown to the API server for longer than ``UNKNOWN_POD_WAIT_S``: left out
+    ignored_unknown: tuple[str, ...] = ()
+
+
+# How long a pod kubelet lists but the API server does not know (a static pod without a mirror
+# pod, or one whose mirror pod is not written yet) may count as a pod kubelet is admitting.
+# kubelet admits a pod right after adding it to its pod manager (kubelet.go HandlePodAdditions,
+# v1.32.13-v1.37.2); its first Allocate comes to this plugin, which answers within
+# ``deviceplugin.admission`` API_RETRY_S + RELEASE_INLINE_S (35 s), and a refusal ends the
+# admission.  60 s covers that with margin; after it, the pod is one kubelet already admitted
+# or rejected (it is never the holder, whose spec is known).
+UNKNOWN_POD_WAIT_S = 60.0
 
 
 def kubelet_admitting(
@@ -642,56 +685,132 @@ def kubelet_admitting(
     ctx: Context,
     *,
     holder_pod: PodJSON | None = None,
+    recorded: KubeletRecords | None = None,
+    unknown_for_s: Mapping[str, float] | None = None,
 ) -> KubeletAdmission:
     """Read kubelet's PodResources ``List`` for the pods it may be admitting.
 
-    kubelet adds a pod to its pod manager just before admitting it and admits one pod at a
-    time; a rejected pod leaves its active list at once (its status manager's copy is Failed
-    before the API server hears of it), and a container's devices are listed once its Allocate
-    was answered.  So the pod kubelet asks about is listed, and every other listed pod that
-    asks for ``ctx.resource`` already has its devices, unless it is that pod.  ``listed`` is
-    kubelet's answer, ``specs`` each listed pod by ``namespace/name`` as this plugin knows it
-    (None: unknown), ``holder`` the lock holder, ``served_pods`` the UIDs of pods this plugin
-    served.  A pod counts as possibly waiting (``others``) when it is unknown, its request is
-    unreadable, a listed GPU container of it has no devices, or it asks for GPUs only in init
-    containers (which kubelet does not list) and is still in handoff by its status; this errs
+    kubelet adds a pod to its pod manager just before admitting it (kubelet.go
+    HandlePodAdditions), and a container's devices are listed once its Allocate was answered
+    (cm/devicemanager/manager.go, ``podDevices.insert``).  Which pods ``List`` returns depends on
+    the kubelet: from 1.34 with the default gate ``KubeletPodResourcesListUseActivePods`` only
+    active pods; on 1.32/1.33, and on 1.34+ with the gate off, every pod in the pod manager,
+    rejected and finished ones included, with their containers listed without devices
+    (apis/podresources/server_v1.go).  The rule below holds for both, so it does not read the
+    kubelet version.  ``listed`` is kubelet's answer, ``specs`` each listed pod by
+    ``namespace/name`` as this plugin knows it (None: the API server has no such pod),
+    ``holder`` the lock holder, ``recorded`` kubelet's device checkpoint (pod UID -> containers
+    it records devices of ``ctx.resource`` for; None: not read).
+
+    A listed pod counts as possibly waiting (``others``) unless it is finished (phase Succeeded
+    or Failed, which covers a pod kubelet rejected, or every container terminated), asks for
+    no ``ctx.resource`` from the device plugin (none, or all of it through DRA), or kubelet
+    records devices for each of its GPU containers (``List`` or ``recorded``).  GPUs only in
+    init containers (which ``List`` leaves out) count while the pod's status shows it in
+    handoff.  A pod this plugin served counts like any other (``served_pods`` is not trusted
+    alone: a kubelet that restarted without its checkpoint calls Allocate for it again).  An
+    unknown pod counts for ``UNKNOWN_POD_WAIT_S`` after the plugin first saw it listed
+    (``unknown_for_s``; absent: just now), then it is left out (``ignored_unknown``).  This errs
     towards refusing, never towards serving another pod the holder's devices.  The holder
     counts as listed only while it may still await devices by ``holder_pod`` (its spec) too:
     a holder kubelet already gave all its GPUs is not the pod it asks about now.
     """
+    del served_pods  # kubelet's own record decides (docstring)
     holder_listed = False
     others: list[str] = []
+    ignored: list[str] = []
+    ages = unknown_for_s or {}
     for entry in listed:
         if entry.key == holder:
-            holder_listed = holder_pod is None or _may_await(entry, holder_pod, ctx)
+            holder_listed = holder_pod is None or _may_await(
+                entry, holder_pod, ctx, recorded=recorded
+            )
             continue
         spec = specs.get(entry.key)
         if spec is None:
-            others.append(f"{entry.key} (unknown)")
+            age = ages.get(entry.key, 0.0)
+            if age >= UNKNOWN_POD_WAIT_S:
+                ignored.append(entry.key)
+            else:
+                others.append(
+                    f"{entry.key} (unknown to the API server, listed by kubelet for {age:.0f} s; "
+                    f"counted for at most {UNKNOWN_POD_WAIT_S:.0f} s)"
+                )
             continue
-        uid = str((spec.get("metadata") or {}).get("uid") or "")
-        if uid and uid in served_pods:
-            continue
-        if _may_await(entry, spec, ctx):
+        if _may_await(entry, spec, ctx, recorded=recorded):
             others.append(entry.key)
-    return KubeletAdmission(holder_listed, tuple(sorted(others)))
+    return KubeletAdmission(holder_listed, tuple(sorted(others)), tuple(sorted(ignored)))
 
 
-def _may_await(entry: KubeletPod, spec: PodJSON, ctx: Context) -> bool:
-    """Whether a pod kubelet lists may still be waiting for devices of ``ctx.resource``: its
-    request does not parse (kubelet parses it its own way), a listed GPU container of it has no
-    devices, or it asks for GPUs only in init containers (not listed) and its status shows it
-    still in handoff."""
-    try:
-        wanted = gpu_containers(spec, ctx.resource)
-    except ValueError:
+def _done_with_devices(spec: PodJSON) -> bool:
+    """Whether kubelet is done with the pod's devices for good: phase Succeeded or Failed (a
+    pod kubelet rejected is Failed, kubelet.go ``rejectPod``), or every container status (init
+    containers included) is terminated and the restart policy starts none again (``Never``, or
+    ``OnFailure`` with every exit code 0).  kubelet does not admit a
+    pod of a terminal phase again (kubelet.go HandlePodAdditions, ``IsPodPhaseTerminal``)."""
+    status = spec.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
         return True
-    if not wanted:
+    statuses = [
+        s
+        for key in ("initContainerStatuses", "containerStatuses")
+        for s in status.get(key) or []
+        if isinstance(s, Mapping)
+    ]
+    if not statuses or len(status.get("containerStatuses") or []) == 0:
         return False
-    names = [c for c, _ in wanted]
+    ended = [s["state"]["terminated"] for s in statuses if _terminated(s)]
+    if len(ended) != len(statuses):
+        return False
+    policy = str((spec.get("spec") or {}).get("restartPolicy") or "Always")
+    if policy == "Never":
+        return True
+    # OnFailure restarts a failed container, Always every one: kubelet may start them again
+    return policy == "OnFailure" and all(
+        isinstance(t, Mapping) and t.get("exitCode") == 0 for t in ended
+    )
+
+
+def _terminated(status: Mapping[str, Any]) -> bool:
+    state = status.get("state")
+    return isinstance(state, Mapping) and isinstance(state.get("terminated"), Mapping)
+
+
+def _device_plugin_containers(spec: PodJSON, resource: str) -> list[ContainerName]:
+    """The pod's containers that get ``resource`` from a device plugin: those asking for it,
+    less those whose request kubelet leaves to a DRA driver (``status.extendedResourceClaimStatus
+    .requestMappings``, cm/devicemanager/manager.go ``isDRAExtendedResource``, v1.37.2).
+    Raises ``ValueError`` for a request that does not parse."""
+    wanted = [c for c, _ in gpu_containers(spec, resource)]
+    claim = (spec.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    mappings = claim.get("requestMappings") if isinstance(claim, Mapping) else None
+    dra = {
+        str(m.get("containerName"))
+        for m in mappings or []
+        if isinstance(m, Mapping) and m.get("resourceName") == resource
+    }
+    return [c for c in wanted if c not in dra]
+
+
+def _may_await(
+    entry: KubeletPod, spec: PodJSON, ctx: Context, *, recorded: KubeletRecords | None = None
+) -> bool:
+    """Whether a pod kubelet lists may still be waiting for devices of ``ctx.resource``
+    (``kubelet_admitting`` states the rule)."""
+    if _done_with_devices(spec):
+        return False
+    try:
+        names = _device_plugin_containers(spec, ctx.resource)
+    except ValueError:
+        return True  # kubelet parses it its own way
+    if not names:
+        return False
+    uid = str((spec.get("metadata") or {}).get("uid") or "")
+    mine = recorded.get(uid) if recorded is not None and uid else None
+    if mine is not None and all(c in mine for c in names):
+        return False
     if any(c in entry.containers and not entry.containers[c] for c in names):
         return True
-    uid = str((spec.get("metadata") or {}).get("uid") or "")
     init_only = not any(c in entry.containers for c in names)
     return init_only and handoff_status(spec, uid=uid, node=ctx.node).in_handoff
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from deviceplugin.decide import (
+    UNKNOWN_POD_WAIT_S,
     Allocation,
     Context,
     HandoffProgress,
@@ -630,30 +631,106 @@ def test_another_pending_gpu_pod_bound_here_makes_allocate_ambiguous() -> None:
     [
         bypass(gpus=None),  # asks for no GPU
         bypass(gpus=0),
-        bypass(phase="Running"),  # admitted
-        bypass(containerStatuses=[{"name": "c", "state": {"waiting": {}}}]),  # admitted
-        bypass(phase="Failed"),  # rejected
+        bypass(phase="Failed", reason="UnexpectedAdmissionError"),  # kubelet rejected it
+        bypass(phase="Succeeded"),  # a finished Job pod
         {**bypass(), "spec": {"nodeName": "n2", "containers": [container("c", 1)]}},
     ],
-    ids=["no-gpu", "zero-gpus", "running", "waiting", "failed", "elsewhere"],
+    ids=["no-gpu", "zero-gpus", "rejected", "succeeded", "elsewhere"],
 )
 def test_pods_that_cannot_be_admitted_for_gpus_now_are_no_bystanders(other: dict[str, Any]) -> None:
-    served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=[ONE_POD, other]))
+    a = served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=[ONE_POD, other]))
+    assert (a.container, a.devices, a.token, a.last) == ("main", tuple(ids(3)), TOKEN, True)
 
 
-def test_a_pod_this_plugin_served_is_no_bystander() -> None:
-    """The previous holder, served a moment ago, is Pending until kubelet writes its statuses."""
-    done = bypass("previous", uid="uid-prev")
-    bound = [ONE_POD, done]
-    refused(
-        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=bound),
-        RefusalKind.AMBIGUOUS,
-    )
-    served(
+@pytest.mark.parametrize(
+    "other",
+    [
+        bypass(phase="Running"),
+        bypass(containerStatuses=[{"name": "c", "state": {"waiting": {}}}]),
+    ],
+    ids=["running", "waiting"],
+)
+def test_an_admitted_gpu_pod_is_a_bystander_unless_kubelet_records_its_devices(
+    other: dict[str, Any],
+) -> None:
+    """Without List, an admitted pod may be one kubelet calls Allocate for again (it restarted
+    and lost its checkpoint): it counts unless kubelet's checkpoint records its devices."""
+    bound = [ONE_POD, other]
+    for recorded in (None, {}, {"uid-x": []}):
+        r = refused(
+            decide_allocate(
+                lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=bound, recorded=recorded
+            ),
+            RefusalKind.AMBIGUOUS,
+        )
+        assert r.release is None
+        assert "ns/sneaky (uid uid-x)" in r.message
+    a = served(
         decide_allocate(
-            lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=bound, served_pods={"uid-prev"}
+            lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=bound, recorded={"uid-x": ["c"]}
         )
     )
+    assert (a.devices, a.token) == (tuple(ids(3)), TOKEN)
+
+
+def test_a_pod_this_plugin_served_is_no_bystander_only_while_kubelet_records_it() -> None:
+    """The previous holder, served a moment ago, is Pending until kubelet writes its statuses.
+    It is no bystander once kubelet's checkpoint records its devices; being in the plugin's
+    own ``served_pods`` is not enough (issue 31 hole 1: kubelet may have restarted before
+    writing its checkpoint, and calls Allocate for that pod again)."""
+    done = bypass("previous", uid="uid-prev")
+    bound = [ONE_POD, done]
+    for served_pods in (set(), {"uid-prev"}):
+        r = refused(
+            decide_allocate(
+                lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=bound, served_pods=served_pods
+            ),
+            RefusalKind.AMBIGUOUS,
+        )
+        assert "ns/previous (uid uid-prev)" in r.message
+        assert r.release is None
+    a = served(
+        decide_allocate(
+            lease(ONE),
+            ONE_POD,
+            ids(3),
+            None,
+            CTX,
+            bound_here=bound,
+            served_pods={"uid-prev"},
+            recorded={"uid-prev": ["c"]},
+        )
+    )
+    assert (a.container, a.devices) == ("main", tuple(ids(3)))
+
+
+def test_after_a_kubelet_restart_the_fallback_never_serves_a_served_pod_the_holders_devices() -> (
+    None
+):
+    """Issue 31 hole 1 on the fallback path: P was served (Running now), kubelet restarted
+    without writing its checkpoint, Q holds the lock, List fails; kubelet's Allocate for P
+    must not get Q's devices."""
+    p_running = bypass(
+        "p-old", uid="uid-p", phase="Running", containerStatuses=[{"name": "c", "state": {}}]
+    )
+    q = pod(ONE, containers=[container("main", 1)], uid="uid-q")
+    q["metadata"]["name"] = "q"
+    view = lease(ONE, uid="uid-q", holder="ns/q")
+    r = refused(
+        decide_allocate(
+            view,
+            q,
+            ids(3),
+            None,
+            CTX,
+            bound_here=[q, p_running],
+            served_pods={"uid-p"},
+            recorded={},  # the checkpoint kubelet wrote after its restart lacks P
+        ),
+        RefusalKind.AMBIGUOUS,
+    )
+    assert "ns/p-old (uid uid-p)" in r.message
+    assert r.release is None
 
 
 def test_a_pod_being_deleted_before_admission_is_a_bystander() -> None:
@@ -683,17 +760,44 @@ def test_the_holder_alone_awaiting_devices_is_served() -> None:
     """Other pods kubelet lists have their devices, ask for none, or were served by this plugin."""
     running = bypass("running", uid="uid-r")
     cpu_only = bypass("cpu", gpus=None, uid="uid-c")
-    previous = bypass("previous", uid="uid-prev")  # served: kubelet lists it with no devices yet
+    previous = bypass("previous", uid="uid-prev")  # served, its status not written yet
     entries = [
         listed("p", main=[]),
         listed("running", c=ids(5)),
         listed("cpu", c=[]),
-        listed("previous", c=[]),
+        listed("previous", c=ids(6)),
     ]
     specs = {"ns/running": running, "ns/cpu": cpu_only, "ns/previous": previous}
     seen = admitting(entries, specs, {"uid-prev"})
     assert seen == KubeletAdmission(holder_listed=True, others=())
-    served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=seen))
+    a = served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=seen))
+    assert (a.container, a.devices, a.token, a.last) == ("main", tuple(ids(3)), TOKEN, True)
+
+
+def test_a_served_pod_kubelet_lists_without_devices_may_be_asked_for_again() -> None:
+    """Issue 31 hole 1 with List: kubelet restarted before writing its checkpoint and lists the
+    pod this plugin served with no devices; it calls Allocate for it again (at re-admission, or
+    from the pod worker via GetDeviceRunContainerOptions), so it counts until kubelet records
+    its devices again (List or checkpoint)."""
+    previous = bypass("previous", uid="uid-prev", phase="Running")
+    entries = [listed("p", main=[]), listed("previous", c=[])]
+    seen = admitting(entries, {"ns/previous": previous}, {"uid-prev"})
+    assert seen == KubeletAdmission(holder_listed=True, others=("ns/previous",))
+    r = refused(
+        decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=seen),
+        RefusalKind.AMBIGUOUS,
+    )
+    assert "ns/previous" in r.message
+    assert r.release is None
+    recorded = kubelet_admitting(
+        entries,
+        {"ns/previous": previous},
+        HolderKey("ns/p"),
+        {"uid-prev"},
+        CTX,
+        recorded={"uid-prev": ["c"]},
+    )
+    assert recorded == KubeletAdmission(holder_listed=True, others=())
 
 
 def test_kubelet_admitting_a_bypass_pod_is_refused_and_the_lock_kept() -> None:
@@ -784,3 +888,143 @@ def test_a_holder_kubelet_already_gave_its_gpus_is_not_the_pod_it_asks_about() -
         [listed("p", main=[])], {}, HolderKey("ns/p"), set(), CTX, holder_pod=ONE_POD
     )
     served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=waiting))
+
+
+# -- kubelets that list every pod in their pod manager (before 1.34, or the gate off) -----------
+
+
+def terminated(name: str, exit_code: int) -> dict[str, Any]:
+    return {"name": name, "state": {"terminated": {"exitCode": exit_code}}}
+
+
+def with_spec(other: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {**other, "spec": {**other["spec"], **spec}}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        bypass("other", phase="Succeeded"),  # a finished Job pod
+        bypass("other", phase="Failed"),  # failed
+        bypass("other", phase="Failed", reason="OutOfnvidia.com/gpu"),  # kubelet rejected it
+        with_spec(  # every container ended and none starts again
+            bypass("other", phase="Running", containerStatuses=[terminated("c", 1)]),
+            restartPolicy="Never",
+        ),
+        with_spec(
+            bypass("other", phase="Running", containerStatuses=[terminated("c", 0)]),
+            restartPolicy="OnFailure",
+        ),
+    ],
+    ids=["succeeded", "failed", "rejected", "ended-never", "ended-onfailure-ok"],
+)
+def test_a_finished_or_rejected_pod_listed_without_devices_never_blocks(
+    spec: dict[str, Any],
+) -> None:
+    """kubelet before 1.34 lists such a pod, its GPU container without devices (kubelet freed
+    them), until the pod is deleted from the API."""
+    seen = admitting([listed("p", main=[]), listed("other", c=[])], {"ns/other": spec})
+    assert seen == KubeletAdmission(holder_listed=True, others=())
+    a = served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=seen))
+    assert (a.container, a.devices, a.token) == ("main", tuple(ids(3)), TOKEN)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        with_spec(  # Always starts it again
+            bypass("other", phase="Running", containerStatuses=[terminated("c", 0)]),
+            restartPolicy="Always",
+        ),
+        with_spec(  # OnFailure starts a failed one again
+            bypass("other", phase="Running", containerStatuses=[terminated("c", 1)]),
+            restartPolicy="OnFailure",
+        ),
+        with_spec(  # one container still runs
+            bypass(
+                "other",
+                phase="Running",
+                containerStatuses=[terminated("c", 0), {"name": "d", "state": {"running": {}}}],
+            ),
+            restartPolicy="Never",
+        ),
+    ],
+    ids=["always", "onfailure-failed", "one-running"],
+)
+def test_a_pod_whose_containers_may_start_again_still_counts(spec: dict[str, Any]) -> None:
+    seen = admitting([listed("p", main=[]), listed("other", c=[])], {"ns/other": spec})
+    assert seen == KubeletAdmission(holder_listed=True, others=("ns/other",))
+
+
+def test_a_pod_whose_gpus_come_from_dra_is_not_counted() -> None:
+    """kubelet 1.37 leaves a request mapped in ``extendedResourceClaimStatus`` to the DRA
+    driver and lists the container with no device plugin devices, for good."""
+    dra = bypass(
+        "other",
+        extendedResourceClaimStatus={
+            "resourceClaimName": "other-extended-resources-xyz",
+            "requestMappings": [
+                {"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "r0"}
+            ],
+        },
+    )
+    seen = admitting([listed("p", main=[]), listed("other", c=[])], {"ns/other": dra})
+    assert seen == KubeletAdmission(holder_listed=True, others=())
+    other_resource = copy.deepcopy(dra)
+    other_resource["status"]["extendedResourceClaimStatus"]["requestMappings"][0][
+        "resourceName"
+    ] = "example.com/fpga"
+    counted = admitting([listed("p", main=[]), listed("other", c=[])], {"ns/other": other_resource})
+    assert counted.others == ("ns/other",)
+
+
+def test_an_unknown_listed_pod_counts_only_as_long_as_an_admission_can_take() -> None:
+    """A static pod without a mirror pod is listed by kubelet and unknown to the API server."""
+    entries = [listed("p", main=[]), listed("static-n1", c=[])]
+    specs: dict[str, Any] = {"ns/static-n1": None}
+
+    def seen_after(age: float | None) -> KubeletAdmission:
+        ages = None if age is None else {"ns/static-n1": age}
+        return kubelet_admitting(
+            entries, specs, HolderKey("ns/p"), set(), CTX, holder_pod=ONE_POD, unknown_for_s=ages
+        )
+
+    for age in (None, 0.0, UNKNOWN_POD_WAIT_S - 1):
+        early = seen_after(age)
+        assert early.holder_listed
+        assert early.ignored_unknown == ()
+        assert len(early.others) == 1
+        assert early.others[0].startswith("ns/static-n1 (unknown to the API server")
+        assert f"at most {UNKNOWN_POD_WAIT_S:.0f} s" in early.others[0]
+        r = refused(
+            decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=early),
+            RefusalKind.AMBIGUOUS,
+        )
+        assert "ns/static-n1 (unknown to the API server" in r.message
+    late = seen_after(UNKNOWN_POD_WAIT_S)
+    assert late == KubeletAdmission(
+        holder_listed=True, others=(), ignored_unknown=("ns/static-n1",)
+    )
+    a = served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=late))
+    assert (a.devices, a.token) == (tuple(ids(3)), TOKEN)
+
+
+def test_a_static_pod_with_its_mirror_pod_is_judged_by_the_mirror_pods_status() -> None:
+    mirror = bypass("static-n1", phase="Running")
+    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "abc"}
+    entries = [listed("p", main=[]), listed("static-n1", c=ids(5))]
+    seen = admitting(entries, {"ns/static-n1": mirror})
+    assert seen == KubeletAdmission(holder_listed=True, others=())
+    finished = bypass("static-n1", phase="Failed")
+    gone = admitting([listed("p", main=[]), listed("static-n1", c=[])], {"ns/static-n1": finished})
+    assert gone == KubeletAdmission(holder_listed=True, others=())
+
+
+def test_a_holder_kubelet_rejected_after_allocate_is_not_the_pod_it_asks_about() -> None:
+    """kubelet's later admit handlers (resources, affinity, taints, AppArmor, shutdown) may
+    reject a pod after its Allocate was answered; a holder listed as Failed is not served."""
+    rejected = {**ONE_POD, "status": {"phase": "Failed", "reason": "NodeAffinity"}}
+    seen = kubelet_admitting(
+        [listed("p", main=[])], {}, HolderKey("ns/p"), set(), CTX, holder_pod=rejected
+    )
+    assert seen == KubeletAdmission(holder_listed=False, others=())
