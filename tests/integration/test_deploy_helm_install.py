@@ -27,6 +27,7 @@ class Installed:
     release: str
     namespace: str
     cluster: Cluster
+    notes: str = ""  # what `helm install` printed
 
     def helm(self, *args: str) -> str:
         res = subprocess.run(
@@ -62,7 +63,7 @@ def installed(cluster: Cluster) -> Iterator[Installed]:
         f"devicePlugin.nodeSelector.{nowhere}",
         f"admission.podNamespaceSelector.matchLabels.nodelock-deploy-test={tag}",
     ]
-    inst.helm(
+    inst.notes = inst.helm(
         "install",
         inst.release,
         str(CHART_DIR),
@@ -89,6 +90,28 @@ def installed(cluster: Cluster) -> Iterator[Installed]:
             check=False,
         )
         cluster.kubectl("delete", "namespace", inst.namespace, "--wait=false", check=False)
+
+
+def test_gpu_pods_are_given_the_scheduler_where_the_cluster_serves_the_mutating_policy(
+    installed: Installed,
+) -> None:
+    # Helm asks the cluster's discovery (.Capabilities.APIVersions), not a version table
+    resources = installed.cluster.kubectl(
+        "api-resources", "--api-group=admissionregistration.k8s.io", "-o", "name"
+    ).split()
+    served = any(r.startswith("mutatingadmissionpolicies.") for r in resources)
+    name = f"{installed.release}-gpu-pods-scheduler"
+    if served:
+        assert installed.exists("mutatingadmissionpolicy", name, namespaced=False)
+        assert f"given it by MutatingAdmissionPolicy {name}" in installed.notes
+    else:
+        assert "serves no MutatingAdmissionPolicy v1" in installed.notes
+    assert installed.exists(
+        "validatingadmissionpolicy", f"{installed.release}-gpu-pods", namespaced=False
+    )
+    # the notes send the operator to the install page's next steps, not a path of their own
+    assert "docs/install.md" in installed.notes
+    assert '"Verify with a real GPU pod", then "Migrate node by node"' in installed.notes
 
 
 def secret_data(inst: Installed, name: str) -> dict[str, str]:
