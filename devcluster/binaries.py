@@ -5,7 +5,10 @@ kubectl from the wrapper module in ``devcluster/gomod`` (Kubernetes ``KUBERNETES
 its staging modules replaced by their published versions) into ``<cache>/k8s/<version>/``; with
 ``version=`` another release from ``devcluster.versions`` (its programs and kubelet, from its own
 wrapper module, into ``<cache>/k8s/<tag>/``).
-``ensure_simkubelet`` builds the simulated-node harness, keyed by a hash of its sources.
+``ensure_simkubelet`` builds the simulated-node harness and ``ensure_cri`` the fake CRI runtime
+a real kubelet runs against, each keyed by a hash of the module's sources; ``ensure_kubelet``
+builds the real kubelet of a release into an entry of its own (``<cache>/kubelet/<tag>`` for the
+default release, so the control plane's entry is untouched; another release's entry has it).
 
 Guarantees: a second call with a complete cache builds nothing; a cache entry is used only when
 every binary matches the SHA-256 recorded when it was built (a corrupt or partial entry is
@@ -49,6 +52,8 @@ VERSIONED_CONTROL_PLANE: dict[str, str] = {
     "kubelet": "k8s.io/kubernetes/cmd/kubelet",
 }
 SIMKUBELET = ("nodelock-simkubelet", "./cmd/nodelock-simkubelet")
+CRI = ("nodelock-cri", "./cmd/nodelock-cri")
+KUBELET = ("kubelet", "k8s.io/kubernetes/cmd/kubelet")
 
 Progress = Callable[[str], None]
 
@@ -327,3 +332,36 @@ def ensure_simkubelet(
         )
         / name
     )
+
+
+def ensure_cri(
+    *, cache: str | os.PathLike[str] | None = None, build: bool = True, progress: Progress = _stderr
+) -> Path:
+    """Path of the fake CRI runtime (``nodelock-cri``) real kubelets run against, built if not
+    cached."""
+    name, package = CRI
+    entry = cache_root(cache) / "nodelock-cri" / simkubelet_key()
+    what = "fake CRI runtime"
+    return _ensure(entry, {name: package}, what=what, build=build, progress=progress) / name
+
+
+def ensure_kubelet(
+    *,
+    cache: str | os.PathLike[str] | None = None,
+    build: bool = True,
+    progress: Progress = _stderr,
+    version: str | None = None,
+) -> Path:
+    """Path of the real kubelet of ``version`` (default ``KUBERNETES_VERSION``), built if not
+    cached: the default release's in ``<cache>/kubelet/<tag>`` (the control plane's entry keeps
+    its checksums), another release's from that release's entry (``ensure_control_plane``)."""
+    release = resolve(version)
+    if not release.is_default:
+        binaries = ensure_control_plane(
+            cache=cache, build=build, progress=progress, version=version
+        )
+        return binaries.path("kubelet")
+    name, package = KUBELET
+    entry = cache_root(cache) / "kubelet" / release.tag
+    what = f"Kubernetes {release.tag} kubelet"
+    return _ensure(entry, {name: package}, what=what, build=build, progress=progress) / name
