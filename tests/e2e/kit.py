@@ -14,9 +14,11 @@ from typing import Any
 
 from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.gpunodes import NodeSpec
-from devcluster.invariants import allocated, check_pods
+from devcluster.invariants import Findings, allocated, check_locks_free, check_pods
 from devcluster.namespaces import create_namespace
-from handoff.wire import DEFAULT_LOCK_NAMESPACE, parse_inventory
+from devcluster.processes import Proc, alive, group_members
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, MIG_RESOURCE_PREFIX, parse_inventory
+from kube import failpoints
 from kube.client import JSON, KubeClient, lease_path, namespace_path, node_path, pod_path
 from kube.errors import NotFound
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
@@ -35,20 +37,43 @@ class GPUCluster:
     nodes: list[str]
     kube: KubeClient = field(init=False)
     namespace: str = field(init=False, default="")
+    # pods of the current test that it makes fail or keep Pending on purpose (L1 leaves them)
+    unadmitted: set[str] = field(init=False, default_factory=set)
+    # nodes whose lock the current test's pods took (their Lease must exist, and end free)
+    locked_nodes: set[str] = field(init=False, default_factory=set)
 
     async def new_namespace(self) -> str:
         self.namespace = await create_namespace(self.kube, f"e2e-{secrets.token_hex(3)}")
+        self.unadmitted = set()
+        self.locked_nodes = set()
         return self.namespace
 
-    async def cleanup(self) -> None:
-        """Delete the namespace and wait until its pods are gone and every lock is free."""
+    def expect_unadmitted(self, *names: str) -> None:
+        """Say that these pods of the test end not admitted on purpose (Failed or Pending)."""
+        self.unadmitted.update(names)
+
+    async def cleanup(self, *, timeout_s: float = 60.0) -> None:
+        """Delete the namespace, wait until its pods are gone and every lock is free, and raise
+        ``AssertionError`` naming what is left after ``timeout_s``: S3, no lock held once its
+        cause is gone, for the nodes in ``locked_nodes`` (their Leases must exist) and every
+        other node lock."""
         with contextlib.suppress(NotFound):
             await self.kube.delete(namespace_path(self.namespace))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + timeout_s
+        while True:
             pods = (await self.kube.list(pod_path(self.namespace)))["items"]
-            if not pods and not await held_locks(self.kube):
+            leases = (await self.kube.list(lease_path(DEFAULT_LOCK_NAMESPACE)))["items"]
+            found = Findings()
+            check_locks_free(leases, found, nodes=self.locked_nodes)
+            left = [*found.s3, *found.coverage]
+            if not pods and not left:
                 return
+            if time.monotonic() > deadline:
+                names = sorted(p["metadata"]["name"] for p in pods)
+                raise AssertionError(
+                    f"cleanup of {self.namespace} after {timeout_s:.0f}s: pods left {names}; "
+                    f"locks: {left}"
+                )
             await asyncio.sleep(0.25)
 
     async def create_pod(
@@ -143,29 +168,34 @@ class GPUCluster:
 
 @contextlib.contextmanager
 def gpu_cluster_of_its_own(
-    prefix: str, start: Callable[[Cluster], Sequence[NodeSpec]]
+    prefix: str, start: Callable[[Cluster], Sequence[NodeSpec]], *, version: str | None = None
 ) -> Iterator[GPUCluster]:
-    """A devcluster of its own (``devcluster.cluster.throwaway_cluster``) whose extender and GPU
-    nodes ``start`` starts (it returns the nodes); stopped when the ``with`` block ends."""
-    with throwaway_cluster(prefix) as cluster:
+    """A devcluster of its own (``devcluster.cluster.throwaway_cluster``) of Kubernetes
+    ``version`` (default: the default release) whose extender and GPU nodes ``start`` starts (it
+    returns the nodes); stopped when the ``with`` block ends."""
+    with throwaway_cluster(prefix, version=version) as cluster:
         yield GPUCluster(cluster, [spec.name for spec in start(cluster)])
 
 
 @asynccontextmanager
 async def for_one_test(c: GPUCluster, *, judge: bool = True) -> AsyncIterator[GPUCluster]:
-    """``c`` with a client and a fresh namespace for one test.  With ``judge``, S1/S2 are checked
-    over all pods after the test, then the namespace is deleted and the locks waited free;
-    without, the test judges by itself and the namespace stays (its cluster goes with it)."""
+    """``c`` with a client and a fresh namespace for one test.  With ``judge``, S1, S2 and L1
+    (every GPU pod admitted but those the test names in ``expect_unadmitted``) are checked over
+    all pods after the test, then the namespace is deleted and S3 checked: every lock free once
+    the pods are gone (``GPUCluster.cleanup`` raises what is left).  Without, the test judges by
+    itself and the namespace stays (its cluster goes with it)."""
     c.kube = await KubeClient.connect(str(c.cluster.kubeconfig))
     await c.new_namespace()
     try:
         yield c
         if judge:
-            await assert_no_violations(c.kube)
+            await assert_no_violations(c)
     finally:
-        if judge:
-            await c.cleanup()
-        await c.kube.close()
+        try:
+            if judge:
+                await c.cleanup()
+        finally:
+            await c.kube.close()
 
 
 def gpu_pod(
@@ -226,18 +256,48 @@ async def held_locks(kube: KubeClient) -> dict[str, str]:
     }
 
 
-async def assert_no_violations(kube: KubeClient) -> None:
+def asks_for_devices(pod: Mapping[str, Any]) -> bool:
+    """Whether any container of the pod names whole GPUs or MIG instances (read here, apart
+    from the checker, so that a checker that filters pods out cannot pass)."""
+    spec = pod.get("spec", {})
+    for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+        res = c.get("resources") or {}
+        for r in [*(res.get("limits") or {}), *(res.get("requests") or {})]:
+            if r == RESOURCE or r.startswith(MIG_RESOURCE_PREFIX):
+                return True
+    return False
+
+
+async def assert_no_violations(c: GPUCluster, *, require_admitted: bool = True) -> None:
     """S1 and S2 over every pod in the cluster, from the simulated kubelets' records (S1 on
-    shared GPUs against the nodes' published inventories)."""
-    pods = (await kube.list(pod_path()))["items"]
+    shared GPUs against the nodes' published inventories), every GPU pod checked; with
+    ``require_admitted``, L1 too (but for the pods named in ``c.expect_unadmitted``).  Records
+    the nodes whose lock the pods took in ``c.locked_nodes``, for S3 at cleanup."""
+    pods = (await c.kube.list(pod_path()))["items"]
     inventories = {}
-    for node in (await kube.list(node_path()))["items"]:
+    for node in (await c.kube.list(node_path()))["items"]:
         raw = node["metadata"].get("annotations", {}).get("nodelock.io/gpus")
         if raw:
             inventories[node["metadata"]["name"]] = parse_inventory(raw)
-    found = check_pods(pods, require_admitted=False, inventories=inventories)
+    gpu_pods = [p for p in pods if asks_for_devices(p)]
+    found = check_pods(
+        pods,
+        expected_pods=len(gpu_pods),
+        require_admitted=require_admitted,
+        may_be_unadmitted={c.key(n) for n in c.unadmitted},
+        inventories=inventories,
+    )
     assert not found.s1, found.s1
     assert not found.s2, found.s2
+    assert not found.l1, found.l1
+    if gpu_pods:
+        assert not found.coverage, found.coverage
+    c.locked_nodes |= {
+        p["spec"]["nodeName"]
+        for p in gpu_pods
+        if p.get("status", {}).get("phase") in ("Running", "Succeeded")
+        and "nodelock.io/assignment" in p["metadata"].get("annotations", {})
+    }
 
 
 async def metric_value(url: str, name: str, **labels: str) -> float:
@@ -331,9 +391,8 @@ async def restart_extenders(
 ) -> None:
     """Restart extender replicas (all, or ``only`` these) with ``env`` (or ``env_for[name]``)
     and wait until each is ready."""
-    for name, proc in cluster.state.procs().items():
-        replica = name == "extender" or (name.startswith("extender-") and name != "extender-lb")
-        if not replica or (only is not None and name not in only):
+    for name, proc in extender_replicas(cluster).items():
+        if only is not None and name not in only:
             continue
         cluster.restart_component(name, env=(env_for or {}).get(name, env))
         await wait_http_ok(f"{extender_metrics_url(proc.argv)}/readyz")
@@ -355,3 +414,86 @@ async def slow_admission(e2e: GPUCluster, node: str, *, seconds: float) -> Async
         seen = plugin_registrations(e2e.cluster, node)
         e2e.cluster.restart_component(plugin, env={})
         await wait_registrations(e2e.cluster, node, seen)
+
+
+# ---- proof that a fault happened ----------------------------------------------------------------
+
+
+def exited_at(name: str) -> str:
+    """The line a failpoint with the ``exit`` action logs as it ends its process."""
+    assert failpoints.KNOWN[name] is failpoints.Action.EXIT, name
+    return f"{failpoints.LINE.format(name=name)}exiting now"
+
+
+def sleeping_at(name: str) -> str:
+    """The start of the line a failpoint with a ``sleep`` action logs as it starts waiting."""
+    assert failpoints.KNOWN[name] is failpoints.Action.SLEEP, name
+    return f"{failpoints.LINE.format(name=name)}sleeping"
+
+
+def log_count(c: GPUCluster, component: str, text: str) -> int:
+    """How many times ``component``'s log holds ``text``."""
+    try:
+        return (c.cluster.log_dir / f"{component}.log").read_text(errors="replace").count(text)
+    except FileNotFoundError:
+        return 0
+
+
+async def wait_log(
+    c: GPUCluster, component: str, text: str, more_than: int, *, timeout_s: float = 60.0
+) -> None:
+    """Wait until ``component``'s log holds ``text`` more than ``more_than`` times."""
+    deadline = time.monotonic() + timeout_s
+    while log_count(c, component, text) <= more_than:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{component} never logged {text!r} in {timeout_s}s")
+        await asyncio.sleep(0.1)
+
+
+async def wait_any_log(
+    c: GPUCluster, text: str, before: Mapping[str, int], *, timeout_s: float = 60.0
+) -> list[str]:
+    """Wait until one of the components in ``before`` (name -> count then) logs ``text`` again;
+    the components that did."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        logged = [n for n, count in before.items() if log_count(c, n, text) > count]
+        if logged:
+            return logged
+        if time.monotonic() > deadline:
+            raise AssertionError(f"none of {sorted(before)} logged {text!r} in {timeout_s}s")
+        await asyncio.sleep(0.1)
+
+
+def extender_replicas(cluster: Cluster) -> dict[str, Proc]:
+    """The extender replicas' processes by name (not the proxy in front of them)."""
+    return {
+        name: proc
+        for name, proc in cluster.state.procs().items()
+        if name == "extender" or (name.startswith("extender-") and name != "extender-lb")
+    }
+
+
+def process_gone(proc: Proc) -> bool:
+    """Whether the recorded process has ended (a zombie not yet reaped counts as ended)."""
+    return not alive(proc) or not group_members(proc.pid)
+
+
+async def wait_process_gone(proc: Proc, *, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not process_gone(proc):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{proc.name} (pid {proc.pid}) still runs after {timeout_s}s")
+        await asyncio.sleep(0.05)
+
+
+async def replica_binds(c: GPUCluster) -> dict[str, float]:
+    """Bind calls each extender replica has answered so far (its own metrics port)."""
+    return {
+        name: await metric_value(
+            f"{extender_metrics_url(proc.argv)}/metrics",
+            "nodelock_extender_requests_total",
+            verb="bind",
+        )
+        for name, proc in sorted(extender_replicas(c.cluster).items())
+    }

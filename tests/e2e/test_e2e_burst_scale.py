@@ -12,7 +12,8 @@ default lock duration.  What must hold after the burst:
   API server wrote the Lease (a watch from before the burst) and in the order of the pods'
   bound-at times, and each pod's token the one its Lease hold carried;
 - at most two binds refused for a held lock over both replicas, none answered after
-  kube-scheduler's ``httpTimeout``.
+  kube-scheduler's ``httpTimeout``;
+- S3: once the pods are deleted, every node's Lease exists and no lock is held.
 """
 
 from __future__ import annotations
@@ -127,8 +128,14 @@ async def test_64_pods_at_once_on_8_nodes_through_two_replicas(scale: GPUCluster
     assert sorted(given) == sorted(
         simulated_id(n, i) for n in scale.nodes for i in range(GPUS_PER_NODE)
     )
-    found = check_pods(pods, require_admitted=True)
-    assert (found.checked_pods, found.s1, found.s2, found.l1) == (PODS, [], [], [])
+    found = check_pods(pods, expected_pods=PODS, require_admitted=True)
+    assert (found.checked_pods, found.s1, found.s2, found.l1, found.coverage) == (
+        PODS,
+        [],
+        [],
+        [],
+        [],
+    )
     result = await audit(kube, devcluster_sources(scale.cluster.state_dir))
     assert sorted(result.nodes) == sorted(scale.nodes)
     assert (result.disagreements, result.notes) == ([], [])
@@ -159,3 +166,6 @@ async def test_64_pods_at_once_on_8_nodes_through_two_replicas(scale: GPUCluster
     )
     assert refused <= 2, f"{refused} binds refused for a held lock in a burst the nodes can serve"
     assert await binds_over_timeout(scale) == 0
+    # S3: once the pods are gone, every node's Lease exists and no lock is held
+    scale.locked_nodes = set(scale.nodes)
+    await scale.cleanup()

@@ -87,7 +87,7 @@ async def test_app_containers_reuse_init_container_devices_in_kubelets_order(
                 assert not kept & set(ids), (name, seen)
                 kept |= set(ids)
             assert set(seen["init0"]) <= pods_devices
-        await assert_no_violations(e2e.kube)  # S1 across the round's pods, S2 from the records
+        await assert_no_violations(e2e)  # S1 across the round's pods, S2 from the records
         for name in names:
             await e2e.kube.delete(pod_path(e2e.namespace, name), grace_period_seconds=0)
         for name in names:
@@ -153,6 +153,7 @@ async def test_forged_pod_bound_directly_is_refused_and_takes_no_lock(e2e: GPUCl
         "nodelock.io/token": "1",
     }
     before = await e2e.lease(node)
+    e2e.expect_unadmitted("forged")
     await e2e.create_pod(
         "forged", [1], node=node, bind_directly=True, annotations=forged, labels=BYPASS
     )
@@ -181,6 +182,7 @@ async def test_bypass_pod_racing_a_handoff_fails_alone_and_the_holder_runs(
     release, the holder runs with its assignment, no device goes to two pods."""
     node = e2e.nodes[-1]
     await e2e.allow_bypass()
+    e2e.expect_unadmitted("sneaky")
     async with slow_admission(e2e, node, seconds=3):
         await e2e.create_pod("sneaky", [1], node=node, bind_directly=True, labels=BYPASS)
         await asyncio.sleep(0.5)  # kubelet is inside the bypass pod's Allocate
@@ -201,6 +203,7 @@ async def test_bypass_pod_racing_a_handoff_fails_alone_and_the_holder_runs(
 async def test_owner_editing_assignment_after_binding_gets_nothing(e2e: GPUCluster) -> None:
     """S2: the plugin serves the Lease's copy of the assignment, never the pod owner's edit."""
     node = e2e.nodes[1]
+    e2e.expect_unadmitted("victim")
     async with slow_admission(e2e, node, seconds=6):
         await e2e.create_pod("victim", [1], node=node)
         pod = await e2e.wait_bound("victim")

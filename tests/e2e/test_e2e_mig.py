@@ -117,6 +117,7 @@ async def test_instances_of_two_profiles_each_pod_its_own_then_pending(mig: GPUC
 
     # every instance of the profile is taken: a fifth stays Pending, with a reason (kube-scheduler
     # counts the resource against kubelet's allocatable before asking the extender)
+    c.expect_unadmitted("fifth", "greedy")
     await c.kube.create(pod_path(c.namespace), pod("fifth", {MIG1: 1}))
     message = await stays_pending(c, "fifth")
     assert f"Insufficient {MIG1}" in message, message

@@ -74,3 +74,4 @@ async def test_the_stock_plugin_serves_kubelets_choice_then_nodelocks_plugin_is_
         assert failed["status"]["phase"] == "Failed"
         assert failed["status"]["reason"] == "UnexpectedAdmissionError"
         assert kubelet_devices(failed) == {}
+        await c.cleanup()  # S3: no lock held once the pods are gone (none took one)
