@@ -16,10 +16,12 @@ from tests.e2e.kit import (
     GPUCluster,
     assignment,
     binds_over_timeout,
+    extender_replicas,
     extender_sum,
     kubelet_devices,
     restart_extenders,
     slow_admission,
+    wait_process_gone,
 )
 
 
@@ -112,11 +114,18 @@ async def test_extenders_killed_with_binds_queued_change_no_lease(e2e: GPUCluste
         while await queued(e2e, node) < 1:
             assert time.monotonic() < deadline, "the waiter never queued"
             await asyncio.sleep(0.05)
-        for name in e2e.cluster.state.procs():
-            if name.startswith("extender-") and name != "extender-lb":
-                e2e.cluster.kill_component(name)
-        await asyncio.sleep(0.5)
+        killed = extender_replicas(e2e.cluster)
+        assert len(killed) == 2, sorted(killed)
+        for name in killed:
+            e2e.cluster.kill_component(name)
+        # proof of the kill: every replica's process is gone, with the waiter still queued
+        for proc in killed.values():
+            await wait_process_gone(proc, timeout_s=10)
         assert (await e2e.lease(node))["metadata"]["resourceVersion"] == version
+        assert not (await e2e.pod("waiter"))["spec"].get("nodeName")
         await restart_extenders(e2e.cluster, {})
+        restarted = extender_replicas(e2e.cluster)
+        assert restarted.keys() == killed.keys()
+        assert all(restarted[n].pid != killed[n].pid for n in killed), (killed, restarted)
         await e2e.wait_phase("holder", ["Running"], timeout_s=60)
         await e2e.wait_phase("waiter", ["Running"], timeout_s=60)

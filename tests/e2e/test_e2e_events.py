@@ -10,7 +10,13 @@ from typing import Any
 
 from kube.client import KubeClient, event_path
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
-from tests.e2e.kit import BYPASS, GPUCluster, slow_admission
+from tests.e2e.kit import (
+    BYPASS,
+    GPUCluster,
+    plugin_registrations,
+    slow_admission,
+    wait_registrations,
+)
 
 
 async def events_about(
@@ -73,17 +79,37 @@ async def test_refused_allocate_says_why_on_the_node(e2e: GPUCluster) -> None:
     plugin refuses its Allocate and says why, on the node (kubelet's Allocate names no pod)."""
     node = e2e.nodes[0]
     await e2e.allow_bypass()
+    e2e.expect_unadmitted("by-hand")
     gpus = json.loads(
         (await e2e.kube.get(f"/api/v1/nodes/{node}"))["metadata"]["annotations"]["nodelock.io/gpus"]
     )
     forged = {"nodelock.io/assignment": json.dumps({"c0": [gpus[0]["id"]]})}
+    # Node events live in "default", shared with every earlier test: only an Event this test's
+    # refusal wrote (new, or one counted up since) is evidence.  A plugin started afresh has no
+    # recent write to rate-limit against (kube/events.py), so its first refusal is written.
+    plugin = f"deviceplugin-{node}"
+    seen = plugin_registrations(e2e.cluster, node)
+    e2e.cluster.restart_component(plugin)
+    await wait_registrations(e2e.cluster, node, seen)
+    before = {
+        e["metadata"]["uid"]: int(e.get("count") or 1)
+        for e in await events_about(e2e.kube, "default", "Node", node, "AllocateRefused")
+    }
     await e2e.create_pod(
         "by-hand", [1], node=node, bind_directly=True, annotations=forged, labels=BYPASS
     )
     await e2e.wait_phase("by-hand", ["Failed"])
-    events = await wait_events(e2e.kube, "default", "Node", node, "AllocateRefused")
-    assert events, "no AllocateRefused event on the node"
-    event = events[-1]
+    deadline = time.monotonic() + 30
+    fresh: list[dict[str, Any]] = []
+    while not fresh and time.monotonic() < deadline:
+        fresh = [
+            e
+            for e in await events_about(e2e.kube, "default", "Node", node, "AllocateRefused")
+            if int(e.get("count") or 1) > before.get(e["metadata"]["uid"], 0)
+        ]
+        await asyncio.sleep(0.3)
+    assert len(fresh) == 1, f"not one AllocateRefused event from this refusal: {fresh}"
+    [event] = fresh
     assert event["type"] == "Warning"
     assert event["involvedObject"]["uid"] == node  # what `kubectl describe node` looks for
     assert event["source"]["component"] == "nodelock-device-plugin"

@@ -23,10 +23,17 @@ from tests.e2e.kit import (
     RESOURCE,
     GPUCluster,
     assignment,
+    exited_at,
+    extender_replicas,
     gpu_pod,
     held_locks,
+    log_count,
     plugin_registrations,
     restart_extenders,
+    sleeping_at,
+    wait_any_log,
+    wait_log,
+    wait_process_gone,
     wait_registrations,
 )
 
@@ -141,6 +148,7 @@ async def test_eight_quarter_slices_then_a_pending_ninth_and_a_whole_gpu_only_on
 
 
 async def test_bad_sharing_requests_stay_pending_with_a_reason(sharing: GPUCluster) -> None:
+    sharing.expect_unadmitted("too-big", "too-many-cores")
     await create(sharing, "too-big", gpumem="100000")
     message = await stays_pending(sharing, "too-big", seconds=0.5)
     assert "the largest GPU here has 81920 MiB" in message, message
@@ -158,10 +166,16 @@ async def test_a_mixed_burst_after_an_extender_crash_mid_bind_stays_within_capac
     GPU's committed memory and exclusivity from kubelet's records afterwards."""
     c = sharing
     node = c.nodes[0]
+    line = exited_at("bind.after-acquire")
     await restart_extenders(c.cluster, {"NODELOCK_FAILPOINTS": "bind.after-acquire"})
+    replicas = extender_replicas(c.cluster)
+    logged = {name: log_count(c, name, line) for name in replicas}
     try:
         await create(c, "first", gpumem="30000")
         await c.wait_holder(node, c.key("first"))
+        # proof of the crash: a replica logged the failpoint and its process is gone
+        for name in await wait_any_log(c, line, logged):
+            await wait_process_gone(replicas[name])
         assert not (await c.pod("first"))["spec"].get("nodeName")
     finally:
         await restart_extenders(c.cluster, {})
@@ -195,7 +209,7 @@ MIXED: list[tuple[str, int, dict[str, str]]] = [
     ("s30", 1, {"gpumem": "30000", "gpucores": "30"}),
     ("s10", 1, {"gpumem": "10000", "gpucores": "20"}),
 ]
-SLEEPING = "nodelock failpoint allocate.start: sleeping"
+SLEEPING = sleeping_at("allocate.start")
 
 
 def replica_set(name: str, replicas: int, limits: dict[str, str]) -> dict[str, Any]:
@@ -218,21 +232,6 @@ def replica_set(name: str, replicas: int, limits: dict[str, str]) -> dict[str, A
 
 def replica_sets_path(namespace: str, name: str | None = None) -> str:
     return f"/apis/apps/v1/namespaces/{namespace}/replicasets" + (f"/{name}" if name else "")
-
-
-def log_count(c: GPUCluster, component: str, text: str) -> int:
-    try:
-        return (c.cluster.log_dir / f"{component}.log").read_text(errors="replace").count(text)
-    except FileNotFoundError:
-        return 0
-
-
-async def wait_log(c: GPUCluster, component: str, text: str, more_than: int) -> None:
-    for _ in range(600):
-        if log_count(c, component, text) > more_than:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{component} never logged {text!r}")
 
 
 async def wait_replica_sets_ready(c: GPUCluster, *, timeout_s: float) -> list[dict[str, Any]]:
@@ -305,7 +304,7 @@ CRASHES = {
     # the answer is recorded in the plugin's checkpoint (release pending), never sent
     "exit-after-recording": (
         "allocate.after-checkpoint",
-        "nodelock failpoint allocate.after-checkpoint: exiting now",
+        exited_at("allocate.after-checkpoint"),
         False,
     ),
 }
@@ -383,6 +382,7 @@ async def test_a_mixed_burst_with_the_device_plugin_killed_mid_handoff_stays_wit
     assert victim in {c.key(p["metadata"]["name"]) for p in failed}, [
         (p["metadata"]["name"], p.get("status", {}).get("phase")) for p in pods
     ]
+    c.expect_unadmitted(*(p["metadata"]["name"] for p in failed))  # replaced by their sets
     for p in failed:
         assert p["status"].get("reason"), p["status"]
         assert p["status"].get("message"), p["status"]
