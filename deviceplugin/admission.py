@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -46,6 +46,7 @@ from deviceplugin.decide import (
     Context,
     HandoffProgress,
     KubeletAdmission,
+    KubeletRecords,
     MismatchPolicy,
     PodJSON,
     Preference,
@@ -59,7 +60,7 @@ from deviceplugin.decide import (
     kubelet_admitting,
 )
 from deviceplugin.devices import DeviceState
-from deviceplugin.kubeletview import KubeletViewError, PodResources
+from deviceplugin.kubeletview import KubeletViewError, PodResources, read_checkpoint
 from deviceplugin.metrics import PluginMetrics, ReleaseResult
 from deviceplugin.podwatch import NodePods
 from handoff.audit import KubeletPod
@@ -110,8 +111,17 @@ class Admission:
         pods: NodePods | None = None,
         on_refused: Callable[[Refusal, Holder | None], None] | None = None,
         kubelet: PodResources | None = None,
+        kubelet_checkpoint: Path | None = None,
+        on_fallback: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kubelet = kubelet  # kubelet's PodResources List: who it admits (else a LIST)
+        # kubelet's device checkpoint: which pods' devices kubelet records (None: not read)
+        self._kubelet_checkpoint = kubelet_checkpoint
+        self._on_fallback = on_fallback  # an Event on the node when List cannot be read
+        self._clock = clock
+        # listed pods the API server does not know, by namespace/name: when first seen so
+        self._unknown_since: dict[str, float] = {}
         self._on_refused = on_refused  # an Event on the holder pod (or the node)
         self.node = node
         self._kube = kube
@@ -285,15 +295,24 @@ class Admission:
         view = await self._view(fresh=fresh_lease)
         holder = view.record.holder if view is not None else None
         listed = await self._kubelet_list(ctx.resource)
+        recorded = await self._recorded(ctx.resource)
         kubelet: KubeletAdmission | None = None
         bound_here: list[PodJSON] = []
         if listed is not None:
             held = await self._holder_pod(view, fresh=False)
             if holder is not None:
                 specs = await self._specs(listed, holder.key)
-                kubelet = kubelet_admitting(
-                    listed, specs, holder.key, self._served(), ctx, holder_pod=held
-                )
+                kubelet = self._admitting(listed, specs, holder.key, held, recorded, ctx)
+                if fresh_lease and kubelet.others:
+                    # the watch may lag a status kubelet wrote (a rejected or finished pod):
+                    # the pods that count are read afresh before the call is refused for them
+                    for key in kubelet.others:
+                        name = key.split(" ", 1)[0]
+                        if specs.get(name) is not None:
+                            specs[name] = await self._pod(HolderKey(name))
+                    kubelet = self._admitting(listed, specs, holder.key, held, recorded, ctx)
+                if kubelet.ignored_unknown:
+                    self._metrics.unknown_pods_ignored.inc(len(kubelet.ignored_unknown))
         else:
 
             async def bound() -> list[PodJSON]:
@@ -317,7 +336,58 @@ class Admission:
             bound_here=bound_here,
             served_pods=self._served(),
             kubelet=kubelet,
+            recorded=recorded,
         )
+
+    def _admitting(
+        self,
+        listed: Sequence[KubeletPod],
+        specs: Mapping[str, PodJSON | None],
+        holder: HolderKey,
+        held: PodJSON | None,
+        recorded: KubeletRecords | None,
+        ctx: Context,
+    ) -> KubeletAdmission:
+        """``kubelet_admitting`` with how long each listed pod unknown to the API server has
+        been seen listed (from the first List that showed it; forgotten once it is known or no
+        longer listed)."""
+        now = self._clock()
+        unknown = {e.key for e in listed if e.key != holder and specs.get(e.key) is None}
+        for key in list(self._unknown_since):
+            if key not in unknown:
+                del self._unknown_since[key]
+        for key in unknown:
+            self._unknown_since.setdefault(key, now)
+        ages = {key: now - self._unknown_since[key] for key in unknown}
+        return kubelet_admitting(
+            listed,
+            specs,
+            holder,
+            self._served(),
+            ctx,
+            holder_pod=held,
+            recorded=recorded,
+            unknown_for_s=ages,
+        )
+
+    async def _recorded(self, resource: str) -> KubeletRecords | None:
+        """kubelet's device checkpoint: pod UID -> the containers it records devices of
+        ``resource`` for; None when not configured or unreadable (missing after a kubelet
+        restart that lost it: then no pod counts as recorded)."""
+        if self._kubelet_checkpoint is None:
+            return None
+        try:
+            answers = await asyncio.to_thread(
+                read_checkpoint, self._kubelet_checkpoint, resource=resource
+            )
+        except KubeletViewError as exc:
+            log.info("%s; no pod counts as holding devices by kubelet's checkpoint", exc)
+            return None
+        out: dict[str, set[str]] = {}
+        for answer in answers:
+            if answer.kubelet_devices:
+                out.setdefault(answer.pod_uid, set()).add(answer.container)
+        return out
 
     async def _kubelet_list(self, resource: str) -> list[KubeletPod] | None:
         """kubelet's PodResources List, with the devices of ``resource``; None when not
@@ -328,7 +398,14 @@ class Admission:
             listed = await self._kubelet.list(resource=resource)
         except KubeletViewError as exc:
             self._metrics.kubelet_view.labels(result="error").inc()
-            log.warning("%s; deciding from a LIST of the node's pods instead", exc)
+            message = (
+                f"{exc}; Allocate decides from a LIST of the node's pods and kubelet's device "
+                "checkpoint instead (every unfinished GPU pod whose devices that checkpoint does "
+                "not record blocks the call)"
+            )
+            log.warning("%s", message)
+            if self._on_fallback is not None:
+                self._on_fallback(message)
             return None
         self._metrics.kubelet_view.labels(result="ok").inc()
         return listed

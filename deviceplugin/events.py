@@ -15,6 +15,7 @@ from kube.events import EventRecorder, EventType, ObjectRef
 from lockd.model import Holder, NodeName
 
 REFUSED = "AllocateRefused"
+FALLBACK = "KubeletListUnavailable"
 
 
 class AllocateEvents:
@@ -35,3 +36,8 @@ class AllocateEvents:
         else:
             target = ObjectRef.node(self.node)
         self.recorder.record(target, EventType.WARNING, REFUSED, message)
+
+    def fallback(self, message: str) -> None:
+        """kubelet's PodResources List could not be read: Allocate decided from the API server
+        and kubelet's checkpoint instead (an Event on the node)."""
+        self.recorder.record(ObjectRef.node(self.node), EventType.WARNING, FALLBACK, message)

@@ -75,6 +75,14 @@ class PluginMetrics:
             ["outcome", "result"],
             registry=r,
         )
+        self.unknown_pods_ignored = Counter(
+            f"{PREFIX}unknown_pods_ignored",
+            "Pods kubelet's PodResources List named that the API server does not know (a static "
+            "pod without a mirror pod), left out of an Allocate decision because they were "
+            "listed longer than an admission can take (deviceplugin.decide UNKNOWN_POD_WAIT_S); "
+            "one per pod per decision.",
+            registry=r,
+        )
         self.pending_releases = Gauge(
             f"{PREFIX}pending_releases",
             "Lock releases decided but not yet written (kept in the checkpoint, retried).",

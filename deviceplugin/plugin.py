@@ -30,7 +30,7 @@ from deviceplugin.devices import DeviceBackend, DeviceState
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.events import AllocateEvents
 from deviceplugin.inventory import InventoryPublisher
-from deviceplugin.kubeletview import PodResources
+from deviceplugin.kubeletview import KUBELET_CHECKPOINT, PodResources
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podwatch import NodePods
 from deviceplugin.servicer import DevicePluginServicer
@@ -136,6 +136,8 @@ class DevicePlugin:
             pods=self.pods,
             on_refused=self.events.refused if config.events else None,
             kubelet=self.kubelet,
+            kubelet_checkpoint=config.plugin_dir / KUBELET_CHECKPOINT.name,
+            on_fallback=self.events.fallback if config.events else None,
         )
         self.endpoint = Endpoint(
             plugin_dir=config.plugin_dir,
