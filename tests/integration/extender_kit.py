@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from handoff.wire import DEFAULT_PREFIX, GPU, DeviceID, format_inventory, parse_assignment
-from kube.client import KubeClient, node_path, pod_path
+from kube.client import JSON, Body, KubeClient, Query, node_path, pod_path
 from kube.errors import NotFound
 from lockd.errors import LockError
 from lockd.locks import NodeLocks
@@ -253,3 +253,68 @@ def node_of(name: str) -> NodeName:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand (the extender's ``clock``)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class LeaseWriteHook(KubeClient):
+    """The real client to the real API server, with a hook around each Lease write (create or
+    update): ``before`` runs before it is sent, ``after`` once the API server answered — a test
+    makes a write slow on an injected clock, or holds it in flight.  Nothing is faked: every
+    request reaches the API server as sent."""
+
+    def __init__(
+        self,
+        inner: KubeClient,
+        *,
+        before: Callable[[int], Awaitable[None]] | None = None,
+        after: Callable[[int], None] | None = None,
+    ) -> None:
+        super().__init__(inner._api, timeout_s=inner._timeout_s)
+        self._before = before
+        self._after = after
+        self.lease_writes = 0
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None = None,
+        body: Body | None = None,
+        content_type: str = "application/json",
+        timeout_s: float | None = None,
+    ) -> JSON:
+        write = method in ("POST", "PUT") and "/leases" in path
+        if write:
+            self.lease_writes += 1
+            if self._before is not None:
+                await self._before(self.lease_writes)
+        answer = await super().request(
+            method, path, query=query, body=body, content_type=content_type, timeout_s=timeout_s
+        )
+        if write and self._after is not None:
+            self._after(self.lease_writes)
+        return answer
+
+
+async def bind_directly(kube: KubeClient, pod: Mapping[str, Any], node: str) -> None:
+    """Bind ``pod`` to ``node`` with a plain ``pods/binding`` (another scheduler's retry)."""
+    meta = pod["metadata"]
+    await kube.create(
+        pod_path(meta["namespace"], meta["name"], subresource="binding"),
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        },
+    )
