@@ -2,9 +2,15 @@
 
     python -m tests.model [--examples N] [--seed S] [--steps K]
     python -m tests.model --hole cancel-after-write [--examples N] [--quick]   (as in CI)
+    python -m tests.model --hole late-binding --planted [--examples N] [--quick]
 
 The deep run ends with one line: ``model: N examples, F failures, seed S, ...``; a failure
 prints the shrunk (shortest) interleaving as a trace first and exits 1.
+
+A hole's search ends with one line: ``hole NAME: found (INVARIANT) after N examples ...``
+(exit 0) or ``hole NAME: not found in N examples`` (exit 3, ``NOT_FOUND``); any other exit
+status is a crash of the search itself.  ``--planted`` reverts the hole's fix for the search
+(``holes.PLANTS``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import time
 from hypothesis import seed
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.model.holes import KNOWN_HOLES, Hole
+from tests.model.holes import KNOWN_HOLES, PLANTS, Hole
 from tests.model.machine import ModelConfig, Violation, machine
 from tests.model.profiles import (
     DEEP_EXAMPLES,
@@ -47,19 +53,24 @@ def deep(examples: int, steps: int, chosen_seed: int) -> int:
     return failures
 
 
-def hole(name: str, examples: int, *, quick: bool) -> int:
+NOT_FOUND = 3  # a hole search's exit status when it found nothing (1 and 2: Python's own)
+
+
+def hole(name: str, examples: int, *, quick: bool, planted: bool = False) -> int:
     """Search one hole from its seed, then (unless ``quick``) shrink it to the shortest trace."""
     finding = find(
         Hole(name),
         ci_settings(max_examples=examples, shrink=not quick),
         stop_after_first=quick,
+        planted=planted,
     )
+    label = f"hole {name}{' (planted)' if planted else ''}"
     if finding.violation is None:
-        print(f"hole {name}: not found in {finding.runs} examples")
-        return 1
+        print(f"{label}: not found in {finding.runs} examples")
+        return NOT_FOUND
     print(finding.violation)
     print(
-        f"hole {name}: found ({finding.violation.invariant}) after {finding.first_run} examples "
+        f"{label}: found ({finding.violation.invariant}) after {finding.first_run} examples "
         f"(seed {SEARCH_SEEDS[Hole(name)]}); shortest trace above"
     )
     return 0
@@ -74,9 +85,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="with --hole: stop at the first violation, no shrink"
     )
+    parser.add_argument(
+        "--planted",
+        action="store_true",
+        help=f"with --hole: revert the hole's fix for the search ({', '.join(sorted(PLANTS))})",
+    )
     args = parser.parse_args(argv)
+    if args.planted and (not args.hole or Hole(args.hole) not in PLANTS):
+        parser.error(f"--planted needs --hole with one of: {', '.join(sorted(PLANTS))}")
     if args.hole:
-        return hole(args.hole, args.examples, quick=args.quick)
+        return hole(args.hole, args.examples, quick=args.quick, planted=args.planted)
     return 1 if deep(args.examples, args.steps, args.seed) else 0
 
 

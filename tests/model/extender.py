@@ -17,8 +17,9 @@ the API server, so faults can land between them:
 
 GLUE (replicated from ``scheduler_ext/binder.py``, which mixes these reads into its decisions):
 ``_pod`` (cache or GET), ``_not_holding_already`` (a GET decides), ``may_take_over``
-(a GET when the cache cannot answer), ``_complete_view``/``_listed_view`` (a LIST decides which
-view the choice is proven against), ``_post_binding``/``_bound_anyway`` (a GET decides success).
+(a GET when the cache cannot answer, then ``binding_may_still_land``),
+``_complete_view``/``_listed_view`` (a LIST decides which view the choice is proven against),
+``_post_binding``/``_bound_anyway`` (a GET decides success).
 The decisions are the project's: ``choose``, ``conflicts``, ``fit``, ``with_lock_holder``,
 ``judge``, ``pod_state``, ``node_gpus``, ``ClusterCache``.
 """
@@ -32,6 +33,7 @@ from handoff.wire import LEASE_ASSIGNMENT, Assignment, format_assignment
 from kube.errors import ApiUnavailable, Conflict, NotFound
 from lockd.errors import LockError, LockHeld
 from lockd.model import HeldLock, Holder, HolderKey, LockRecord, NodeName, Outcome
+from scheduler_ext import takeover
 from scheduler_ext.binder import MIN_BINDING_BUDGET_S, PROVEN_OUTCOMES
 from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import Fit, NodeGPUs, NoFit, Policy, choose, conflicts, fit
@@ -40,7 +42,17 @@ from scheduler_ext.state import PodState, pod_state
 from scheduler_ext.takeover import holder_accounted, judge
 from scheduler_ext.verbs import filter_nodes, prioritize_nodes, with_lock_holder
 from tests.model.locks import DURATION_S, Clock, LockClient
-from tests.model.world import JSON, KEYS, RESOURCE, BindingRequest, Event, Kind, Store, Watch
+from tests.model.world import (
+    JSON,
+    KEYS,
+    REQUEST_TIMEOUT_S,
+    RESOURCE,
+    BindingRequest,
+    Event,
+    Kind,
+    Store,
+    Watch,
+)
 
 
 class Stage(StrEnum):
@@ -170,7 +182,9 @@ class Replica:
     # -- the takeover check -------------------------------------------------------------------
 
     def may_take_over(self, record: LockRecord) -> bool:
-        """``Binder.may_take_over``: the cache's verdict, else one GET and a fresh one."""
+        """``Binder.may_take_over``: the cache's verdict, else one GET and a fresh one; a holder
+        seen not bound is not taken over while its binding may still land
+        (``binding_may_still_land``, on how long this replica has seen the lock held)."""
         holder = record.holder
         if holder is None:
             return True
@@ -185,6 +199,15 @@ class Replica:
             obj = self.store.pod_or_none(holder.key)
             fresh = pod_state(obj, keys=KEYS, resource=RESOURCE) if obj is not None else None
             verdict = judge(fresh, holder_uid=holder.uid, node=record.node, fresh=True)
+        view = self.locks.view(record.node)
+        held_for = view.held_for_s if view is not None and view.record == record else 0.0
+        if verdict.allowed and takeover.binding_may_still_land(
+            verdict.state,
+            held_for_s=held_for,
+            duration_s=DURATION_S,
+            request_timeout_s=REQUEST_TIMEOUT_S,
+        ):
+            return False
         return bool(verdict.allowed)
 
     # -- the bind steps -----------------------------------------------------------------------
@@ -348,8 +371,7 @@ class Replica:
         if not lost and request.result is None:
             if self.clock.now <= request.deadline:
                 self.store.apply_binding(request)
-            else:
-                self.store.expire_requests(self.clock.now)
+            else:  # the client gave up; the server may still apply it (``server_applies``)
                 lost = True
         if not lost and request.result == "ok":
             task.stage, task.result = Stage.DONE, "ok"

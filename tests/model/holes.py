@@ -1,18 +1,28 @@
-"""The known holes of the current code, and how the model steers around each one.
+"""The holes the model knows, how it steers around each one, and how to plant each again.
 
-Each ``Hole`` is a way the handoff breaks today (issue #12).  ``KNOWN_HOLES`` lists those not
-fixed yet: the CI profile runs the model with all of them *avoided* (it does not generate what
-triggers them), and ``tests/unit/test_handoff_model.py`` runs it once per hole with only that
-one allowed and asserts that the model *finds* it.  When a fix lands, take its hole out of
-``KNOWN_HOLES``: the CI profile then searches for it too, and its finding test must be turned
-around (it would fail, proving the fix).
+Each ``Hole`` is a way the handoff broke (or breaks) under one behaviour of the cluster.
+``KNOWN_HOLES`` lists those the current code still has: the CI profile runs the model with all
+of them *avoided* (it does not generate what triggers them), and
+``tests/unit/test_handoff_model.py`` runs it once per hole with only that one allowed and
+asserts that the model *finds* it.  When a fix lands, take its hole out of ``KNOWN_HOLES``: the
+CI profile then searches for it too, and the same test asserts the hole's search finds nothing.
+
+``PLANTS`` reverts a fix inside the search (``python -m tests.model --hole NAME --planted``):
+it patches the project's function (or the model's copy of a guard) the fix lives in, for the
+search's duration only.  The unit run asserts each planted search finds its hole, so a model
+that stopped generating the behaviour behind a hole fails a test.
 
 What "avoid" means for each hole is in ``AVOIDED_BY``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from enum import StrEnum
+from unittest import mock
+
+from tests.model import reverted
 
 
 class Hole(StrEnum):
@@ -24,6 +34,10 @@ class Hole(StrEnum):
     DOUBLE_BIND = "double-bind"
     ORPHANED_LOCK = "orphaned-lock"  # found by this model; not in #12
     LATE_READ = "late-read"  # found by the two-replica burst e2e (#11); then modelled
+    LATE_BINDING = "late-binding"  # a binding applied after its client gave up
+    REJECTED_MID_HANDOFF = "rejected-mid-handoff"  # kubelet rejects a pod after Allocate
+    LISTED_REJECTED_POD = "listed-rejected-pod"  # #29.1: List returns rejected/finished pods
+    SERVED_AFTER_CHECKPOINT_LOSS = "served-after-checkpoint-loss"  # #31.1
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -54,6 +68,21 @@ AVOIDED_BY: dict[Hole, str] = {
         "(#11) a Lease read's answer is never taken in after a watch event newer than it: no "
         "GET is answered late"
     ),
+    Hole.LATE_BINDING: (
+        "the API server never applies a binding after its client's timeout (a request whose "
+        "client went away is dropped at once)"
+    ),
+    Hole.REJECTED_MID_HANDOFF: (
+        "kubelet never rejects a pod after Allocate answered one of its containers"
+    ),
+    Hole.LISTED_REJECTED_POD: (
+        "(#29.1) kubelet's PodResources List returns active pods only (1.34+ with "
+        "KubeletPodResourcesListUseActivePods on), never a rejected or finished pod"
+    ),
+    Hole.SERVED_AFTER_CHECKPOINT_LOSS: (
+        "(#31.1) kubelet never loses a device record: it never dies between the plugin's "
+        "answer and its checkpoint write, and its checkpoint survives every restart"
+    ),
 }
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
@@ -70,6 +99,9 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     Hole.ORPHANED_LOCK,  # fixed: filter counts a holder bound elsewhere by its own annotations,
     # and leaves out an expired lock's copy when the cache has no record of its holder
     Hole.LATE_READ,  # fixed: Observations keeps the resourceVersion order for reads too
+    Hole.LATE_BINDING,  # fixed: binding_may_still_land keeps a never-bound holder's lock
+    Hole.REJECTED_MID_HANDOFF,  # fixed: an interrupted handoff of a pod that left is dropped
+    Hole.LISTED_REJECTED_POD,  # fixed: a finished or rejected pod kubelet lists never blocks
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -82,4 +114,45 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.DOUBLE_BIND: frozenset({"S4", "L1"}),
     Hole.ORPHANED_LOCK: frozenset({"L1"}),
     Hole.LATE_READ: frozenset({"V1"}),
+    Hole.LATE_BINDING: frozenset({"S1", "S3", "S4"}),
+    Hole.REJECTED_MID_HANDOFF: frozenset({"L1"}),
+    Hole.LISTED_REJECTED_POD: frozenset({"L1"}),
+    Hole.SERVED_AFTER_CHECKPOINT_LOSS: frozenset({"S1", "S2"}),
+}
+
+
+def _patched(targets: dict[str, object]) -> Callable[[], AbstractContextManager[None]]:
+    """A plant that replaces each ``module.attribute`` of ``targets`` while it is active."""
+
+    @contextmanager
+    def plant() -> Iterator[None]:
+        with ExitStack() as stack:
+            for where, value in targets.items():
+                stack.enter_context(mock.patch(where, value))
+            yield
+
+    return plant
+
+
+def _never(*_args: object, **_kwargs: object) -> bool:
+    return False
+
+
+# Each plant reverts the fix of its hole (see the module docstring).
+PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
+    # the takeover guard for a binding that may still land, deleted
+    Hole.LATE_BINDING: _patched({"scheduler_ext.takeover.binding_may_still_land": _never}),
+    # the drop of an interrupted handoff whose pod left (kubelet rejected it after Allocate)
+    Hole.REJECTED_MID_HANDOFF: _patched({"deviceplugin.decide.handoff_abandoned": _never}),
+    # the rule of who kubelet may be admitting as it was before #29 and #31: a listed pod's
+    # phase ignored; a pod this plugin served skipped whatever kubelet records of it
+    Hole.LISTED_REJECTED_POD: _patched(
+        {"deviceplugin.decide.kubelet_admitting": reverted.kubelet_admitting}
+    ),
+    Hole.SERVED_AFTER_CHECKPOINT_LOSS: _patched(
+        {
+            "deviceplugin.decide.kubelet_admitting": reverted.kubelet_admitting,
+            "deviceplugin.decide.bystanders": reverted.bystanders,
+        }
+    ),
 }

@@ -45,7 +45,7 @@ from scheduler_ext.takeover import judge
 from tests.model.extender import BindFailed, BindTask, Replica, Stage
 from tests.model.holes import KNOWN_HOLES, Hole
 from tests.model.locks import DURATION_S, FMT, Clock, LockClient
-from tests.model.node import Kubelet, Plugin
+from tests.model.node import Kubelet, Listing, Plugin
 from tests.model.world import (
     JSON,
     KEYS,
@@ -78,10 +78,17 @@ class Fault(StrEnum):
     WATCH_STALL = "watch-stalls"
     ADMISSION_REJECT = "kubelet-rejects"
     LATE_READ = "read-answered-late"
+    REJECT_AFTER_ALLOCATE = "kubelet-rejects-after-allocate"
+    CHECKPOINT_LOST = "kubelet-checkpoint-lost"
+    PODRESOURCES_DOWN = "podresources-list-fails"
 
 
 TICKS = (1.0, 4.0, float(DURATION_S + 1))
 SETTLE_ROUNDS = 30
+# settling stops after this many idle clock jumps (``DURATION_S + 1`` each): enough for a
+# binding the server may still apply to time out (``binding_may_still_land``) and the lock to
+# expire after it
+SETTLE_IDLE_TICKS = 6
 
 
 class Violation(AssertionError):
@@ -116,6 +123,8 @@ class ModelConfig:
     # processes ("E0", "E1", "kubelet", "plugin") whose watches never lag: delivered before and
     # after every action.  A focused search sets it to leave only the lags that matter.
     prompt: frozenset[str] = frozenset()
+    # what kubelet's PodResources List returns; each run draws one (``node.Listing``)
+    listings: tuple[Listing, ...] = (Listing.ACTIVE_PODS, Listing.ALL_PODS)
 
 
 @dataclass
@@ -148,6 +157,7 @@ class HandoffModel(RuleBasedStateMachine):
             self.store.add_node(NodeName(n), gpus)
         self.store.on_binding = self._binding_landed
         self.store.on_lease_write = self._lease_written
+        self.store.late_bindings = not self.avoids(Hole.LATE_BINDING)
         self.replicas: dict[str, Replica] = {}
         self.plugins: dict[NodeName, Plugin] = {}
         self.kubelets: dict[NodeName, Kubelet] = {}
@@ -155,6 +165,9 @@ class HandoffModel(RuleBasedStateMachine):
         self.waiting: dict[str, int] = {}  # pod uid -> the bind kube-scheduler waits for
         self.assigned: dict[str, Assignment] = {}  # pod uid -> assignment as bound
         self.bypass: set[str] = set()  # uids of pods created bound
+        # uids of pods a fault rejected: their own refusal is excused, no other pod's
+        self.excused: set[str] = set()
+        self.listing = Listing.ACTIVE_PODS
         self.hand_edits: dict[NodeName, int] = dict.fromkeys(self.nodes, 0)
         self.created = 0
         self.started = False
@@ -340,25 +353,38 @@ class HandoffModel(RuleBasedStateMachine):
         faults=st.one_of(
             st.just(frozenset[Fault]()), st.frozensets(st.sampled_from(Fault), max_size=3)
         ),
+        listing=st.integers(0, 1),
     )
-    def start(self, skews: tuple[float, float], faults: frozenset[Fault] = frozenset()) -> None:
+    def start(
+        self, skews: tuple[float, float], faults: frozenset[Fault] = frozenset(), listing: int = 0
+    ) -> None:
         """Two extender replicas and each node's plugin and kubelet, with skewed wall clocks;
-        the kinds of fault this run may inject (none: a fault-free run, where L1 is strict)."""
+        the kinds of fault this run may inject (none: a fault-free run, where L1 is strict);
+        what kubelet's PodResources List returns (one of ``config.listings``)."""
         found = type(self).stats.violations
         if self.config.stop_after_first and found:
             self.broken = True
             raise found[0]
         self.enabled = (faults if self.config.swarm else frozenset(Fault)) & self.config.fault_kinds
+        listings = self.config.listings
+        if self.avoids(Hole.LISTED_REJECTED_POD):
+            listings = (Listing.ACTIVE_PODS,)
+        self.listing = listings[listing % len(listings)]
         for i, name in enumerate(REPLICAS):
             self.replicas[name] = Replica(name, self.store, self.clock, skews[i % 2])
         for n, gpus in self.config.nodes:
             node = NodeName(n)
             self.plugins[node] = Plugin(node, self.store, self.clock, skews[1], gpus)
-            self.kubelets[node] = Kubelet(node, self.store, gpus)
+            self.kubelets[node] = Kubelet(node, self.store, gpus, listing_mode=self.listing)
             self.plugins[node].kubelet_view = self.kubelets[node].listing
+            self.plugins[node].kubelet_records = self.kubelets[node].records
         self.started = True
         kinds = ", ".join(sorted(f.value for f in self.enabled)) or "none"
-        self.log("world", f"nodes {dict(self.config.nodes)}, skews {skews}, faults: {kinds}")
+        self.log(
+            "world",
+            f"nodes {dict(self.config.nodes)}, skews {skews}, faults: {kinds}, "
+            f"PodResources List: {self.listing}",
+        )
 
     # -- ordinary actions ----------------------------------------------------------------------
 
@@ -485,11 +511,16 @@ class HandoffModel(RuleBasedStateMachine):
     def kubelet_ready(self) -> list[NodeName]:
         return [n for n in self.nodes if self.kubelets[n].next_pod() is not None]
 
-    def do_kubelet_step(self, node: NodeName, pick: int) -> str:
+    def do_kubelet_step(
+        self, node: NodeName, pick: int, *, crash_after_answer: bool = False
+    ) -> str:
         if self.avoids(Hole.STALE_LEASE_VIEW):
             self.plugins[node].deliver(None)
         return self.kubelets[node].step(
-            self.plugins[node], pick=pick, reuse_in_order=self.avoids(Hole.INIT_REUSE)
+            self.plugins[node],
+            pick=pick,
+            reuse_in_order=self.avoids(Hole.INIT_REUSE),
+            crash_after_answer=crash_after_answer,
         )
 
     @precondition(lambda self: bool(self.kubelet_ready()))
@@ -724,7 +755,101 @@ class HandoffModel(RuleBasedStateMachine):
             self.log(f"kubelet/{n}", f"{self.key_of(uid)} is being admitted; not rejected")
             return
         kubelet.reject(uid, "Evicted: the node was low on memory (admission)")
-        self.fault(f"kubelet/{n}", f"rejects {self.key_of(uid)} at admission before Allocate")
+        self.excused.add(uid)
+        self.fault(
+            f"kubelet/{n}",
+            f"rejects {self.key_of(uid)} at admission before Allocate",
+            excuses_refusals=False,
+        )
+
+    def rejectable_after_allocate(self) -> list[tuple[NodeName, str]]:
+        """Pods kubelet is admitting with at least one Allocate answered."""
+        out: list[tuple[NodeName, str]] = []
+        for n in self.nodes:
+            uid = self.kubelets[n].current
+            if uid is not None and self.kubelets[n].allocated.get(uid):
+                out.append((n, uid))
+        return out
+
+    @precondition(
+        lambda self: (
+            self.may(Fault.REJECT_AFTER_ALLOCATE) and bool(self.rejectable_after_allocate())
+        )
+    )
+    @rule(which=st.integers(0, 1))
+    def kubelet_rejects_after_allocate(self, which: int) -> None:
+        """kubelet rejects the pod it is admitting after Allocate answered some of its
+        containers (an admit handler after the device manager's: node affinity, resources,
+        taints, AppArmor, node shutdown): the pod fails and kubelet frees its devices; the lock
+        is released only if its last container was served.  Only that pod's failure is
+        excused."""
+        self.begin_step()
+        pods = self.rejectable_after_allocate()
+        n, uid = pods[which % len(pods)]
+        self.kubelets[n].reject(uid, "NodeAffinity: rejected after Allocate (admission)")
+        self.excused.add(uid)
+        self.fault(
+            f"kubelet/{n}",
+            f"rejects {self.key_of(uid)} at admission after Allocate",
+            excuses_refusals=False,
+        )
+
+    def may_lose_records(self) -> bool:
+        return self.may(Fault.CHECKPOINT_LOST) and not self.avoids(
+            Hole.SERVED_AFTER_CHECKPOINT_LOSS
+        )
+
+    @precondition(lambda self: self.may_lose_records() and bool(self.kubelet_ready()))
+    @rule(node=st.integers(0, 1), pick=st.integers(0, 5))
+    def kubelet_dies_after_answer(self, node: int, pick: int) -> None:
+        """kubelet dies right after the plugin answered an Allocate, before writing its device
+        checkpoint (it writes it after the answer), and restarts: the pod is admitted again in
+        its batch and Allocate is called again for that container."""
+        self.begin_step()
+        ready = self.kubelet_ready()
+        n = ready[node % len(ready)]
+        text = self.do_kubelet_step(n, pick, crash_after_answer=True)
+        self.fault(f"kubelet/{n}", f"crash after the answer armed: {text}")
+
+    @precondition(lambda self: self.started and self.may_lose_records())
+    @rule(node=st.integers(0, 1))
+    def kubelet_restarts_losing_record(self, node: int) -> None:
+        """kubelet restarts and its device checkpoint lacks the last record it wrote (a write
+        that did not reach the disk): a running pod's container has no device record, so its
+        pod worker asks Allocate again (``pod_worker_reallocates``)."""
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        last = self.kubelets[n].last_record
+        self.kubelets[n].start(lose_last_record=True)
+        lost = f"{self.key_of(last[0])} {last[1]}" if last is not None else "nothing"
+        self.fault(f"kubelet/{n}", f"restart: relisted its pods; its checkpoint lost {lost}")
+
+    def unrecorded(self) -> list[NodeName]:
+        return [n for n in self.nodes if self.kubelets[n].unrecorded()]
+
+    @precondition(lambda self: bool(self.unrecorded()))
+    @rule(node=st.integers(0, 1), which=st.integers(0, 3), pick=st.integers(0, 5))
+    def pod_worker_reallocates(self, node: int, which: int, pick: int) -> None:
+        """A running pod's container with no device record is started: Allocate again."""
+        self.begin_step()
+        nodes = self.unrecorded()
+        n = nodes[node % len(nodes)]
+        self.plugins[n].deliver(None)
+        self.log(f"kubelet/{n}", self.kubelets[n].reallocate(self.plugins[n], which, pick=pick))
+
+    @precondition(lambda self: self.started and self.may(Fault.PODRESOURCES_DOWN))
+    @rule(node=st.integers(0, 1))
+    def podresources_fails(self, node: int) -> None:
+        """kubelet's PodResources List starts or stops failing (its socket is not up yet after
+        a restart): the plugin decides from a GET of the holder and a LIST of the node's pods."""
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        kubelet = self.kubelets[n]
+        kubelet.podresources_down = not kubelet.podresources_down
+        if kubelet.podresources_down:
+            self.fault(f"kubelet/{n}", "PodResources List fails", excuses_refusals=False)
+        else:
+            self.log(f"kubelet/{n}", "PodResources List answers again")
 
     @precondition(lambda self: self.started and self.may(Fault.PLUGIN_CRASH))
     @rule(node=st.integers(0, 1))
@@ -977,6 +1102,8 @@ class HandoffModel(RuleBasedStateMachine):
     def drain(self) -> None:
         for plugin in self.plugins.values():
             plugin.locks.fail_next_write = False
+        for kubelet in self.kubelets.values():
+            kubelet.podresources_down = False
         self.stalled.clear()
         for name, client, node, lease in self.reads:  # answers still on their way arrive
             self.take_answer(name, client, node, lease)
@@ -1022,7 +1149,7 @@ class HandoffModel(RuleBasedStateMachine):
                     self.log("E0", f"{task}: {self.run_step(task)}")
                 moved = moved or task.result == "ok"
             if not moved:
-                if idle_ticks >= 3:
+                if idle_ticks >= SETTLE_IDLE_TICKS:
                     return
                 idle_ticks += 1
                 self.clock.now += DURATION_S + 1
@@ -1052,7 +1179,7 @@ class HandoffModel(RuleBasedStateMachine):
         if self.faults == 0:
             for n in self.nodes:
                 for uid, why in self.kubelets[n].failed.items():
-                    if uid not in self.bypass:
+                    if uid not in self.bypass and uid not in self.excused:
                         self.violate(
                             "L1", f"{self.key_of(uid)} was refused at admission (no fault): {why}"
                         )

@@ -1,49 +1,53 @@
 """One GPU node: the device plugin's admission steps and a kubelet that drives them.
 
 ``Plugin`` replays ``deviceplugin.admission.Admission`` around the project's decisions
-(``check_request``, ``decide_allocate``, ``decide_preferred``, ``handoff_abandoned``, the
-``Checkpoint`` value type). GLUE (replicated, since ``Admission`` reads the API server between
-decisions): Allocate reads kubelet's PodResources List afresh, the holder pod and the listed pods'
-specs from the node pod watch (else a GET), the Lease from its watch, and decides again with a
-fresh Lease GET whenever that refuses; GetPreferredAllocation tries the watch-fed views first (the
-Lease watch, the node pod watch's copy of the holder, else the pod read for the same holder and
-token before), then fresh reads; a ``TAKEN_OVER`` refusal reads the interrupted pod and drops its
-progress; serving writes the checkpoint before answering and then releases after the last container;
-a refusal that names a lock releases it ``rejected``; a release that fails stays pending in the
-checkpoint and is retried.
+(``check_request``, ``kubelet_admitting``, ``decide_allocate``, ``decide_preferred``,
+``handoff_abandoned``, the ``Checkpoint`` value type), called through ``deviceplugin.decide`` so
+that a planted bug (``holes.PLANTS``) reaches them. GLUE (replicated, since ``Admission`` reads
+the API server between decisions): Allocate reads kubelet's PodResources List and kubelet's
+device checkpoint afresh, the holder pod and the listed pods' specs from the node pod watch (else
+a GET), the Lease from its watch, and decides again with a fresh Lease GET (and fresh GETs of
+the listed pods that count) whenever that refuses; when List fails, it decides from one GET of
+the holder and one LIST of the node's pods; GetPreferredAllocation tries the watch-fed views
+first (the Lease watch, the node pod watch's copy of the holder, else the pod read for the same
+holder and token before), then fresh reads; a ``TAKEN_OVER`` refusal reads the interrupted pod
+and drops its progress; serving writes the checkpoint before answering and then releases after
+the last container; a refusal that names a lock releases it ``rejected``; a release that fails
+stays pending in the checkpoint and is retried.
 
-``Kubelet`` is the part of kubelet's device manager the handoff depends on: pods admitted one at a
-time in creation order (of those it has seen bound to it), its PodResources List (the pods admission
-has reached, not failed or finished, with each listed container's devices), per GPU container:
-devices of earlier init containers reused first in *arbitrary* order with no GetPreferredAllocation
-call, then GetPreferredAllocation over the free devices, its answer taken where available, the rest
-from the free devices; Allocate; any refusal fails the pod (UnexpectedAdmissionError) and frees its
-devices. Its device accounting survives its restart (kubelet's checkpoint), so a restart asks again
-only for containers with no devices yet. Not modelled: container start and runtime, probes,
-eviction, NUMA/topology alignment, sidecar init containers.
+``Kubelet`` is the part of kubelet that the handoff depends on (docs/model.md, "kubelet", names
+the source of each fact): pods admitted one at a time, batches in arrival order and each batch
+by creation time; its PodResources List per ``Listing`` (all pods in its pod manager, or active
+ones only); per GPU container: devices of earlier init containers reused first in *arbitrary*
+order with no GetPreferredAllocation call, then GetPreferredAllocation over the free devices,
+its answer taken where available, the rest from the free devices; Allocate; any refusal fails
+the pod (UnexpectedAdmissionError) and frees its devices; rejection by another admit handler,
+before or after Allocate; its device checkpoint, written after each answer, kept across a
+restart unless the restart lost its last record, and then Allocate again at re-admission or
+from the pod worker. Not modelled: container start and runtime, probes, eviction,
+NUMA/topology alignment, sidecar init containers, static pods, DRA.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
+from deviceplugin import decide
 from deviceplugin.checkpoint import Checkpoint, PendingRelease
 from deviceplugin.decide import (
     Allocation,
     Context,
+    KubeletAdmission,
     MismatchPolicy,
     PodJSON,
     Preference,
     Refusal,
     RefusalKind,
-    check_request,
-    decide_allocate,
-    decide_preferred,
     gpu_containers,
-    handoff_abandoned,
-    kubelet_admitting,
 )
+from deviceplugin.kubeletview import KubeletViewError
 from handoff.audit import KubeletPod
 from handoff.wire import ContainerName, DeviceID
 from kube.errors import ApiUnavailable
@@ -76,6 +80,10 @@ class Plugin:
     crash_after_checkpoint: bool = False  # a fault armed for the next serve
     # kubelet's PodResources List on this node (``PodResources.list``)
     kubelet_view: Callable[[], list[KubeletPod]] = list
+    # kubelet's device checkpoint on this node: pod UID -> containers it records devices for
+    kubelet_records: Callable[[], dict[str, set[str]]] = dict
+    # ``Admission._unknown_since``: listed pods the API server does not know, first seen when
+    unknown_since: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.cp = Checkpoint(self.node)
@@ -99,6 +107,7 @@ class Plugin:
         }
         self.pods.restart()
         self.pod_cache = None
+        self.unknown_since = {}
         self.crash_after_checkpoint = False
 
     def deliver(self, limit: int | None) -> int:
@@ -162,7 +171,9 @@ class Plugin:
             if fresh:
                 self._drop_abandoned_progress(view)
             pod = self._holder_pod(view, fresh=fresh)
-            pref = decide_preferred(view, pod, available, must_include, size, self.cp.progress, ctx)
+            pref = decide.decide_preferred(
+                view, pod, available, must_include, size, self.cp.progress, ctx
+            )
             if pref.hit:
                 break
         return pref
@@ -174,14 +185,14 @@ class Plugin:
         holder = view.record.holder
         if holder is not None and holder.key == old.holder and view.record.token == old.token:
             return
-        if handoff_abandoned(self._pod(old.holder), old, self.node):
+        if decide.handoff_abandoned(self._pod(old.holder), old, self.node):
             self.cp = self.cp.with_progress(None)
 
     # -- Allocate ------------------------------------------------------------------------------
 
     def allocate(self, ids: Sequence[str]) -> Allocation | Refusal:
         ctx = self.context()
-        checked = check_request([ids], ctx)
+        checked = decide.check_request([ids], ctx)
         if isinstance(checked, Refusal):
             return checked
         result = self._decide(checked, ctx, fresh_lease=False)
@@ -199,28 +210,73 @@ class Plugin:
         self, ids: Sequence[DeviceID], ctx: Context, *, fresh_lease: bool
     ) -> Allocation | Refusal:
         view = self._view(fresh=fresh_lease)
-        listed = self.kubelet_view()
-        pod = self._holder_pod(view, fresh=False)  # kubelet's List is the fresh read
         holder = view.record.holder if view is not None else None
+        try:
+            listed: list[KubeletPod] | None = self.kubelet_view()
+        except KubeletViewError:
+            listed = None  # ``Admission._kubelet_list``: decide from the API server's reads
+        recorded = self.kubelet_records()
         kubelet = None
-        if holder is not None:
-            specs = {
-                e.key: self.bound.get(e.key) or self._pod(HolderKey(e.key))
-                for e in listed
-                if e.key != holder.key
-            }
-            kubelet = kubelet_admitting(
-                listed, specs, holder.key, self._served(), ctx, holder_pod=pod
-            )
-        return decide_allocate(
+        bound_here: Sequence[PodJSON] = ()
+        if listed is not None:
+            pod = self._holder_pod(view, fresh=False)  # kubelet's List is the fresh read
+            if holder is not None:
+                specs = {
+                    e.key: self.bound.get(e.key) or self._pod(HolderKey(e.key))
+                    for e in listed
+                    if e.key != holder.key
+                }
+                kubelet = self._admitting(listed, specs, holder.key, pod, recorded, ctx)
+                if fresh_lease and kubelet.others:
+                    # the pods that count are read afresh before the call is refused for them
+                    for key in kubelet.others:
+                        name = key.split(" ", 1)[0]
+                        if specs.get(name) is not None:
+                            specs[name] = self._pod(HolderKey(name))
+                    kubelet = self._admitting(listed, specs, holder.key, pod, recorded, ctx)
+        else:  # one GET of the holder and one LIST of the pods bound here
+            pod = self._holder_pod(view, fresh=True)
+            bound_here = self.store.list_pods(node=self.node)
+        return decide.decide_allocate(
             view,
             pod,
             ids,
             self.cp.progress,
             ctx,
             policy=MismatchPolicy.REFUSE,
+            bound_here=bound_here,
             served_pods=self._served(),
             kubelet=kubelet,
+            recorded=recorded,
+        )
+
+    def _admitting(
+        self,
+        listed: Sequence[KubeletPod],
+        specs: Mapping[str, PodJSON | None],
+        holder: HolderKey,
+        held: PodJSON | None,
+        recorded: Mapping[str, set[str]],
+        ctx: Context,
+    ) -> KubeletAdmission:
+        """``Admission._admitting``: how long each listed pod unknown to the API server has
+        been seen listed, from the first List that showed it."""
+        now = self.clock.now
+        unknown = {e.key for e in listed if e.key != holder and specs.get(e.key) is None}
+        for key in list(self.unknown_since):
+            if key not in unknown:
+                del self.unknown_since[key]
+        for key in unknown:
+            self.unknown_since.setdefault(key, now)
+        return decide.kubelet_admitting(
+            listed,
+            specs,
+            holder,
+            self._served(),
+            ctx,
+            holder_pod=held,
+            recorded=recorded,
+            unknown_for_s={key: now - self.unknown_since[key] for key in unknown},
         )
 
     def _served(self) -> set[str]:
@@ -238,7 +294,7 @@ class Plugin:
         assert old is not None
         pod = self._pod(old.holder)
         self.cp = self.cp.with_progress(None)
-        if handoff_abandoned(pod, old, self.node):
+        if decide.handoff_abandoned(pod, old, self.node):
             return self._decide(ids, ctx, fresh_lease=True)
         return refusal
 
@@ -282,6 +338,22 @@ class Plugin:
         return [self.release(p) for p in list(self.cp.pending)]
 
 
+class Listing(StrEnum):
+    """What kubelet's PodResources ``List`` returns.
+
+    Source: ``pkg/kubelet/apis/podresources/server_v1.go`` (``List``).
+
+    ``ALL_PODS``: every pod in kubelet's pod manager, rejected and finished pods included, until
+    the pod is deleted from the API server; their containers are listed with no devices once
+    kubelet freed them.  Kubernetes 1.31-1.33, and 1.34+ with the feature gate
+    ``KubeletPodResourcesListUseActivePods`` off.  ``ACTIVE_PODS``: only active pods (not
+    rejected, not finished): 1.34+ with that gate on (its default there).
+    """
+
+    ALL_PODS = "all-pods"
+    ACTIVE_PODS = "active-pods"
+
+
 @dataclass
 class Kubelet:
     """kubelet's device manager for one node, driving the plugin (see the module docstring)."""
@@ -289,8 +361,12 @@ class Kubelet:
     node: NodeName
     store: Store
     gpus: int
+    listing_mode: Listing = Listing.ACTIVE_PODS
     pods: Watch = field(init=False)
     seen: dict[str, JSON] = field(default_factory=dict)  # uid -> pod as kubelet last saw it
+    # the admission queue: uids in arrival order, each arriving batch sorted by creation
+    # (``HandlePodAdditions`` sorts the pods of one update by creation time, pkg/kubelet/kubelet.go)
+    order: list[str] = field(default_factory=list)
     allocated: dict[str, dict[ContainerName, tuple[DeviceID, ...]]] = field(default_factory=dict)
     given: dict[str, dict[ContainerName, tuple[DeviceID, ...]]] = field(default_factory=dict)
     served_holder: dict[str, dict[ContainerName, str]] = field(default_factory=dict)
@@ -298,6 +374,11 @@ class Kubelet:
     failed: dict[str, str] = field(default_factory=dict)  # uid -> why admission failed
     finished: set[str] = field(default_factory=set)  # uids whose containers all exited
     current: str | None = None
+    # the last container whose Allocate was answered: kubelet writes its device checkpoint
+    # after the plugin's answer, so a crash just then loses this record
+    last_record: tuple[str, ContainerName] | None = None
+    # PodResources List fails (the socket is not up yet after a restart): the plugin falls back
+    podresources_down: bool = False
 
     def __post_init__(self) -> None:
         node = self.node
@@ -312,20 +393,39 @@ class Kubelet:
     def healthy(self) -> list[DeviceID]:
         return [gpu_id(self.node, i) for i in range(self.gpus)]
 
-    def start(self) -> None:
-        """(Re)start: LIST the node's pods; device accounting is kept (kubelet's checkpoint)."""
+    def start(self, *, lose_last_record: bool = False) -> None:
+        """(Re)start: LIST the node's pods (one batch); device accounting is kept (kubelet's
+        checkpoint), except, with ``lose_last_record``, the record of the last Allocate
+        answered (the crash came before kubelet wrote its checkpoint)."""
         self.seen = {p["metadata"]["uid"]: p for p in self.store.list_pods(node=self.node)}
+        self.order = []
+        self._arrive(list(self.seen))
         self.pods.restart()
         self.current = None
+        if lose_last_record and self.last_record is not None:
+            uid, container = self.last_record
+            self.allocated.get(uid, {}).pop(container, None)
+            self.given.get(uid, {}).pop(container, None)
+            self.served_holder.get(uid, {}).pop(container, None)
+        self.last_record = None
         for uid in list(self.allocated):
             if uid not in self.seen:
                 self._free(uid)
 
+    def _arrive(self, uids: list[str]) -> None:
+        """A batch of pods arrives: queued after the earlier batches, sorted by creation."""
+        fresh = [u for u in uids if u not in self.order]
+        self.order.extend(sorted(fresh, key=lambda u: self.store.created.get(u, 0)))
+
     def deliver(self, limit: int | None) -> int:
         n = 0
+        batch: list[str] = []
         for event in self.pods.deliver(limit):
             self._take(event)
+            if event.type != "DELETED":
+                batch.append(event.obj["metadata"]["uid"])
             n += 1
+        self._arrive(batch)
         return n
 
     def _take(self, event: Event) -> None:
@@ -333,6 +433,8 @@ class Kubelet:
         if event.type == "DELETED":
             self.seen.pop(uid, None)
             self._free(uid)
+            if uid in self.order:
+                self.order.remove(uid)
             if self.current == uid:
                 self.current = None
         else:
@@ -346,27 +448,39 @@ class Kubelet:
     def next_pod(self) -> str | None:
         if self.current is not None:
             return self.current
-        waiting = [
-            uid
-            for uid, pod in self.seen.items()
-            if uid not in self.admitted
-            and uid not in self.failed
-            and (pod.get("status") or {}).get("phase", "Pending") == "Pending"
-        ]
-        if not waiting:
-            return None
-        return min(waiting, key=lambda u: self.store.created.get(u, 0))
+        for uid in self.order:
+            pod = self.seen.get(uid)
+            if (
+                pod is not None
+                and uid not in self.admitted
+                and uid not in self.failed
+                and (pod.get("status") or {}).get("phase", "Pending") == "Pending"
+            ):
+                return uid
+        return None
+
+    def in_pod_manager(self, uid: str) -> bool:
+        """kubelet adds a pod to its pod manager just before admitting it; it stays there, also
+        rejected or finished, until the pod is deleted from the API server."""
+        return (
+            uid in self.admitted
+            or uid == self.current
+            or uid in self.failed
+            or uid in self.finished
+        )
 
     def listing(self) -> list[KubeletPod]:
-        """The PodResources List: pods in kubelet's pod manager (admitted, or the one being
-        admitted; added just before its admission), not rejected or finished, with each listed
-        container's devices (app containers and sidecars; a container's devices are recorded
-        once its Allocate was answered)."""
+        """The PodResources List (``listing_mode``): the pods in kubelet's pod manager, with
+        each listed container's devices (app containers and sidecars; a container's devices are
+        recorded once its Allocate was answered; a rejected or finished pod's were freed)."""
+        if self.podresources_down:
+            raise KubeletViewError(f"kubelet/{self.node}: PodResources List failed (model)")
         out: list[KubeletPod] = []
         for uid, pod in self.seen.items():
-            if uid in self.failed or uid in self.finished:
+            if not self.in_pod_manager(uid):
                 continue
-            if uid not in self.admitted and uid != self.current:
+            terminal = uid in self.failed or uid in self.finished
+            if terminal and self.listing_mode is Listing.ACTIVE_PODS:
                 continue
             spec = pod["spec"]
             names = [
@@ -385,6 +499,10 @@ class Kubelet:
             )
         return out
 
+    def records(self) -> dict[str, set[str]]:
+        """kubelet's device checkpoint: pod UID -> the containers it records devices for."""
+        return {uid: set(per) for uid, per in self.allocated.items() if per}
+
     def _in_use(self) -> set[DeviceID]:
         return {d for per in self.allocated.values() for ids in per.values() for d in ids}
 
@@ -399,18 +517,65 @@ class Kubelet:
         )
 
     def reject(self, uid: str, why: str) -> None:
-        """An admit handler other than the device manager's refuses the pod (no Allocate)."""
+        """An admit handler other than the device manager's refuses the pod: before any
+        Allocate (eviction, sysctl), or after some were answered (node affinity, resources,
+        taints, AppArmor, node shutdown: the device manager's handler is not the last one)."""
         self._fail(uid, why)
 
-    def step(self, plugin: Plugin, *, pick: int, reuse_in_order: bool) -> str:
-        """Admit the next pod by one container (or finish its admission)."""
+    def _choose(
+        self, plugin: Plugin, uid: str, required: int, *, pick: int, reuse_in_order: bool
+    ) -> tuple[list[DeviceID], str] | None:
+        """The devices kubelet asks Allocate for (reused first, then GetPreferredAllocation
+        over the free ones); None when too few are free."""
+        pod = self.seen[uid]
+        inits = {c["name"] for c in pod["spec"].get("initContainers") or []}
+        mine = self.allocated.get(uid, {})
+        pool: list[DeviceID] = []
+        for c, ids in mine.items():
+            if c in inits:
+                pool.extend(d for d in ids if d not in pool)
+        for c, ids in mine.items():
+            if c not in inits:
+                pool = [d for d in pool if d not in ids]
+        pool = sorted(pool) if reuse_in_order else _shuffled(sorted(pool), pick)
+        chosen: list[DeviceID] = pool[:required]
+        how = "reused" if chosen else ""
+        if len(chosen) < required:
+            in_use = self._in_use()
+            available = [d for d in self.healthy if d not in in_use]
+            needed = required - len(chosen)
+            if len(available) < needed:
+                return None
+            pref = plugin.preferred([*available, *chosen], list(chosen), required)
+            for d in pref.devices:
+                if d in available and d not in chosen and len(chosen) < required:
+                    chosen.append(d)
+            for d in _shuffled(available, pick):
+                if d not in chosen and len(chosen) < required:
+                    chosen.append(d)
+            how = "preferred hit" if pref.hit else f"preferred miss ({pref.reason[:60]})"
+        return chosen, how
+
+    def _record(
+        self, uid: str, container: ContainerName, chosen: list[DeviceID], result: Allocation
+    ) -> None:
+        self.allocated.setdefault(uid, {})[container] = tuple(chosen)
+        self.given.setdefault(uid, {})[container] = result.devices
+        self.served_holder.setdefault(uid, {})[container] = result.holder.uid
+        self.last_record = (uid, container)
+
+    def step(
+        self, plugin: Plugin, *, pick: int, reuse_in_order: bool, crash_after_answer: bool = False
+    ) -> str:
+        """Admit the next pod by one container (or finish its admission).  With
+        ``crash_after_answer`` kubelet dies right after the plugin's answer, before recording it
+        (its checkpoint is written after the answer), and restarts."""
         uid = self.next_pod()
         if uid is None:
             return "nothing to admit"
         self.current = uid
         pod = self.seen[uid]
         key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-        inits = {c["name"] for c in pod["spec"].get("initContainers") or []}
         containers = gpu_containers(pod, RESOURCE)
         mine = self.allocated.setdefault(uid, {})
         todo = [(c, n) for c, n in containers if c not in mine]
@@ -430,31 +595,11 @@ class Kubelet:
             )
             return f"admitted {key}"
         container, required = todo[0]
-        pool: list[DeviceID] = []
-        for c, ids in mine.items():
-            if c in inits:
-                pool.extend(d for d in ids if d not in pool)
-        for c, ids in mine.items():
-            if c not in inits:
-                pool = [d for d in pool if d not in ids]
-        pool = sorted(pool) if reuse_in_order else _shuffled(sorted(pool), pick)
-        chosen: list[DeviceID] = pool[:required]
-        how = "reused" if chosen else ""
-        if len(chosen) < required:
-            in_use = self._in_use()
-            available = [d for d in self.healthy if d not in in_use]
-            needed = required - len(chosen)
-            if len(available) < needed:
-                self._fail(uid, f"requested {required} devices, {len(available)} available")
-                return f"{key}: {container}: too few free devices; pod failed"
-            pref = plugin.preferred([*available, *chosen], list(chosen), required)
-            for d in pref.devices:
-                if d in available and d not in chosen and len(chosen) < required:
-                    chosen.append(d)
-            for d in _shuffled(available, pick):
-                if d not in chosen and len(chosen) < required:
-                    chosen.append(d)
-            how = "preferred hit" if pref.hit else f"preferred miss ({pref.reason[:60]})"
+        picked = self._choose(plugin, uid, required, pick=pick, reuse_in_order=reuse_in_order)
+        if picked is None:
+            self._fail(uid, f"requested {required} devices, too few available")
+            return f"{key}: {container}: too few free devices; pod failed"
+        chosen, how = picked
         try:
             result = plugin.allocate(list(chosen))
         except PluginCrashed as exc:
@@ -467,13 +612,52 @@ class Kubelet:
                 f"{key}: {container}: Allocate({','.join(chosen)}) refused "
                 f"{result.kind.value}; pod failed"
             )
-        mine[container] = tuple(chosen)
-        self.given.setdefault(uid, {})[container] = result.devices
-        self.served_holder.setdefault(uid, {})[container] = result.holder.uid
-        return (
+        self._record(uid, container, chosen, result)
+        text = (
             f"{key}: {container}: Allocate({','.join(chosen)}) [{how}] -> served "
             f"{','.join(result.devices)} as {result.holder.key} token {result.token}"
             + (" (last; released)" if result.last else "")
+        )
+        if crash_after_answer:
+            self.start(lose_last_record=True)
+            text += "; kubelet died before writing its checkpoint and restarted"
+        return text
+
+    def unrecorded(self) -> list[tuple[str, ContainerName, int]]:
+        """Running pods' GPU containers with no device record (the record was lost)."""
+        out: list[tuple[str, ContainerName, int]] = []
+        for uid in sorted(self.admitted):
+            pod = self.seen.get(uid)
+            if pod is None or uid in self.finished or uid in self.failed:
+                continue
+            mine = self.allocated.get(uid, {})
+            out.extend((uid, c, n) for c, n in gpu_containers(pod, RESOURCE) if c not in mine)
+        return out
+
+    def reallocate(self, plugin: Plugin, which: int, *, pick: int) -> str:
+        """A running pod's pod worker starts a container that has no device record: the device
+        manager calls Allocate for it again (``GetDeviceRunContainerOptions``,
+        pkg/kubelet/cm/devicemanager/manager.go).  A refusal fails that container's start; the
+        pod keeps running."""
+        todo = self.unrecorded()
+        uid, container, required = todo[which % len(todo)]
+        pod = self.seen[uid]
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        picked = self._choose(plugin, uid, required, pick=pick, reuse_in_order=True)
+        if picked is None:
+            return f"{key}: {container}: re-Allocate: too few free devices; container not started"
+        chosen, how = picked
+        try:
+            result = plugin.allocate(list(chosen))
+        except PluginCrashed as exc:
+            plugin.start()
+            return f"{key}: {container}: re-Allocate: {exc}"
+        if isinstance(result, Refusal):
+            return f"{key}: {container}: re-Allocate refused {result.kind.value}; not started"
+        self._record(uid, container, chosen, result)
+        return (
+            f"{key}: {container}: re-Allocate({','.join(chosen)}) [{how}] -> served "
+            f"{','.join(result.devices)} as {result.holder.key} token {result.token}"
         )
 
     def complete(self, uid: str) -> str:

@@ -7,13 +7,15 @@ until the first violation and reports how many runs (examples) that took.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 from hypothesis import seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.model.holes import KNOWN_HOLES, Hole
+from tests.model.holes import KNOWN_HOLES, PLANTS, Hole
 from tests.model.machine import Fault, ModelConfig, Violation, machine
+from tests.model.node import Listing
 
 ONE_NODE = (("n1", 2),)
 
@@ -66,6 +68,38 @@ FOCUS: dict[Hole, ModelConfig] = {
         max_pods=3,
         prompt=frozenset({"kubelet"}),
     ),
+    Hole.LATE_BINDING: ModelConfig(
+        fault_kinds=frozenset(),
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=3,
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+    ),
+    Hole.REJECTED_MID_HANDOFF: ModelConfig(
+        fault_kinds=frozenset({Fault.REJECT_AFTER_ALLOCATE}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("pair",),
+        max_pods=3,
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+    ),
+    Hole.LISTED_REJECTED_POD: ModelConfig(
+        fault_kinds=frozenset({Fault.ADMISSION_REJECT, Fault.REJECT_AFTER_ALLOCATE}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one", "pair"),
+        max_pods=3,
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+        listings=(Listing.ALL_PODS,),
+    ),
+    Hole.SERVED_AFTER_CHECKPOINT_LOSS: ModelConfig(
+        fault_kinds=frozenset({Fault.CHECKPOINT_LOST, Fault.PODRESOURCES_DOWN}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one", "pair"),
+        max_pods=3,
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+    ),
 }
 
 
@@ -95,17 +129,32 @@ SEARCH_SEEDS: dict[Hole, int] = {
     Hole.DOUBLE_BIND: 2,
     Hole.ORPHANED_LOCK: 3,
     Hole.LATE_READ: 1,
+    Hole.LATE_BINDING: 1,
+    Hole.REJECTED_MID_HANDOFF: 1,
+    Hole.LISTED_REJECTED_POD: 1,
+    Hole.SERVED_AFTER_CHECKPOINT_LOSS: 1,
 }
 
 
 def find(
-    hole: Hole, how: settings, *, chosen_seed: int | None = None, stop_after_first: bool = True
+    hole: Hole,
+    how: settings,
+    *,
+    chosen_seed: int | None = None,
+    stop_after_first: bool = True,
+    planted: bool = False,
 ) -> Finding:
     """Search the model for ``hole`` under ``how`` from its seed; the violation, if any.
 
     ``stop_after_first``: end every run after the first violation at once (no shrinking);
     without it Hypothesis shrinks the failure to the shortest interleaving it can.
+    ``planted``: with the hole's fix reverted (``holes.PLANTS``) for the search.
     """
+    with PLANTS[hole]() if planted else nullcontext():
+        return _find(hole, how, chosen_seed=chosen_seed, stop_after_first=stop_after_first)
+
+
+def _find(hole: Hole, how: settings, *, chosen_seed: int | None, stop_after_first: bool) -> Finding:
     config = replace(focus(hole), stop_after_first=stop_after_first)
     cls = machine(config, f"Search_{hole.name}")
     seed(SEARCH_SEEDS[hole] if chosen_seed is None else chosen_seed)(cls)

@@ -11,8 +11,11 @@ What is modelled, and nothing more:
 - Nodes: static, each with its GPU inventory annotation and ``status.allocatable``;
 - watches: one ordered log of every change; each subscriber reads it through its own cursor, so
   events arrive in order but as late as the model likes (``Watch.deliver``);
-- a binding request in flight: sent at one step, applied by the server at a later one (or never,
-  once its client's timeout has passed), answered at another.
+- a binding request in flight: sent at one step, applied by the server at a later one, answered
+  at another.  The server may apply it after its client gave up: until ``REQUEST_TIMEOUT_S``
+  after it was sent (kube-apiserver's ``--request-timeout``; a handler whose client went away
+  still completes its storage write), as ``scheduler_ext.takeover.binding_may_still_land``
+  assumes.
 
 Not modelled: API server internals (admission chains, priority and fairness, etcd compaction and
 410 Gone relists, bookmarks), object sizes, request latency beyond "late".
@@ -28,6 +31,7 @@ from typing import Any
 from handoff.wire import GPU, DeviceID, Keys, format_inventory
 from kube.errors import Conflict, NotFound
 from lockd.model import NodeName
+from scheduler_ext.takeover import DEFAULT_REQUEST_TIMEOUT_S
 
 JSON = dict[str, Any]
 
@@ -35,6 +39,7 @@ KEYS = Keys()
 RESOURCE = "nvidia.com/gpu"
 LEASE_NAMESPACE = "nodelock-system"
 POD_NAMESPACE = "team"
+REQUEST_TIMEOUT_S = DEFAULT_REQUEST_TIMEOUT_S  # kube-apiserver's --request-timeout default
 
 
 class Kind:
@@ -61,8 +66,9 @@ class BindingRequest:
     """A ``pods/binding`` create sent by an extender and not answered yet.
 
     ``result`` is None until the server processes it: "ok", or the error it answered.
-    The server may process it only until ``deadline`` (the client's timeout); after that the
-    request is dead and never lands (the binder's time budget relies on this).
+    ``deadline`` is the client's timeout: after it the client takes no answer (it reads the
+    pod instead).  The server may still process the request until ``server_deadline``
+    (``REQUEST_TIMEOUT_S`` after it was sent); after that it never lands.
     """
 
     rid: int
@@ -75,6 +81,10 @@ class BindingRequest:
     task: int
     result: str | None = None
     error: Exception | None = None
+
+    @property
+    def server_deadline(self) -> float:
+        return self.sent_at + REQUEST_TIMEOUT_S
 
 
 def gpu_id(node: NodeName, index: int) -> DeviceID:
@@ -146,6 +156,9 @@ class Store:
     on_binding: Callable[[BindingRequest, JSON], None] | None = None
     # called with (node, lease before, lease after, writer) for every Lease write
     on_lease_write: Callable[[NodeName, JSON | None, JSON | None, str], None] | None = None
+    # the server may apply a binding after its client gave up (False: dropped at the client's
+    # timeout, as a search avoiding ``Hole.LATE_BINDING`` has it)
+    late_bindings: bool = True
 
     # -- the one place that changes anything -------------------------------------------------
 
@@ -260,8 +273,12 @@ class Store:
         return request
 
     def live_requests(self, now: float) -> list[BindingRequest]:
-        """Binding requests the server may still process (sent, not processed, not timed out)."""
-        return [r for r in self.inflight if r.result is None and now <= r.deadline]
+        """Binding requests the server may still process (sent, not processed, not past the
+        server's request timeout: the client may have given up on them)."""
+        return [r for r in self.inflight if r.result is None and now <= self._last_chance(r)]
+
+    def _last_chance(self, request: BindingRequest) -> float:
+        return request.server_deadline if self.late_bindings else request.deadline
 
     def apply_binding(self, request: BindingRequest) -> None:
         """The server processes a binding request (UID precondition, annotations merged)."""
@@ -292,8 +309,8 @@ class Store:
         self._commit(Kind.POD, "MODIFIED", request.pod_key, pod)
 
     def expire_requests(self, now: float) -> list[BindingRequest]:
-        """Drop requests whose client timed out before the server processed them."""
-        dead = [r for r in self.inflight if r.result is None and now > r.deadline]
+        """Drop requests the server did not process within its request timeout."""
+        dead = [r for r in self.inflight if r.result is None and now > self._last_chance(r)]
         for r in dead:
             self.inflight.remove(r)
             r.result = "timed-out"

@@ -1,15 +1,21 @@
 """The handoff model (tests/model, docs/model.md) in the unit run: the CI profile and the holes.
 
 - ``TestHandoffModel``: the CI profile; every known hole avoided, so it must find nothing.
-- ``test_search_finds_known_hole``: per known hole, the derandomized search with only that hole
-  allowed must find it (breaking one of the invariants the hole is known to break).  Once a hole
-  is fixed and taken out of ``KNOWN_HOLES``, the same test asserts the search finds nothing.
-- ``test_replay_*``: fixed interleavings, replayed step by step: traces the search found (the
-  permanent regression examples) and the stale-Lease-view hole's first form.
+- ``test_hole_search``: per hole, the derandomized search with only that hole allowed, run as
+  ``python -m tests.model --hole``: a known hole must be found (exit 0, its "found" line,
+  breaking one of the invariants it is known to break); a fixed one must not (exit
+  ``NOT_FOUND``, the "not found in N examples" line, N at least its budget).  Any other exit
+  or output fails, so a search that crashes cannot pass.
+- ``test_planted_hole_search``: per hole with a plant (``holes.PLANTS``), the search with the
+  hole's fix reverted must find it: the model still generates the behaviour behind the hole.
+- ``test_replay_*``: fixed interleavings, replayed step by step, each asserting that its
+  critical step took the path it exists to show: traces the search found (the permanent
+  regression examples) and the stale-Lease-view hole's first form.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -18,10 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.model.holes import BREAKS, KNOWN_HOLES, Hole
+from tests.model.__main__ import NOT_FOUND
+from tests.model.holes import BREAKS, KNOWN_HOLES, PLANTS, Hole
 from tests.model.machine import Fault, HandoffModel, ModelConfig, Violation, machine
 from tests.model.profiles import CI_EXAMPLES, ci_settings
-from tests.model.search import focus
+from tests.model.search import SEARCH_SEEDS, focus
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = (sys.executable, "-m", "tests.model")
@@ -44,38 +51,101 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.DOUBLE_BIND: 700,
     Hole.ORPHANED_LOCK: 300,
     Hole.LATE_READ: 300,
+    Hole.LATE_BINDING: 700,
+    Hole.REJECTED_MID_HANDOFF: 100,
+    Hole.LISTED_REJECTED_POD: 100,
+    Hole.SERVED_AFTER_CHECKPOINT_LOSS: 300,
 }
+INVARIANT = r"(S[1-4]|V1|L1)"
 
 
-@pytest.mark.parametrize("hole", sorted(Hole), ids=str)
-def test_search_finds_known_hole(hole: Hole) -> None:
-    # Run as ``python -m tests.model --hole``: Hypothesis draws other examples inside pytest
-    # than in a plain process even from the same explicit seed, and the recorded numbers
-    # (docs/model.md, ``make model MODEL_ARGS=--hole ...``) are the plain process's.
+def search(hole: Hole, examples: int, *, planted: bool = False) -> tuple[int, str]:
+    """Run ``python -m tests.model --hole`` as a plain process (Hypothesis draws other examples
+    inside pytest than in a plain process even from the same explicit seed, and the recorded
+    numbers are the plain process's): its exit status and its output."""
     done = subprocess.run(
-        [*COMMAND, "--hole", hole.value, "--quick", "--examples", str(budget(hole))],
+        [
+            *COMMAND,
+            "--hole",
+            hole.value,
+            "--quick",
+            "--examples",
+            str(examples),
+            *(["--planted"] if planted else []),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
-    out = done.stdout + done.stderr
-    found = re.search(rf"hole {hole.value}: found \((S[1-4]|V1|L1)\) after (\d+) examples", out)
-    if hole not in KNOWN_HOLES:  # fixed: the same search must come back empty
-        assert found is None, out
-        return
-    assert found is not None, f"the model no longer finds {hole}:\n{out[-3000:]}"
+    return done.returncode, done.stdout + done.stderr
+
+
+def assert_found(hole: Hole, rc: int, out: str, *, planted: bool = False) -> int:
+    """The search found ``hole`` (exit 0, its last line says so, one of its invariants)."""
+    label = re.escape(f"hole {hole.value}{' (planted)' if planted else ''}")
+    last = out.rstrip("\n").rsplit("\n", 1)[-1]
+    found = re.fullmatch(
+        rf"{label}: found \({INVARIANT}\) after (\d+) examples "
+        rf"\(seed {SEARCH_SEEDS[hole]}\); shortest trace above",
+        last,
+    )
+    why = f"the model does not find {hole} (exit {rc}):\n{out[-3000:]}"
+    assert rc == 0, why
+    assert found is not None, why
     assert found.group(1) in BREAKS[hole], out[-3000:]
+    return int(found.group(2))
 
 
-def budget(hole: Hole) -> int:
-    return SEARCH_BUDGET if hole in KNOWN_HOLES else FIXED_BUDGET[hole]
+def assert_not_found(hole: Hole, rc: int, out: str, *, budget: int) -> int:
+    """The search ran its whole budget and found nothing (exit ``NOT_FOUND``, its last line)."""
+    last = out.rstrip("\n").rsplit("\n", 1)[-1]
+    empty = re.fullmatch(rf"hole {re.escape(hole.value)}: not found in (\d+) examples", last)
+    why = f"{hole}: exit {rc}:\n{out[-3000:]}"
+    assert rc == NOT_FOUND, why
+    assert empty is not None, why
+    assert int(empty.group(1)) >= budget, out[-3000:]
+    return int(empty.group(1))
 
 
-def replay(hole: Hole, faults: frozenset[Fault], steps: Callable[[HandoffModel], None]) -> None:
+@pytest.mark.parametrize("hole", sorted(Hole), ids=str)
+def test_hole_search(hole: Hole) -> None:
+    if hole in KNOWN_HOLES:
+        assert_found(hole, *search(hole, SEARCH_BUDGET))
+    else:  # fixed: the same search must come back empty
+        assert_not_found(hole, *search(hole, FIXED_BUDGET[hole]), budget=FIXED_BUDGET[hole])
+
+
+@pytest.mark.parametrize("hole", sorted(PLANTS), ids=str)
+def test_planted_hole_search(hole: Hole) -> None:
+    """With the fix reverted, the search finds the hole within the fixed hole's budget."""
+    assert (
+        assert_found(hole, *search(hole, FIXED_BUDGET[hole], planted=True), planted=True)
+        <= (FIXED_BUDGET[hole])
+    )
+
+
+def test_a_search_that_crashes_fails_both_checks() -> None:
+    """A runner that raises exits 1 with a traceback: neither outcome may accept it."""
+    rc, out = search(Hole.LATE_READ, -1)  # Hypothesis refuses max_examples=-1: it raises
+    assert rc not in (0, NOT_FOUND), out
+    with pytest.raises(AssertionError):
+        assert_found(Hole.LATE_READ, rc, out)
+    with pytest.raises(AssertionError):
+        assert_not_found(Hole.LATE_READ, rc, out, budget=0)
+
+
+def replay(
+    hole: Hole,
+    faults: frozenset[Fault],
+    steps: Callable[[HandoffModel], None],
+    *,
+    planted: bool = False,
+) -> HandoffModel:
     """Run ``steps`` on a fresh model searching ``hole``, checking safety after each call;
-    a known hole must break one of its invariants, a fixed one none."""
+    a known hole (or a planted one) must break one of its invariants, a fixed one none.
+    Returns the model, settled."""
     model = machine(focus(hole), f"Replay_{hole.name}")()
     model.start((0.0, 0.0), faults)
 
@@ -84,12 +154,24 @@ def replay(hole: Hole, faults: frozenset[Fault], steps: Callable[[HandoffModel],
         model.check_safety()
         model.settle()
 
-    if hole in KNOWN_HOLES:
-        with pytest.raises(Violation) as caught:
+    if hole in KNOWN_HOLES or planted:
+        with PLANTS[hole]() if planted else _nothing(), pytest.raises(Violation) as caught:
             run()
         assert caught.value.invariant in BREAKS[hole], str(caught.value)
     else:
         run()
+    return model
+
+
+def _nothing() -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def did(m: HandoffModel, *expected: str) -> None:
+    """The model's last action took the path ``expected`` names (each a part of its line)."""
+    line = m.trace[-1]
+    for part in expected:
+        assert part in line, f"expected {part!r} in the last step:\n" + "\n".join(m.trace[-8:])
 
 
 def test_replay_cancel_after_binding_write() -> None:
@@ -102,9 +184,11 @@ def test_replay_cancel_after_binding_write() -> None:
         m.extender_step(0)  # acquired n1 token 1
         m.extender_step(0)  # confirmed
         m.extender_step(0)  # sent binding request #1 (token 1)
-        m.bind_cancelled(0)  # kube-scheduler cancels: released token 1 bind-failed
+        m.bind_cancelled(0)  # kube-scheduler cancels: was "released token 1 bind-failed"
+        did(m, "the binding was sent: the lock is kept")
         m.check_safety()
-        m.server_applies(0)  # the binding lands: S4
+        m.server_applies(0)  # the binding lands: was S4
+        did(m, "binding #1 of team/one-1: ok")
 
     replay(Hole.CANCEL_AFTER_WRITE, frozenset({Fault.CANCEL}), steps)
 
@@ -132,7 +216,8 @@ def test_replay_stale_lease_view_serves_finished_holder() -> None:
             m.extender_step(0)
         m.check_safety()
         m.deliver_to("kubelet/n1")  # the plugin's Lease watch is not delivered
-        m.kubelet_step(0, 0)  # served n1-g0 as team/one-1 token 1: S2
+        m.kubelet_step(0, 0)  # was: served n1-g0 as team/one-1 token 1 (S2)
+        did(m, "team/one-2: main: Allocate", "as team/one-2 token 2")
 
     replay(Hole.STALE_LEASE_VIEW, frozenset({Fault.RELEASE_FAILS}), steps)
 
@@ -162,6 +247,7 @@ def test_replay_rejected_holder_and_lagging_plugin_watches() -> None:
         m.check_safety()
         m.deliver_to("kubelet/n1")
         m.kubelet_step(0, 0)  # from the watches: n1-g0 "as team/one-1 token 1"; fresh: as one-2
+        did(m, "team/one-2: main: Allocate", "as team/one-2 token 2")
 
     replay(Hole.STALE_LEASE_VIEW, frozenset({Fault.ADMISSION_REJECT, Fault.WATCH_STALL}), steps)
 
@@ -182,7 +268,10 @@ def test_replay_orphaned_lock_after_an_extender_restart() -> None:
         m.extender_crashes("E1")
         m.create_pod(1)  # team/two-2: fits n1 only once two-1's lock is taken over
 
-    replay(Hole.ORPHANED_LOCK, frozenset({Fault.CRASH, Fault.POD_DELETE}), steps)
+    m = replay(Hole.ORPHANED_LOCK, frozenset({Fault.CRASH, Fault.POD_DELETE}), steps)
+    assert any("team/two-2->n1" in line and "took over n1 token 2" in line for line in m.trace), (
+        "\n".join(m.trace)
+    )
 
 
 def test_replay_second_bind_on_a_lagging_replica() -> None:
@@ -200,6 +289,7 @@ def test_replay_second_bind_on_a_lagging_replica() -> None:
         m.extender_step(0)  # sent binding request #1 (token 1)
         m.schedule(0, "E0", 0)  # retried on E0, whose watches have delivered nothing
         m.extender_step(1)  # bind#2: was "acquired n1 token 2"; now refused (held by the pod)
+        did(m, "bind#2", "failed: ")
         m.check_safety()
         m.server_applies(0)  # binding #1 lands with token 1
 
@@ -221,6 +311,85 @@ def test_replay_bypass_pod_seen_by_kubelet_beside_the_holder() -> None:
         m.bypass_pod_created(0)  # team/bypass-2 bound to n1 at create
         m.deliver_to("kubelet/n1")  # kubelet sees both; the older one-1 is admitted first
         m.kubelet_step(0, 0)  # Allocate for one-1: was refused (L1); now served, lock released
+        did(m, "team/one-1: main: Allocate", "as team/one-1 token 1 (last; released)")
         # settling: bypass-2 is refused (no pod holds the lock) and fails alone
 
     replay(Hole.BYPASS_POD, frozenset({Fault.BYPASS}), steps)
+
+
+def late_binding_steps(m: HandoffModel, *, check: bool = True) -> None:
+    """one-1's bind sends its binding and gives up waiting for it; the lock expires;
+    kube-scheduler retries one-1, whose second bind finds it not bound and asks to take the
+    expired lock over; the server applies the first binding afterwards."""
+    m.create_pod(0)  # team/one-1
+    m.schedule(0, "E0", 0)
+    for _ in range(3):  # acquire, confirm, send
+        m.extender_step(0)
+    m.tick(16.0)  # past the client's deadline and the lock's duration
+    m.extender_step(0)  # no answer: the GET shows one-1 not bound; the lock is kept
+    if check:
+        did(m, "bind#1", "keeping the lock")
+    m.schedule(0, "E0", 0)  # kube-scheduler retries one-1
+    m.extender_step(0)  # bind#2 asks to take the expired lock over
+    if check:  # not bound, but its first binding may still land: was "took over n1 token 2"
+        did(m, "bind#2", "failed: contended")
+    m.check_safety()
+    m.server_applies(0)  # one-1's first binding lands after its client gave up
+    if check:
+        did(m, "binding #1 of team/one-1: ok")
+
+
+def test_replay_late_binding_keeps_the_lock() -> None:
+    """A binding the server applies after its client's timeout: the lock of a holder seen not
+    bound is not taken over while that binding may still land (``binding_may_still_land``)."""
+    replay(Hole.LATE_BINDING, frozenset(), late_binding_steps)
+
+
+def test_replay_late_binding_without_the_guard_breaks() -> None:
+    """The same steps with the guard deleted: the second bind takes the lock over (token 2)
+    and the first binding then lands with token 1 (S4)."""
+    replay(
+        Hole.LATE_BINDING, frozenset(), lambda m: late_binding_steps(m, check=False), planted=True
+    )
+
+
+def rejected_mid_handoff_steps(m: HandoffModel, *, check: bool = True) -> None:
+    """kubelet rejects pair-1 after its first container was served; the lock is taken over
+    for pair-2, whose first Allocate meets pair-1's interrupted handoff in the checkpoint."""
+    m.create_pod(0)  # team/pair-1
+    m.schedule(0, "E0", 0)
+    for _ in range(4):  # acquire, confirm, send, bound
+        m.extender_step(0)
+    m.kubelet_step(0, 0)  # pair-1's left container served
+    if check:
+        did(m, "team/pair-1: left: Allocate", "as team/pair-1 token 1")
+    m.kubelet_rejects_after_allocate(0)
+    m.create_pod(0)  # team/pair-2
+    m.tick(16.0)
+    m.schedule(0, "E0", 0)
+    for _ in range(4):  # takes the lock over (pair-1 failed), binds pair-2 with token 2
+        m.extender_step(0)
+    m.check_safety()
+    m.kubelet_step(0, 0)  # pair-1's progress dropped (it left the handoff): pair-2 served
+    if check:  # was: refused taken-over; pair-2 failed (L1)
+        did(m, "team/pair-2: left: Allocate", "as team/pair-2 token 2")
+
+
+def test_replay_rejected_after_allocate() -> None:
+    """kubelet rejects a pod after Allocate answered one of its containers: the next holder
+    is served at once (the interrupted handoff of a pod that left is dropped)."""
+    replay(
+        Hole.REJECTED_MID_HANDOFF,
+        frozenset({Fault.REJECT_AFTER_ALLOCATE}),
+        rejected_mid_handoff_steps,
+    )
+
+
+def test_replay_rejected_after_allocate_without_the_drop_breaks() -> None:
+    """The same steps with the drop deleted: pair-2's first Allocate is refused (L1)."""
+    replay(
+        Hole.REJECTED_MID_HANDOFF,
+        frozenset({Fault.REJECT_AFTER_ALLOCATE}),
+        lambda m: rejected_mid_handoff_steps(m, check=False),
+        planted=True,
+    )

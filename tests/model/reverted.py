@@ -1,0 +1,92 @@
+"""The plugin's rule of who kubelet may be admitting, as it stood before issues #29 and #31.
+
+Planted by ``holes.PLANTS`` (``python -m tests.model --hole NAME --planted``) to show that the
+model finds what that rule got wrong: a rejected or finished pod that kubelet's PodResources
+``List`` still returns (Kubernetes before 1.34, or with ``KubeletPodResourcesListUseActivePods``
+off) counted as a pod that may await devices, and a pod this plugin served skipped even when
+kubelet had lost its record and asks Allocate for it again.  Kept verbatim (the project's own
+code at that time); nothing else imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from deviceplugin.decide import (
+    Context,
+    KubeletAdmission,
+    PodJSON,
+    gpu_containers,
+)
+from handoff.audit import KubeletPod
+from handoff.holder import holder_status as handoff_status
+from lockd.model import HolderKey
+
+
+def kubelet_admitting(
+    listed: Sequence[KubeletPod],
+    specs: Mapping[str, PodJSON | None],
+    holder: HolderKey,
+    served_pods: Collection[str],
+    ctx: Context,
+    *,
+    holder_pod: PodJSON | None = None,
+    **_later: object,
+) -> KubeletAdmission:
+    """``deviceplugin.decide.kubelet_admitting`` before #29/#31 (extra keywords ignored)."""
+    holder_listed = False
+    others: list[str] = []
+    for entry in listed:
+        if entry.key == holder:
+            holder_listed = holder_pod is None or _may_await(entry, holder_pod, ctx)
+            continue
+        spec = specs.get(entry.key)
+        if spec is None:
+            others.append(f"{entry.key} (unknown)")
+            continue
+        uid = str((spec.get("metadata") or {}).get("uid") or "")
+        if uid and uid in served_pods:
+            continue
+        if _may_await(entry, spec, ctx):
+            others.append(entry.key)
+    return KubeletAdmission(holder_listed, tuple(sorted(others)))
+
+
+def _may_await(entry: KubeletPod, spec: PodJSON, ctx: Context) -> bool:
+    try:
+        wanted = gpu_containers(spec, ctx.resource)
+    except ValueError:
+        return True
+    if not wanted:
+        return False
+    names = [c for c, _ in wanted]
+    if any(c in entry.containers and not entry.containers[c] for c in names):
+        return True
+    uid = str((spec.get("metadata") or {}).get("uid") or "")
+    init_only = not any(c in entry.containers for c in names)
+    return init_only and handoff_status(spec, uid=uid, node=ctx.node).in_handoff
+
+
+def bystanders(
+    bound_here: Sequence[PodJSON],
+    holder_uid: str,
+    served_pods: Collection[str],
+    ctx: Context,
+    **_later: object,
+) -> list[str]:
+    """``deviceplugin.decide.bystanders`` before #31 (extra keywords ignored)."""
+    out: list[str] = []
+    for other in bound_here:
+        meta = other.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid or uid == holder_uid or uid in served_pods:
+            continue
+        try:
+            if not gpu_containers(other, ctx.resource):
+                continue
+        except ValueError:
+            pass
+        if handoff_status(other, uid=uid, node=ctx.node).in_handoff:
+            meta_ns, meta_name = meta.get("namespace", "?"), meta.get("name", "?")
+            out.append(f"{meta_ns}/{meta_name} (uid {uid})")
+    return sorted(out)
