@@ -234,6 +234,20 @@ func (s *simKubelet) managedPods() []*v1.Pod {
 	return out
 }
 
+// podManagerPods is kubelet's pod manager out of pods (the informer's): those admission has
+// reached, and those that arrived in a terminal phase (added, never admitted).
+func (s *simKubelet) podManagerPods(pods []*v1.Pod) []*v1.Pod {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*v1.Pod, 0, len(pods))
+	for _, p := range pods {
+		if s.received.Has(p.UID) || p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // activePods is the device manager's ActivePodsFunc: the pods bound to this node that are not
 // in a terminal phase and that this kubelet has not finished with. Devices of pods outside this
 // list are freed by the device manager on its next allocation.

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 )
@@ -48,7 +49,16 @@ type config struct {
 	numaNodes      int
 	// podResourcesSocket is where kubelet's PodResources API is served ("" = not served).
 	podResourcesSocket string
+	// podResourcesList is which pods List returns: listActive (kubelet 1.34+ by default) or
+	// listAll (kubelet before 1.34, or 1.34+ with KubeletPodResourcesListUseActivePods=false).
+	podResourcesList string
 }
+
+// The values of --pod-resources-list.
+const (
+	listActive = "active"
+	listAll    = "all"
+)
 
 func main() {
 	os.Exit(run(os.Args[1:]))
@@ -81,6 +91,10 @@ func run(args []string) int {
 	restCfg.Burst = cfg.burst
 	restCfg.UserAgent = "nodelock-simkubelet/" + cfg.nodeName
 
+	if err := setListGate(cfg.podResourcesList); err != nil {
+		klog.ErrorS(err, "Cannot start")
+		return 1
+	}
 	sk, err := newSimKubelet(ctx, cfg, restCfg)
 	if err != nil {
 		klog.ErrorS(err, "Cannot start")
@@ -112,6 +126,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&cfg.burst, "kube-api-burst", 100, "client burst to the API server")
 	fs.StringVar(&cfg.topologyPolicy, "topology-manager-policy", "none", "kubelet's topology manager policy: none, best-effort, restricted or single-numa-node")
 	fs.StringVar(&cfg.podResourcesSocket, "pod-resources-socket", "", "serve kubelet's PodResources API (v1, v1alpha1) on this unix socket, as kubelet does on /var/lib/kubelet/pod-resources/kubelet.sock (empty: not served)")
+	fs.StringVar(&cfg.podResourcesList, "pod-resources-list", listActive, "which pods PodResources List returns: active (kubelet 1.34+ with its default feature gate KubeletPodResourcesListUseActivePods) or all (every pod in the pod manager, rejected and finished ones included, as kubelet before 1.34 or with that gate off)")
 	fs.IntVar(&cfg.numaNodes, "numa-nodes", 0, "NUMA nodes of the simulated machine (0: no NUMA information; a policy other than none needs at least 1)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: nodelock-simkubelet --kubeconfig PATH --node-name NAME [flags]\n\n"+
@@ -158,6 +173,11 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	if n := len(cfg.podResourcesSocket); n > maxSocketPath {
 		return cfg, fmt.Errorf("--pod-resources-socket is %d bytes long; a unix socket path holds at most %d", n, maxSocketPath)
 	}
+	switch cfg.podResourcesList {
+	case listActive, listAll:
+	default:
+		return cfg, fmt.Errorf("--pod-resources-list %q: want %s or %s", cfg.podResourcesList, listActive, listAll)
+	}
 	if cfg.topologyPolicy != "none" && cfg.numaNodes == 0 {
 		return cfg, fmt.Errorf("--topology-manager-policy %s needs --numa-nodes >= 1", cfg.topologyPolicy)
 	}
@@ -174,6 +194,24 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 		cfg.leaseDurationS = min
 	}
 	return cfg, nil
+}
+
+// listGate is kubelet's feature gate that makes PodResources List return only active pods
+// (pkg/features/kube_features.go: default off before 1.34, on from 1.34, to be locked on in 1.38).
+const listGate = "KubeletPodResourcesListUseActivePods"
+
+// setListGate sets kubelet's List gate for mode in the process's feature gates, which kubelet's
+// own PodResources server reads (pkg/kubelet/apis/podresources/server_v1.go). Kubernetes
+// modules before 1.34 have no such gate: their List always returns every pod (listAll), and
+// listActive is refused there.
+func setListGate(mode string) error {
+	if _, known := utilfeature.DefaultMutableFeatureGate.GetAll()[listGate]; !known {
+		if mode == listAll {
+			return nil
+		}
+		return fmt.Errorf("--pod-resources-list=%s: this kubelet version has no %s gate; its List returns every pod (use --pod-resources-list=%s)", mode, listGate, listAll)
+	}
+	return utilfeature.DefaultMutableFeatureGate.Set(fmt.Sprintf("%s=%t", listGate, mode == listActive))
 }
 
 // maxSocketPath is the longest unix socket path (sun_path holds 108 bytes with the NUL).

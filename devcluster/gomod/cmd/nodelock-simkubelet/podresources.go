@@ -38,14 +38,18 @@ var (
 // reached, that are not finished.
 func (p podResourcesProviders) GetActivePods() []*v1.Pod { return p.s.managedPods() }
 
-// GetPods is every pod bound to this node, terminal ones included.
+// GetPods is kubelet's pod manager (what List returns before 1.34, or with
+// KubeletPodResourcesListUseActivePods off): every pod bound to this node that admission has
+// reached, rejected, finished and terminating ones included, until it is deleted from the API.
+// kubelet adds a pod to its pod manager before it checks the pod's phase, so a pod that is
+// already terminal when it arrives is in it too (kubelet.go HandlePodAdditions).
 func (p podResourcesProviders) GetPods() []*v1.Pod {
 	pods, err := p.s.podLister.List(everything)
 	if err != nil {
 		klog.ErrorS(err, "Listing pods for the PodResources server")
 		return nil
 	}
-	return pods
+	return p.s.podManagerPods(pods)
 }
 
 // GetPodByName finds an active pod, as kubelet's pods provider does (inactive pods are not found).

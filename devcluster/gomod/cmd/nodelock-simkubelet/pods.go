@@ -300,6 +300,15 @@ func (w *podWorker) admit(ctx context.Context, pod *v1.Pod, st *podState, now ti
 	w.s.setReceived(pod.UID) // kubelet's podManager.AddPod, just before admission
 	attrs := &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: w.otherPods(pod), Operation: lifecycle.AddOperation}
 	result := w.s.tm.Admit(ctx, attrs)
+	if reason, ok := pod.Annotations[rejectAfterAllocateAnnotation]; ok && result.Admit {
+		// a later admit handler rejects the pod; its devices were allocated (and checkpointed)
+		// and are freed once the device manager sees the pod inactive
+		result = lifecycle.PodAdmitResult{
+			Admit:   false,
+			Reason:  rejectReason(reason),
+			Message: "a later admit handler rejected the pod after its devices were allocated (" + rejectAfterAllocateAnnotation + ")",
+		}
+	}
 	if !result.Admit {
 		w.s.setInactive(pod.UID)
 		st.rejected = &result
@@ -309,6 +318,15 @@ func (w *podWorker) admit(ctx context.Context, pod *v1.Pod, st *podState, now ti
 	}
 	st.admitted = true
 	st.startAt = now.Add(w.s.cfg.startDelay)
+}
+
+// rejectReason is the reason a rejection after Allocate reports: the annotation's value, or
+// "NodeAffinity" (what kubelet's predicate handler reports for a node affinity mismatch) when empty.
+func rejectReason(value string) string {
+	if value == "" {
+		return "NodeAffinity"
+	}
+	return value
 }
 
 // prepare asks the device manager for each container's run options, as kubelet does when it

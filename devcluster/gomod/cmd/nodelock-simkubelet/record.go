@@ -18,6 +18,11 @@ const (
 	allocatedAnnotation = "sim.nodelock.io/allocated"
 	// runSecondsAnnotation makes a Running pod succeed after that many seconds.
 	runSecondsAnnotation = "sim.nodelock.io/run-seconds"
+	// rejectAfterAllocateAnnotation makes admission reject the pod with this reason after the
+	// device manager's Allocate was answered for every container, as kubelet's later admit
+	// handlers can (predicate: resources, node affinity, taints; AppArmor; node shutdown; they
+	// run after the resource allocation handler, kubelet.go NewMainKubelet).
+	rejectAfterAllocateAnnotation = "sim.nodelock.io/reject-after-allocate"
 )
 
 // containerRecord is one container's entry in allocatedAnnotation.
