@@ -9,6 +9,7 @@ simulated (docs/simkubelet.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import ssl
@@ -79,6 +80,9 @@ class NodeSpec:
     gpu_split: int = 1  # > 1: the device plugin shares each GPU as S virtual devices
     # (GPU index, MIG layout) of GPUs in MIG mode (deviceplugin.simulated.mig_layout)
     mig: tuple[tuple[int, str], ...] = ()
+    # which pods the simulated kubelet's PodResources List returns: "active" (kubelet 1.34+) or
+    # "all" (kubelet before 1.34: rejected and finished pods too; docs/simkubelet.md)
+    pod_resources_list: str = "active"
 
     @property
     def numa_nodes(self) -> int:
@@ -249,6 +253,7 @@ def start_node(cluster: Cluster, spec: NodeSpec, *, plugin_args: list[str] | Non
         f"--node-name={spec.name}",
         f"--resource-name={DEFAULT_RESOURCE}",
         f"--pod-resources-socket={pod_resources_socket(cluster.state_dir, spec.name)}",
+        f"--pod-resources-list={spec.pod_resources_list}",
     ]
     if spec.topology_policy is not NumaPolicy.NONE and spec.numa_nodes == 0:
         raise DevclusterError(
@@ -392,6 +397,7 @@ def up_gpu_cluster(
     gpu_memory_mib: int | None = None,
     mig: tuple[tuple[int, str], ...] = (),
     extender_tls: bool = False,
+    pod_resources_list: str = "active",
 ) -> list[NodeSpec]:
     """Install the GPU pod admission policies (as the chart does on a real cluster), start the
     extender (``extender_tls``: over HTTPS, ``start_extender``) and ``nodes`` simulated GPU
@@ -403,6 +409,8 @@ def up_gpu_cluster(
     or only the last ``shared_nodes`` nodes when that is given (``node_specs``);
     ``gpu_memory_mib`` is each simulated GPU's memory (default: an H100's); ``mig`` puts GPUs
     of every node in MIG mode ((index, layout) pairs, ``deviceplugin.simulated.mig_layout``).
+    ``pod_resources_list`` is which pods the simulated kubelets' PodResources List returns
+    (``NodeSpec.pod_resources_list``).
     """
     try:
         specs = node_specs(
@@ -417,6 +425,7 @@ def up_gpu_cluster(
         )
     except ValueError as exc:
         raise DevclusterError(str(exc)) from exc
+    specs = [dataclasses.replace(s, pod_resources_list=pod_resources_list) for s in specs]
     install_gpu_pod_policies(cluster)
     start_extender(
         cluster,
