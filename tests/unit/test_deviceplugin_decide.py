@@ -128,6 +128,19 @@ def served(result: Allocation | Refusal) -> Allocation:
     return result
 
 
+def releases_the_holder(r: Refusal, view: NodeLockView) -> None:
+    """The refusal releases exactly the lock's holder at the lock's token."""
+    assert view.record.holder is not None
+    assert r.release == (view.record.holder, view.record.token), r.release
+
+
+def serves(result: Allocation | Refusal, container: str, devices: Sequence[DeviceID]) -> None:
+    """The holder of the default lease is served ``devices`` for ``container``."""
+    a = served(result)
+    assert (a.container, a.devices, a.token) == (container, tuple(devices), TOKEN), a
+    assert a.holder.uid == UID
+
+
 # -- happy paths ---------------------------------------------------------------------------------
 
 
@@ -183,7 +196,7 @@ def test_progress_from_a_checkpoint_continues_where_it_stopped() -> None:
 
 def test_progress_of_an_older_finished_handoff_is_ignored() -> None:
     old = HandoffProgress(HolderKey("ns/old"), "uid-0", FencingToken(3), ())
-    served(decide_allocate(lease(ONE), ONE_POD, ids(3), old, CTX))
+    serves(decide_allocate(lease(ONE), ONE_POD, ids(3), old, CTX), "main", ids(3))
 
 
 def test_mismatch_policy_assignment_serves_the_assignment() -> None:
@@ -197,7 +210,7 @@ def test_mismatch_policy_assignment_serves_the_assignment() -> None:
 def test_requests_only_quantity_counts() -> None:
     p = copy.deepcopy(ONE_POD)
     p["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpu": "1"}}
-    served(decide_allocate(lease(ONE), p, ids(3), None, CTX))
+    serves(decide_allocate(lease(ONE), p, ids(3), None, CTX), "main", ids(3))
 
 
 # -- refusals ------------------------------------------------------------------------------------
@@ -244,14 +257,13 @@ def test_lease_taken_over_by_another_holder_mid_handoff() -> None:
 
 def test_holder_pod_gone_releases() -> None:
     r = refused(decide_allocate(lease(ONE), None, ids(3), None, CTX), RefusalKind.POD_GONE)
-    assert r.release is not None
-    assert r.release[1] == TOKEN
+    releases_the_holder(r, lease(ONE))
 
 
 def test_holder_pod_replaced_under_its_name_releases() -> None:
     p = pod(ONE, containers=[container("main", 1)], uid="uid-2")
     r = refused(decide_allocate(lease(ONE), p, ids(3), None, CTX), RefusalKind.POD_GONE)
-    assert r.release is not None
+    releases_the_holder(r, lease(ONE))
 
 
 def test_pod_bound_elsewhere() -> None:
@@ -295,7 +307,7 @@ def test_malformed_pod_annotations_release(
 def test_malformed_lease_copy_releases() -> None:
     r = refused(decide_allocate(lease("{"), ONE_POD, ids(3), None, CTX), RefusalKind.MALFORMED)
     assert "Lease" in r.message
-    assert r.release is not None
+    releases_the_holder(r, lease("{"))
 
 
 def test_forged_assignment_on_the_pod_releases() -> None:
@@ -304,7 +316,7 @@ def test_forged_assignment_on_the_pod_releases() -> None:
     r = refused(decide_allocate(lease(ONE), forged, ids(6), None, CTX), RefusalKind.FORGED)
     assert "GPU-06" in r.message
     assert "GPU-03" in r.message
-    assert r.release is not None
+    releases_the_holder(r, lease(ONE))
 
 
 def test_forged_even_when_kubelet_picked_the_forged_devices_under_assignment_policy() -> None:
@@ -319,21 +331,21 @@ def test_spec_count_differs_from_assignment_releases() -> None:
     p = pod(ONE, containers=[container("main", 2)])
     r = refused(decide_allocate(lease(ONE), p, ids(3), None, CTX), RefusalKind.SPEC_MISMATCH)
     assert "requests 2" in r.message
-    assert r.release is not None
+    releases_the_holder(r, lease(ONE))
 
 
 def test_assignment_names_a_container_without_gpus_releases() -> None:
     a = assignment_of(main=ids(3), other=ids(4))
     p = pod(a, containers=[container("main", 1), container("other", None)])
     r = refused(decide_allocate(lease(a), p, ids(3), None, CTX), RefusalKind.SPEC_MISMATCH)
-    assert r.release is not None
+    releases_the_holder(r, lease(a))
 
 
 def test_assignment_of_devices_this_node_lacks_releases() -> None:
     a = assignment_of(main=["GPU-elsewhere"])
     p = pod(a, containers=[container("main", 1)])
     r = refused(decide_allocate(lease(a), p, ids(3), None, CTX), RefusalKind.UNKNOWN_DEVICE)
-    assert r.release is not None
+    releases_the_holder(r, lease(a))
 
 
 def test_count_mismatch_with_kubelet_request_leaves_the_lock_alone() -> None:
@@ -390,7 +402,10 @@ def test_non_integer_gpu_quantity_is_a_spec_mismatch() -> None:
 )
 def test_bad_requests_are_refused_as_input_errors(requests: list[list[str]]) -> None:
     r = check_request(requests, CTX)
-    assert isinstance(r, Refusal)
+    assert isinstance(r, Refusal), r
+    assert r.kind is RefusalKind.BAD_REQUEST
+    assert r.release is None
+    assert r.message.startswith(f"node {NODE}: ")
     assert r.kind is RefusalKind.BAD_REQUEST
     assert r.release is None
 
@@ -506,7 +521,11 @@ def test_a_holder_that_left_the_handoff_is_not_served_nor_released(status: dict[
 def test_a_holder_being_deleted_but_not_admitted_is_still_served() -> None:
     """kubelet admits a pod it has not seen before it stops it; its devices are still its own."""
     meta = {**ONE_POD["metadata"], "deletionTimestamp": "2024-01-01T00:00:00Z"}
-    served(decide_allocate(lease(ONE), {**ONE_POD, "metadata": meta}, ids(3), None, CTX))
+    serves(
+        decide_allocate(lease(ONE), {**ONE_POD, "metadata": meta}, ids(3), None, CTX),
+        "main",
+        ids(3),
+    )
 
 
 # -- init container reuse: kubelet's own pick from the pod's reuse pool --------------------------
@@ -599,7 +618,7 @@ def test_an_assignment_sharing_a_device_between_app_containers_is_rejected() -> 
     a = assignment_of(c0=ids(0), c1=ids(0))
     p = pod(a, containers=[container("c0", 1), container("c1", 1)])
     r = refused(decide_allocate(lease(a), p, ids(0), None, CTX), RefusalKind.SPEC_MISMATCH)
-    assert r.release is not None
+    releases_the_holder(r, lease(a))
 
 
 # -- a GPU pod bound around the extender beside the holder (hole 1b) -----------------------------
@@ -656,7 +675,8 @@ def test_an_admitted_gpu_pod_is_a_bystander_unless_kubelet_records_its_devices(
     """Without List, an admitted pod may be one kubelet calls Allocate for again (it restarted
     and lost its checkpoint): it counts unless kubelet's checkpoint records its devices."""
     bound = [ONE_POD, other]
-    for recorded in (None, {}, {"uid-x": []}):
+    unrecorded: list[dict[str, list[str]] | None] = [None, {}, {"uid-x": []}]
+    for recorded in unrecorded:
         r = refused(
             decide_allocate(
                 lease(ONE), ONE_POD, ids(3), None, CTX, bound_here=bound, recorded=recorded
@@ -887,7 +907,7 @@ def test_a_holder_kubelet_already_gave_its_gpus_is_not_the_pod_it_asks_about() -
     waiting = kubelet_admitting(
         [listed("p", main=[])], {}, HolderKey("ns/p"), set(), CTX, holder_pod=ONE_POD
     )
-    served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=waiting))
+    serves(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=waiting), "main", ids(3))
 
 
 # -- kubelets that list every pod in their pod manager (before 1.34, or the gate off) -----------
