@@ -58,6 +58,8 @@ from deviceplugin.decide import (
     handoff_abandoned,
     hint,
     kubelet_admitting,
+    kubelet_records,
+    unknown_listed,
 )
 from deviceplugin.devices import DeviceState
 from deviceplugin.kubeletview import KubeletViewError, PodResources, read_checkpoint
@@ -351,14 +353,8 @@ class Admission:
         """``kubelet_admitting`` with how long each listed pod unknown to the API server has
         been seen listed (from the first List that showed it; forgotten once it is known or no
         longer listed)."""
-        now = self._clock()
         unknown = {e.key for e in listed if e.key != holder and specs.get(e.key) is None}
-        for key in list(self._unknown_since):
-            if key not in unknown:
-                del self._unknown_since[key]
-        for key in unknown:
-            self._unknown_since.setdefault(key, now)
-        ages = {key: now - self._unknown_since[key] for key in unknown}
+        self._unknown_since, ages = unknown_listed(self._unknown_since, unknown, self._clock())
         return kubelet_admitting(
             listed,
             specs,
@@ -383,11 +379,7 @@ class Admission:
         except KubeletViewError as exc:
             log.info("%s; no pod counts as holding devices by kubelet's checkpoint", exc)
             return None
-        out: dict[str, set[str]] = {}
-        for answer in answers:
-            if answer.kubelet_devices:
-                out.setdefault(answer.pod_uid, set()).add(answer.container)
-        return out
+        return kubelet_records(answers)
 
     async def _kubelet_list(self, resource: str) -> list[KubeletPod] | None:
         """kubelet's PodResources List, with the devices of ``resource``; None when not

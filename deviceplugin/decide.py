@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from handoff.audit import KubeletPod
+from handoff.audit import KubeletPod, PluginAnswer
 from handoff.holder import HolderState
 from handoff.holder import holder_status as handoff_status
 from handoff.request import container_needs
@@ -740,6 +740,27 @@ def kubelet_admitting(
         if _may_await(entry, spec, ctx, recorded=recorded):
             others.append(entry.key)
     return KubeletAdmission(holder_listed, tuple(sorted(others)), tuple(sorted(ignored)))
+
+
+def unknown_listed(
+    first_seen: Mapping[str, float], unknown: Collection[str], now: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """When each listed pod unknown to the API server was first seen, and for how long, at
+    ``now``: ``first_seen`` keeps the earlier sightings of pods still unknown and listed;
+    a pod known again or no longer listed is forgotten (listed unknown again, it starts anew).
+    Returns the new ``first_seen`` and the ages for ``kubelet_admitting``'s ``unknown_for_s``."""
+    seen = {key: first_seen.get(key, now) for key in unknown}
+    return seen, {key: max(0.0, now - since) for key, since in seen.items()}
+
+
+def kubelet_records(answers: Sequence[PluginAnswer]) -> dict[str, set[str]]:
+    """kubelet's device checkpoint entries of one resource as ``KubeletRecords``: pod UID ->
+    the containers it records devices for (an entry without devices records none)."""
+    out: dict[str, set[str]] = {}
+    for answer in answers:
+        if answer.kubelet_devices:
+            out.setdefault(answer.pod_uid, set()).add(answer.container)
+    return out
 
 
 def _done_with_devices(spec: PodJSON) -> bool:

@@ -24,8 +24,10 @@ from deviceplugin.decide import (
     handoff_abandoned,
     hint,
     kubelet_admitting,
+    kubelet_records,
+    unknown_listed,
 )
-from handoff.audit import KubeletPod
+from handoff.audit import KubeletPod, PluginAnswer
 from handoff.wire import ContainerName, DeviceID, format_assignment
 from lockd.model import (
     FencingToken,
@@ -1048,3 +1050,26 @@ def test_a_holder_kubelet_rejected_after_allocate_is_not_the_pod_it_asks_about()
         [listed("p", main=[])], {}, HolderKey("ns/p"), set(), CTX, holder_pod=rejected
     )
     assert seen == KubeletAdmission(holder_listed=False, others=())
+
+
+def test_an_unknown_pod_is_timed_from_the_first_list_that_showed_it() -> None:
+    seen, ages = unknown_listed({}, {"ns/static-n1"}, 100.0)
+    assert (seen, ages) == ({"ns/static-n1": 100.0}, {"ns/static-n1": 0.0})
+    seen, ages = unknown_listed(seen, {"ns/static-n1", "ns/other"}, 130.5)
+    assert seen == {"ns/static-n1": 100.0, "ns/other": 130.5}
+    assert ages == {"ns/static-n1": 30.5, "ns/other": 0.0}
+    # known to the API server now, or no longer listed: forgotten; unknown again starts anew
+    seen, ages = unknown_listed(seen, {"ns/other"}, 140.0)
+    assert (seen, ages) == ({"ns/other": 130.5}, {"ns/other": 9.5})
+    seen, ages = unknown_listed(seen, {"ns/static-n1"}, 150.0)
+    assert ages == {"ns/static-n1": 0.0}
+
+
+def test_kubelets_checkpoint_records_only_containers_with_devices() -> None:
+    answers = [
+        PluginAnswer("uid-a", "c", frozenset({"GPU-00"}), frozenset({"GPU-00"})),
+        PluginAnswer("uid-a", "d", frozenset({"GPU-01"}), None),
+        PluginAnswer("uid-b", "c", frozenset(), None),
+    ]
+    assert kubelet_records(answers) == {"uid-a": {"c", "d"}}
+    assert kubelet_records([]) == {}
