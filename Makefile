@@ -37,9 +37,11 @@ system-deps:
 	fi
 
 # Every Go binary the tests and the demo run (control plane, simulated-node harness, helm), built
-# from the Go modules it fetches; a complete cache builds nothing.
+# from the Go modules it fetches, and the oldest supported Kubernetes release that the `core`
+# end-to-end tests run on again (docs/support.md); a complete cache builds nothing.
 binaries: setup
 	$(BIN)/nodelock devcluster build
+	$(BIN)/nodelock devcluster build --kubernetes-version oldest
 
 lint: setup
 	$(BIN)/ruff check .
@@ -62,8 +64,11 @@ go-check: binaries
 	cd devcluster/gomod && $(GO_ENV) go vet -trimpath ./...
 	cd devcluster/gomod && $(GO_ENV) go test -trimpath -count=1 ./...
 
+# The whole suite on the default Kubernetes release, then the `core` end-to-end tests on the
+# oldest supported one (docs/support.md).
 test: lint go-check binaries system-deps bytecode
 	$(BIN)/pytest
+	$(BIN)/pytest -m core --kubernetes-version oldest tests/e2e
 
 demo: setup binaries bytecode
 	$(BIN)/nodelock demo
@@ -85,6 +90,7 @@ generated-files:
 	$(BIN)/python -m dashboards.build
 	$(BIN)/python -m devcluster.helm manifests
 	$(BIN)/python -m nodelock.reference
+	$(BIN)/python -m tests.support
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -8,7 +8,7 @@ every needed staging module the Go module proxy serves; a minor with no such rel
 built here without patching Kubernetes and is refused with the reason.
 
 Guarantees: ``resolve`` accepts ``1.33``, ``v1.33`` and ``v1.33.13`` (only the pinned patch) and
-returns the same ``Release`` for each; anything else is a ``DevclusterError`` naming what is
+returns the same ``Release`` for each, and ``oldest`` for the oldest supported release; anything else is a ``DevclusterError`` naming what is
 supported. Pure data: nothing here builds or runs anything.
 """
 
@@ -84,6 +84,8 @@ def resolve(spec: str | None) -> Release:
     """The release ``spec`` names (None: the default), or a DevclusterError saying why not."""
     if spec is None or spec == "":
         return Release(DEFAULT_VERSION)
+    if spec == "oldest":
+        return Release(RELEASES[min(RELEASES)])
     m = re.fullmatch(r"v?1\.(\d+)(?:\.(\d+))?", spec.strip())
     if m is None:
         raise DevclusterError(

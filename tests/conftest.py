@@ -28,10 +28,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(mark)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--kubernetes-version",
+        default=None,
+        help="the Kubernetes release the session's devclusters run (devcluster.versions; "
+        "default: the default release). `make test` runs the tests marked `core` again on the "
+        "oldest supported release.",
+    )
+
+
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def kubernetes_version(request: pytest.FixtureRequest) -> str | None:
+    """The ``--kubernetes-version`` this session's clusters run (None: the default release)."""
+    value = request.config.getoption("--kubernetes-version")
+    return str(value) if value else None
+
+
+@pytest.fixture(scope="session")
+def cluster(kubernetes_version: str | None) -> Iterator[Cluster]:
     """A running devcluster control plane for the whole test session, stopped at the end."""
-    with throwaway_cluster("nl-") as c:
+    with throwaway_cluster("nl-", version=kubernetes_version) as c:
         yield c
 
 

@@ -30,9 +30,10 @@ def _short_locks(**shape: Any) -> Callable[[Cluster], list[NodeSpec]]:
 
 
 @pytest.fixture(scope="session")
-def gpu_cluster() -> Iterator[GPUCluster]:
+def gpu_cluster(kubernetes_version: str | None) -> Iterator[GPUCluster]:
+    """Three GPU nodes x four GPUs, two extender replicas, on ``--kubernetes-version``."""
     shape = _short_locks(nodes=3, gpus_per_node=4, extender_replicas=2)
-    with gpu_cluster_of_its_own("nle-", shape) as c:
+    with gpu_cluster_of_its_own("nle-", shape, version=kubernetes_version) as c:
         yield c
 
 

@@ -15,6 +15,11 @@ def test_a_minor_or_its_pinned_release_names_the_same_release(spec: str) -> None
     assert resolve(spec) == Release("v1.33.13")
 
 
+def test_oldest_is_the_oldest_buildable_minor() -> None:
+    assert resolve("oldest") == Release(RELEASES[min(RELEASES)])
+    assert min(RELEASES) > max(UNBUILDABLE)
+
+
 def test_no_version_is_the_default_release_built_from_the_harness_module() -> None:
     release = resolve(None)
     assert release.tag == DEFAULT_VERSION

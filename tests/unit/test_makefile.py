@@ -58,3 +58,10 @@ def test_the_tests_run_after_every_set_up_step() -> None:
 def test_the_demo_runs_after_the_binaries_are_built() -> None:
     lines = dry_run("demo")
     assert first(lines, FETCH) < first(lines, "bin/nodelock demo")
+
+
+def test_the_core_runs_again_on_the_oldest_release_after_it_is_built() -> None:
+    lines = dry_run("test")
+    built = first(lines, f"{FETCH} --kubernetes-version oldest")
+    again = first(lines, "-m core --kubernetes-version oldest")
+    assert built < first(lines, "bin/pytest") < again
