@@ -38,6 +38,7 @@ class Hole(StrEnum):
     REJECTED_MID_HANDOFF = "rejected-mid-handoff"  # kubelet rejects a pod after Allocate
     LISTED_REJECTED_POD = "listed-rejected-pod"  # #29.1: List returns rejected/finished pods
     SERVED_AFTER_CHECKPOINT_LOSS = "served-after-checkpoint-loss"  # #31.1
+    PROGRESS_AHEAD_OF_KUBELET = "progress-ahead-of-kubelet"  # found by this model (#31.1's kin)
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -83,6 +84,10 @@ AVOIDED_BY: dict[Hole, str] = {
         "(#31.1) kubelet never loses a device record: it never dies between the plugin's "
         "answer and its checkpoint write, and its checkpoint survives every restart"
     ),
+    Hole.PROGRESS_AHEAD_OF_KUBELET: (
+        "(new) the same as served-after-checkpoint-loss: the plugin's progress of a handoff "
+        "counts a container kubelet has no record of only if kubelet never loses one"
+    ),
 }
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
@@ -102,6 +107,8 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     Hole.LATE_BINDING,  # fixed: binding_may_still_land keeps a never-bound holder's lock
     Hole.REJECTED_MID_HANDOFF,  # fixed: an interrupted handoff of a pod that left is dropped
     Hole.LISTED_REJECTED_POD,  # fixed: a finished or rejected pod kubelet lists never blocks
+    Hole.SERVED_AFTER_CHECKPOINT_LOSS,  # fixed: a served pod counts until kubelet records its
+    # devices, on the List path and the fallback path alike
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -118,6 +125,7 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.REJECTED_MID_HANDOFF: frozenset({"L1"}),
     Hole.LISTED_REJECTED_POD: frozenset({"L1"}),
     Hole.SERVED_AFTER_CHECKPOINT_LOSS: frozenset({"S1", "S2"}),
+    Hole.PROGRESS_AHEAD_OF_KUBELET: frozenset({"S2"}),
 }
 
 

@@ -378,6 +378,7 @@ class HandoffModel(RuleBasedStateMachine):
             self.kubelets[node] = Kubelet(node, self.store, gpus, listing_mode=self.listing)
             self.plugins[node].kubelet_view = self.kubelets[node].listing
             self.plugins[node].kubelet_records = self.kubelets[node].records
+            self.kubelets[node].lose_only_final = self.avoids(Hole.PROGRESS_AHEAD_OF_KUBELET)
         self.started = True
         kinds = ", ".join(sorted(f.value for f in self.enabled)) or "none"
         self.log(
@@ -819,9 +820,11 @@ class HandoffModel(RuleBasedStateMachine):
         pod worker asks Allocate again (``pod_worker_reallocates``)."""
         self.begin_step()
         n = self.nodes[node % len(self.nodes)]
-        last = self.kubelets[n].last_record
-        self.kubelets[n].start(lose_last_record=True)
-        lost = f"{self.key_of(last[0])} {last[1]}" if last is not None else "nothing"
+        kubelet = self.kubelets[n]
+        last = kubelet.last_record
+        kubelet.start(lose_last_record=True)
+        gone = last is not None and last[1] not in kubelet.allocated.get(last[0], {})
+        lost = f"{self.key_of(last[0])} {last[1]}" if last is not None and gone else "nothing"
         self.fault(f"kubelet/{n}", f"restart: relisted its pods; its checkpoint lost {lost}")
 
     def unrecorded(self) -> list[NodeName]:

@@ -379,6 +379,8 @@ class Kubelet:
     last_record: tuple[str, ContainerName] | None = None
     # PodResources List fails (the socket is not up yet after a restart): the plugin falls back
     podresources_down: bool = False
+    # a lost record is only ever one that completed its pod's GPU containers (``_losable``)
+    lose_only_final: bool = False
 
     def __post_init__(self) -> None:
         node = self.node
@@ -402,7 +404,7 @@ class Kubelet:
         self._arrive(list(self.seen))
         self.pods.restart()
         self.current = None
-        if lose_last_record and self.last_record is not None:
+        if lose_last_record and self.last_record is not None and self._losable():
             uid, container = self.last_record
             self.allocated.get(uid, {}).pop(container, None)
             self.given.get(uid, {}).pop(container, None)
@@ -411,6 +413,18 @@ class Kubelet:
         for uid in list(self.allocated):
             if uid not in self.seen:
                 self._free(uid)
+
+    def _losable(self) -> bool:
+        """Whether the last record may be lost: with ``lose_only_final`` (a search avoiding
+        ``Hole.PROGRESS_AHEAD_OF_KUBELET``) only when it completed its pod's GPU containers."""
+        if not self.lose_only_final or self.last_record is None:
+            return True
+        uid, _ = self.last_record
+        pod = self.seen.get(uid) or self.store.pod_by_uid(uid)
+        if pod is None:
+            return True
+        mine = self.allocated.get(uid, {})
+        return all(c in mine for c, _ in gpu_containers(pod, RESOURCE))
 
     def _arrive(self, uids: list[str]) -> None:
         """A batch of pods arrives: queued after the earlier batches, sorted by creation."""

@@ -96,6 +96,14 @@ FOCUS: dict[Hole, ModelConfig] = {
         fault_kinds=frozenset({Fault.CHECKPOINT_LOST, Fault.PODRESOURCES_DOWN}),
         swarm=False,
         nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=3,
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+    ),
+    Hole.PROGRESS_AHEAD_OF_KUBELET: ModelConfig(
+        fault_kinds=frozenset({Fault.CHECKPOINT_LOST, Fault.PODRESOURCES_DOWN}),
+        swarm=False,
+        nodes=ONE_NODE,
         templates=("one", "pair"),
         max_pods=3,
         prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
@@ -133,6 +141,7 @@ SEARCH_SEEDS: dict[Hole, int] = {
     Hole.REJECTED_MID_HANDOFF: 1,
     Hole.LISTED_REJECTED_POD: 1,
     Hole.SERVED_AFTER_CHECKPOINT_LOSS: 1,
+    Hole.PROGRESS_AHEAD_OF_KUBELET: 1,
 }
 
 

@@ -54,7 +54,8 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.LATE_BINDING: 700,
     Hole.REJECTED_MID_HANDOFF: 100,
     Hole.LISTED_REJECTED_POD: 100,
-    Hole.SERVED_AFTER_CHECKPOINT_LOSS: 300,
+    Hole.SERVED_AFTER_CHECKPOINT_LOSS: 1_200,
+    Hole.PROGRESS_AHEAD_OF_KUBELET: 300,
 }
 INVARIANT = r"(S[1-4]|V1|L1)"
 
@@ -393,3 +394,23 @@ def test_replay_rejected_after_allocate_without_the_drop_breaks() -> None:
         lambda m: rejected_mid_handoff_steps(m, check=False),
         planted=True,
     )
+
+
+def test_replay_progress_ahead_of_kubelet() -> None:
+    """Found by the model (a kin of #31.1): kubelet dies after the plugin served pair-1's first
+    container and before writing its checkpoint.  Re-admitting pair-1, kubelet asks Allocate for
+    that container again; the plugin's progress counts it served, so it answers with the next
+    container's devices and releases the lock as if the handoff were complete (S2)."""
+
+    def steps(m: HandoffModel) -> None:
+        m.create_pod(1)  # team/pair-1
+        m.schedule(0, "E0", 0)
+        for _ in range(4):  # acquire, confirm, send, bound
+            m.extender_step(0)
+        m.kubelet_dies_after_answer(0, 0)  # left served n1-g0; kubelet's record of it lost
+        did(m, "team/pair-1: left: Allocate", "kubelet died before writing its checkpoint")
+        m.check_safety()
+        m.kubelet_step(0, 0)  # re-admission: Allocate for left again
+        did(m, "team/pair-1: left: Allocate")
+
+    replay(Hole.PROGRESS_AHEAD_OF_KUBELET, frozenset({Fault.CHECKPOINT_LOST}), steps)
