@@ -7,11 +7,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devcluster.binaries import KUBERNETES_VERSION, ensure_control_plane, ensure_simkubelet
+from devcluster.binaries import (
+    KUBERNETES_VERSION,
+    ensure_control_plane,
+    ensure_cri,
+    ensure_kubelet,
+    ensure_simkubelet,
+)
 from devcluster.cluster import Cluster, default_state_dir
 from devcluster.errors import DevclusterError
 from devcluster.gpunodes import up_gpu_cluster
 from devcluster.helm import ensure_helm
+from devcluster.realkubelet import KubeletKind
 from devcluster.shape import (
     SHAPE_FORMAT,
     Shape,
@@ -67,7 +74,8 @@ def register(sub: Any) -> None:
     b = dsub.add_parser(
         "build",
         help=f"build (or verify) every binary devcluster runs: the Kubernetes "
-        f"{KUBERNETES_VERSION} control plane, the simulated-node harness and helm",
+        f"{KUBERNETES_VERSION} control plane and kubelet, the simulated-node harness, the fake "
+        "CRI runtime and helm",
     )
     common(b)
     version_flag(b)
@@ -156,6 +164,14 @@ def register(sub: Any) -> None:
         default=None,
         help="memory of each simulated GPU in MiB (default 81559; 81920 is 80 GiB)",
     )
+    u.add_argument(
+        "--kubelet",
+        choices=[k.value for k in KubeletKind],
+        default=KubeletKind.SIM.value,
+        help="what runs the GPU nodes: sim, the simulated kubelet (kubelet's device manager in "
+        "a harness), or real, the kubelet binary against a fake container runtime "
+        "(docs/simkubelet.md; default sim)",
+    )
     u.set_defaults(func=_up)
 
     d = dsub.add_parser("down", help="stop everything the cluster started")
@@ -182,6 +198,9 @@ def _build(args: argparse.Namespace) -> int:
     binaries = ensure_control_plane(cache=args.cache_dir, version=args.kubernetes_version)
     print(f"Kubernetes {binaries.kubernetes_version} binaries are in {binaries.directory}")
     print(f"the simulated-node harness is {ensure_simkubelet(cache=args.cache_dir)}")
+    print(f"the fake CRI runtime for real kubelets is {ensure_cri(cache=args.cache_dir)}")
+    kubelet = ensure_kubelet(cache=args.cache_dir, version=args.kubernetes_version)
+    print(f"kubelet {binaries.kubernetes_version} is {kubelet}")
     print(f"helm is {ensure_helm(cache=args.cache_dir)}")
     return 0
 
@@ -262,6 +281,7 @@ def _up(args: argparse.Namespace) -> int:
                 gpu_memory_mib=args.gpu_memory_mib,
                 mig=mig,
                 extender_tls=args.extender_tls,
+                kubelet=KubeletKind(args.kubelet),
             )
         except BaseException:
             cluster.down()

@@ -28,6 +28,7 @@ from devcluster.binaries import ensure_simkubelet
 from devcluster.cluster import APISERVER_REQUEST_TIMEOUT_S, Cluster
 from devcluster.errors import DevclusterError
 from devcluster.pki import ADMIN, SCHEDULER
+from devcluster.realkubelet import KubeletKind, start_kubelet
 from deviceplugin.simulated import DEFAULT_MEMORY_MIB, layout_numa_nodes
 from handoff.topology import NumaPolicy
 from handoff.wire import DEFAULT_RESOURCE, Keys
@@ -223,8 +224,19 @@ def extender_serving_cert(cluster: Cluster) -> tuple[Path, Path]:
     return cert, key
 
 
-def start_node(cluster: Cluster, spec: NodeSpec, *, plugin_args: list[str] | None = None) -> None:
-    """Start a simulated node's kubelet harness, then its device plugin."""
+def start_node(
+    cluster: Cluster,
+    spec: NodeSpec,
+    *,
+    plugin_args: list[str] | None = None,
+    kubelet: KubeletKind = KubeletKind.SIM,
+) -> None:
+    """Start a node's kubelet (the simulated harness, or a real kubelet: devcluster.realkubelet),
+    then its device plugin."""
+    if kubelet is KubeletKind.REAL:
+        _start_real_kubelet(cluster, spec)
+        start_device_plugin(cluster, spec, extra_args=plugin_args)
+        return
     if shutil.which("unshare") is None or shutil.which("mount") is None:
         raise DevclusterError("simulated GPU nodes need `unshare` and `mount` (util-linux)")
     simkubelet = ensure_simkubelet()
@@ -278,6 +290,21 @@ def start_node(cluster: Cluster, spec: NodeSpec, *, plugin_args: list[str] | Non
             )
         time.sleep(0.05)
     start_device_plugin(cluster, spec, extra_args=plugin_args)
+
+
+def _start_real_kubelet(cluster: Cluster, spec: NodeSpec) -> None:
+    if spec.topology_policy is not NumaPolicy.NONE or spec.layout is not None:
+        raise DevclusterError(
+            "a real kubelet reads this machine's NUMA topology, not a simulated GPU layout: "
+            "--gpu-topology and --topology-manager-policy need --kubelet sim"
+        )
+    root = cluster.state_dir / "nodes" / spec.name
+    if len(str(root / "device-plugins" / "nodelock-gpu.sock").encode()) > MAX_SOCKET_PATH:
+        raise DevclusterError(
+            f"the state directory {cluster.state_dir} is too deep for the nodes' unix sockets: "
+            "choose a shorter --state-dir"
+        )
+    start_kubelet(cluster, spec.name, root)
 
 
 def start_device_plugin(
@@ -398,6 +425,7 @@ def up_gpu_cluster(
     mig: tuple[tuple[int, str], ...] = (),
     extender_tls: bool = False,
     pod_resources_list: str = "active",
+    kubelet: KubeletKind = KubeletKind.SIM,
 ) -> list[NodeSpec]:
     """Install the GPU pod admission policies (as the chart does on a real cluster), start the
     extender (``extender_tls``: over HTTPS, ``start_extender``) and ``nodes`` simulated GPU
@@ -411,6 +439,7 @@ def up_gpu_cluster(
     of every node in MIG mode ((index, layout) pairs, ``deviceplugin.simulated.mig_layout``).
     ``pod_resources_list`` is which pods the simulated kubelets' PodResources List returns
     (``NodeSpec.pod_resources_list``).
+    ``kubelet`` says which kubelet runs the nodes (``KubeletKind.REAL``: devcluster.realkubelet).
     """
     try:
         specs = node_specs(
@@ -436,6 +465,6 @@ def up_gpu_cluster(
         tls=extender_tls,
     )
     for spec in specs:
-        start_node(cluster, spec, plugin_args=plugin_args)
+        start_node(cluster, spec, plugin_args=plugin_args, kubelet=kubelet)
     wait_nodes_ready(cluster, specs)
     return specs
