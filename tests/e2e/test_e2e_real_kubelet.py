@@ -1,0 +1,272 @@
+"""The handoff against real kubelets: two GPU nodes whose kubelet is the ``kubelet`` binary of
+the cluster's release, with only container execution faked (``nodelock-cri``).
+
+Everything is judged from kubelet's own records: what it handed the runtime (the container
+configs ``nodelock-cri`` recorded), its device checkpoint (``kubelet_internal_checkpoint``) and
+its PodResources ``List``; then ``nodelock audit`` on the same nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster.gpunodes import nodelock_command, pod_resources_socket, up_gpu_cluster
+from devcluster.invariants import check_pods
+from devcluster.realkubelet import (
+    KubeletKind,
+    RealNode,
+    kubelet_records,
+    read_checkpoint,
+    read_containers,
+)
+from deviceplugin.kubeletview import list_pod_resources
+from kube.client import JSON, node_path, pod_path
+from kube.errors import Forbidden
+from tests.e2e.kit import (
+    BYPASS,
+    LEASE_S,
+    RESOURCE,
+    GPUCluster,
+    assignment,
+    for_one_test,
+    gpu_cluster_of_its_own,
+    plugin_registrations,
+    wait_registrations,
+)
+
+pytestmark = pytest.mark.e2e
+
+NODES = 2
+GPUS = 4
+
+
+@pytest.fixture(scope="module")
+def real_cluster() -> Iterator[GPUCluster]:
+    """A devcluster of its own: two extender replicas, two real-kubelet nodes x four GPUs."""
+
+    def start(cluster: Any) -> Any:
+        return up_gpu_cluster(
+            cluster,
+            nodes=NODES,
+            gpus_per_node=GPUS,
+            extender_replicas=2,
+            extender_args=[f"--lease-duration={LEASE_S}"],
+            kubelet=KubeletKind.REAL,
+        )
+
+    with gpu_cluster_of_its_own("nlr-", start) as c:
+        yield c
+
+
+@pytest.fixture
+async def real(real_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
+    """The real-kubelet cluster with a client and a fresh namespace; the test judges itself
+    (from kubelet's records), then the namespace is deleted and every lock must end free."""
+    async with for_one_test(real_cluster, judge=False) as c:
+        try:
+            yield c
+        finally:
+            await c.cleanup()
+
+
+def _node(c: GPUCluster, name: str) -> RealNode:
+    return RealNode(c.cluster.state_dir / "nodes" / name)
+
+
+async def _kubelet_findings(c: GPUCluster, *, expected_pods: int) -> Any:
+    """S1, S2, L1 over the test's pods from the real kubelets' records."""
+    pods = (await c.kube.list(pod_path(c.namespace)))["items"]
+    records = kubelet_records(
+        pods,
+        checkpoints={
+            n: read_checkpoint(_node(c, n).plugin_dir / "kubelet_internal_checkpoint")
+            for n in c.nodes
+        },
+        containers={n: read_containers(_node(c, n).containers_record) for n in c.nodes},
+    )
+    return check_pods(
+        pods,
+        expected_pods=expected_pods,
+        records=records,
+        may_be_unadmitted={c.key(n) for n in c.unadmitted},
+    )
+
+
+def _handed(c: GPUCluster, pod: JSON) -> dict[str, list[str]]:
+    """Per container, the devices kubelet handed the runtime (NVIDIA_VISIBLE_DEVICES in the last
+    config nodelock-cri recorded for it)."""
+    out = {}
+    for rec in read_containers(_node(c, pod["spec"]["nodeName"]).containers_record):
+        if rec["podUID"] == pod["metadata"]["uid"]:
+            env = rec["envs"].get("NVIDIA_VISIBLE_DEVICES", "")
+            out[rec["container"]] = sorted(d for d in env.split(",") if d)
+    return out
+
+
+def _checkpointed(c: GPUCluster, pod: JSON) -> dict[str, list[str]]:
+    path = _node(c, pod["spec"]["nodeName"]).plugin_dir / "kubelet_internal_checkpoint"
+    return {
+        e.container: list(e.device_ids)
+        for e in read_checkpoint(path)
+        if e.pod_uid == pod["metadata"]["uid"] and e.resource == RESOURCE
+    }
+
+
+def _listed(c: GPUCluster, node: str) -> dict[tuple[str, str, str], list[str]]:
+    """kubelet's PodResources List on ``node``: (namespace, pod, container) -> GPU IDs."""
+    socket = pod_resources_socket(c.cluster.state_dir, node)
+    return {
+        (pod.namespace, pod.name, container): sorted(ids)
+        for pod in list_pod_resources(socket, resource=RESOURCE)
+        for container, ids in pod.containers.items()
+        if ids
+    }
+
+
+def _audit(c: GPUCluster) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*nodelock_command(), "audit", f"--state-dir={c.cluster.state_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def _run_all(c: GPUCluster, names: list[str]) -> dict[str, JSON]:
+    pods = await asyncio.gather(*(c.wait_phase(n, ["Running"], timeout_s=120) for n in names))
+    return {p["metadata"]["name"]: p for p in pods}
+
+
+async def test_nodes_are_real_kubelets_and_ready(real: GPUCluster) -> None:
+    nodes = {n["metadata"]["name"]: n for n in (await real.kube.list(node_path()))["items"]}
+    assert sorted(nodes) == sorted(real.nodes)
+    for name in real.nodes:
+        node = nodes[name]
+        ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        assert [c["status"] for c in ready] == ["True"], node["status"]["conditions"]
+        assert (
+            node["status"]["nodeInfo"]["kubeletVersion"] == real.cluster.binaries.kubernetes_version
+        )
+        assert node["status"]["allocatable"][RESOURCE] == str(GPUS)
+        # the process that registered it is the kubelet binary, not a harness of ours
+        proc = real.cluster.state.procs()[f"kubelet-{name}"]
+        assert Path(os.readlink(f"/proc/{proc.pid}/exe")).name == "kubelet"
+        assert "nodelock.io/simulated" not in node["metadata"].get("labels", {})
+
+
+async def test_eight_pods_then_init_reuse_pod_match_kubelets_records(real: GPUCluster) -> None:
+    """Eight single-GPU pods fill the two nodes; each container got exactly its assignment in
+    kubelet's checkpoint, in what kubelet handed the runtime and in its PodResources List;
+    ``nodelock audit`` finds no disagreement.  Then one is deleted and an init-container-reuse
+    pod takes its GPU (eight GPUs hold at most eight of these nine pods at once)."""
+    names = [f"single-{i}" for i in range(NODES * GPUS)]
+    for name in names:
+        await real.create_pod(name, [1])
+    pods = await _run_all(real, names)
+    for pod in pods.values():
+        want = {c: sorted(ids) for c, ids in assignment(pod).items()}
+        assert _checkpointed(real, pod) == want
+        assert _handed(real, pod) == want
+        key = (real.namespace, pod["metadata"]["name"], "c0")
+        assert _listed(real, pod["spec"]["nodeName"])[key] == want["c0"]
+    found = await _kubelet_findings(real, expected_pods=len(names))
+    assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
+    audited = _audit(real)
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+
+    await real.kube.delete(pod_path(real.namespace, "single-0"))
+    await real.wait_gone("single-0")
+    await real.create_pod("reuse", [1], init=[1])
+    pod = (await _run_all(real, ["reuse"]))["reuse"]
+    want = {c: sorted(ids) for c, ids in assignment(pod).items()}
+    handed = _handed(real, pod)
+    # the init container ran (and exited) with its assignment; the app container reused it
+    assert handed["init0"] == want["init0"]
+    assert handed["c0"] == handed["init0"]
+    assert _checkpointed(real, pod)["c0"] == handed["c0"]
+    found = await _kubelet_findings(real, expected_pods=len(names))
+    assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
+    audited = _audit(real)
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+
+
+async def test_kubelet_records_catch_a_wrong_handoff(real: GPUCluster) -> None:
+    """The judge can fail: a record where kubelet handed the runtime other devices than the
+    assignment is an S2 finding."""
+    await real.create_pod("p", [1])
+    pod = (await _run_all(real, ["p"]))["p"]
+    node = pod["spec"]["nodeName"]
+    pods = (await real.kube.list(pod_path(real.namespace)))["items"]
+    containers = read_containers(_node(real, node).containers_record)
+    forged = [
+        {**r, "envs": {**r["envs"], "NVIDIA_VISIBLE_DEVICES": "GPU-forged"}}
+        if r["podUID"] == pod["metadata"]["uid"]
+        else r
+        for r in containers
+    ]
+    records = kubelet_records(
+        pods,
+        checkpoints={
+            node: read_checkpoint(_node(real, node).plugin_dir / "kubelet_internal_checkpoint")
+        },
+        containers={node: forged},
+    )
+    found = check_pods(pods, expected_pods=1, records=records)
+    assert found.s2, "a forged runtime config passed"
+
+
+async def test_plugin_and_kubelet_restarts(real: GPUCluster) -> None:
+    """A plugin restart, then a kubelet restart with its checkpoint: the running pod keeps its
+    devices in kubelet's checkpoint, the plugin registers again and a new pod is admitted with
+    exactly its assignment."""
+    node = real.nodes[0]
+    await real.create_pod("before", [1], node=node)
+    before = (await _run_all(real, ["before"]))["before"]
+    held = _checkpointed(real, before)
+
+    seen = plugin_registrations(real.cluster, node)
+    real.cluster.restart_component(f"deviceplugin-{node}")
+    await wait_registrations(real.cluster, node, seen)
+    await real.create_pod("after-plugin", [1], node=node)
+    pod = (await _run_all(real, ["after-plugin"]))["after-plugin"]
+    assert _handed(real, pod)["c0"] == sorted(assignment(pod)["c0"])
+
+    seen = plugin_registrations(real.cluster, node)
+    real.cluster.restart_component(f"kubelet-{node}")
+    await wait_registrations(real.cluster, node, seen, timeout_s=60)
+    await real.create_pod("after-kubelet", [1], node=node)
+    pod = (await _run_all(real, ["after-kubelet"]))["after-kubelet"]
+    assert _handed(real, pod)["c0"] == sorted(assignment(pod)["c0"])
+    assert _checkpointed(real, before) == held
+    assert (await real.pod("before"))["status"]["phase"] == "Running"
+    found = await _kubelet_findings(real, expected_pods=3)
+    assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
+
+
+async def test_bypass_pod_gets_no_device_from_a_real_kubelet(real: GPUCluster) -> None:
+    """A GPU pod placed by hand is refused by the admission policy; with the administrator's
+    bypass label it reaches kubelet, which holds no lock for it: kubelet rejects it at
+    admission (the plugin's Allocate refuses), nothing is checkpointed or handed to the
+    runtime, and the node's next pod runs with its assignment."""
+    node = real.nodes[1]
+    with pytest.raises(Forbidden):
+        await real.create_pod("by-hand", [1], node=node, bind_directly=True)
+    await real.allow_bypass()
+    real.expect_unadmitted("by-hand")
+    await real.create_pod("by-hand", [1], node=node, bind_directly=True, labels=BYPASS)
+    pod = await real.wait_phase("by-hand", ["Failed", "Running"], timeout_s=60)
+    assert pod["status"]["phase"] == "Failed", pod["status"]
+    assert pod["status"]["reason"] == "UnexpectedAdmissionError", pod["status"]
+    assert _checkpointed(real, pod) == {}
+    assert _handed(real, pod) == {}
+    await real.create_pod("honest", [1], node=node)
+    honest = (await _run_all(real, ["honest"]))["honest"]
+    assert _handed(real, honest)["c0"] == sorted(assignment(honest)["c0"])
