@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from kube.client import KubeClient, pod_path
+from kube.errors import NotFound
 from lockd.metrics import LockMetrics
 from lockd.model import Holder, HolderKey, NodeLockView, NodeName
 from scheduler_ext.service import Extender, Settings
@@ -155,7 +156,10 @@ async def test_a_caller_that_leaves_while_the_acquire_is_in_flight_gets_no_bindi
         let_go.set()
 
         async def released() -> bool:
-            ann = lease_annotations(await lease(kube, namespace, node))
+            try:
+                ann = lease_annotations(await lease(kube, namespace, node))
+            except NotFound:  # the held write has not landed yet
+                return False
             return ann.get("nodelock.io/last-outcome") == "bind-failed"
 
         await wait_for(released)
