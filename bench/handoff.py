@@ -526,6 +526,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run the phases this many times, in turn, and also report each phase's median "
         "(the ratio: the median of each round's ratio to that round's default binder)",
     )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=RESULTS,
+        help="where the results JSON goes (default bench/results)",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -598,8 +604,9 @@ def main(argv: list[str] | None = None) -> int:
         name = name.replace(".json", f"-backoff{args.pod_max_backoff}.json")
     if args.extender_tls:
         name = name.replace(".json", "-tls.json")
-    (RESULTS / name).write_text(json.dumps(out, indent=1))
-    print(f"\nwrote {RESULTS / name}")
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / name).write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {args.results_dir / name}")
     return 0
 
 
