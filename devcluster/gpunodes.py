@@ -29,6 +29,7 @@ from devcluster.cluster import APISERVER_REQUEST_TIMEOUT_S, Cluster
 from devcluster.errors import DevclusterError
 from devcluster.pki import ADMIN, SCHEDULER
 from devcluster.realkubelet import KubeletKind, start_kubelet
+from devcluster.versions import resolve
 from deviceplugin.simulated import DEFAULT_MEMORY_MIB, layout_numa_nodes
 from handoff.topology import NumaPolicy
 from handoff.wire import DEFAULT_RESOURCE, Keys
@@ -407,6 +408,17 @@ def wait_ok(cluster: Cluster, name: str, url: str, timeout_s: float) -> None:
     wait_ready(cluster, name, answers, f"ready at {url}", timeout_s)
 
 
+def listing_of(kubernetes_version: str | None) -> str:
+    """Which pods kubelet of ``kubernetes_version`` returns from PodResources ``List`` by default.
+
+    ``"active"`` from 1.34: the feature gate ``KubeletPodResourcesListUseActivePods`` exists and
+    is on by default (``pkg/features/kube_features.go``, v1.34.4 and v1.37.2: Deprecated, default
+    true from 1.34). ``"all"`` before: 1.33 has no such gate and ``List`` returns every pod in
+    kubelet's pod manager (``pkg/kubelet/apis/podresources/server_v1.go``, v1.33.13).
+    """
+    return "all" if resolve(kubernetes_version).minor < 34 else "active"
+
+
 def up_gpu_cluster(
     cluster: Cluster,
     *,
@@ -424,7 +436,7 @@ def up_gpu_cluster(
     gpu_memory_mib: int | None = None,
     mig: tuple[tuple[int, str], ...] = (),
     extender_tls: bool = False,
-    pod_resources_list: str = "active",
+    pod_resources_list: str | None = None,
     kubelet: KubeletKind = KubeletKind.SIM,
 ) -> list[NodeSpec]:
     """Install the GPU pod admission policies (as the chart does on a real cluster), start the
@@ -438,7 +450,8 @@ def up_gpu_cluster(
     ``gpu_memory_mib`` is each simulated GPU's memory (default: an H100's); ``mig`` puts GPUs
     of every node in MIG mode ((index, layout) pairs, ``deviceplugin.simulated.mig_layout``).
     ``pod_resources_list`` is which pods the simulated kubelets' PodResources List returns
-    (``NodeSpec.pod_resources_list``).
+    (``NodeSpec.pod_resources_list``); by default as kubelet of the cluster's release lists them
+    (``listing_of``).
     ``kubelet`` says which kubelet runs the nodes (``KubeletKind.REAL``: devcluster.realkubelet).
     """
     try:
@@ -454,7 +467,8 @@ def up_gpu_cluster(
         )
     except ValueError as exc:
         raise DevclusterError(str(exc)) from exc
-    specs = [dataclasses.replace(s, pod_resources_list=pod_resources_list) for s in specs]
+    listing = pod_resources_list or listing_of(cluster.settings().get("kubernetes_version"))
+    specs = [dataclasses.replace(s, pod_resources_list=listing) for s in specs]
     install_gpu_pod_policies(cluster)
     start_extender(
         cluster,

@@ -69,3 +69,15 @@ def test_each_wrapper_module_pins_its_release_and_every_staging_module_to_match(
 
 def test_no_minor_is_both_buildable_and_refused() -> None:
     assert not set(RELEASES) & set(UNBUILDABLE)
+
+
+@pytest.mark.parametrize(
+    ("version", "listing"),
+    [("v1.33.13", "all"), ("v1.34.4", "active"), ("v1.37.2", "active"), (None, "active")],
+)
+def test_simulated_kubelets_list_pods_as_kubelet_of_the_clusters_release(
+    version: str | None, listing: str
+) -> None:
+    from devcluster.gpunodes import listing_of
+
+    assert listing_of(version) == listing
