@@ -10,6 +10,8 @@ import asyncio
 import time
 from collections import defaultdict
 
+import pytest
+
 from kube.client import pod_path
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
 from tests.e2e.kit import (
@@ -29,6 +31,7 @@ async def queued(e2e: GPUCluster, node: str) -> float:
     return await extender_sum(e2e, "nodelock_extender_bind_queue_depth", node=node)
 
 
+@pytest.mark.core
 async def test_a_burst_larger_than_the_nodes_through_two_replicas(e2e: GPUCluster) -> None:
     """Every GPU of the cluster asked for at once, twice over: all pods run, each container got
     its assignment, and each node's fencing tokens grow strictly in the order of the binds."""

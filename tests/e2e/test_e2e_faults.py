@@ -16,6 +16,8 @@ import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from devcluster.processes import alive
 from tests.e2e.kit import (
     LEASE_S,
@@ -88,6 +90,7 @@ async def test_extender_crash_after_binding(e2e: GPUCluster) -> None:
     assert lease["metadata"]["annotations"]["nodelock.io/last-holder"] == e2e.key("p")
 
 
+@pytest.mark.core
 async def test_device_plugin_crash_mid_allocate(e2e: GPUCluster) -> None:
     """The plugin dies after answering nothing for the first of two containers: kubelet rejects
     the pod, no container runs, and the lock becomes takeable for the next pod."""
@@ -117,6 +120,7 @@ async def test_device_plugin_crash_mid_allocate(e2e: GPUCluster) -> None:
     await e2e.wait_holder(node, None)
 
 
+@pytest.mark.core
 async def test_burst_with_two_replicas_assigns_no_gpu_twice(e2e: GPUCluster) -> None:
     """Twelve single-GPU pods at once for twelve GPUs, through two extender replicas: both
     replicas serve binds of the burst."""

@@ -33,6 +33,7 @@ SHAPES = {
 }
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("shape", list(SHAPES))
 async def test_each_container_gets_exactly_its_assignment(e2e: GPUCluster, shape: str) -> None:
     containers, init = SHAPES[shape]
@@ -61,6 +62,7 @@ REUSE_SHAPES = {"i2-1-1": (2, [1, 1]), "i4-2-2": (4, [2, 2]), "i4-1-1-1-1": (4, 
 REUSE_ROUNDS = 3  # kubelet picks from the init container's devices in Go map order: repeat
 
 
+@pytest.mark.core
 async def test_app_containers_reuse_init_container_devices_in_kubelets_order(
     e2e: GPUCluster,
 ) -> None:
@@ -113,6 +115,7 @@ async def lock_tokens(e2e: GPUCluster) -> dict[str, object]:
     return tokens
 
 
+@pytest.mark.core
 async def test_gpu_pod_bypassing_the_extender_is_denied_at_admission(e2e: GPUCluster) -> None:
     """A GPU pod placed by hand (spec.nodeName at create) or for a scheduler that does not call
     the extender would get no lock of its own, and the devices of whichever pod holds the node's
@@ -227,6 +230,7 @@ async def test_owner_editing_assignment_after_binding_gets_nothing(e2e: GPUClust
     assert lease["metadata"]["annotations"]["nodelock.io/last-outcome"] == "rejected"
 
 
+@pytest.mark.core
 async def test_expired_lock_of_pending_holder_is_not_handed_on(e2e: GPUCluster) -> None:
     """HAMi #3096: an expired lock whose holder may still be admitted must not go to another pod."""
     node = e2e.nodes[2]
@@ -248,6 +252,7 @@ async def test_expired_lock_of_pending_holder_is_not_handed_on(e2e: GPUCluster) 
     assert not set(a) & set(b)
 
 
+@pytest.mark.core
 async def test_kubelet_restart_deletes_sockets_and_plugin_reregisters(e2e: GPUCluster) -> None:
     node = e2e.nodes[0]
     plugin_dir = e2e.cluster.state_dir / "nodes" / node / "device-plugins"
