@@ -87,12 +87,18 @@ MANIFEST_SETTINGS: dict[str, str] = {
     "tls.source": "secret",
     "scheduler.image.tag": KUBERNETES_VERSION,
 }
-# The Kubernetes version the plain manifests are rendered for: the newest supported, so they hold
-# every object the chart renders anywhere. Only 25-admission-scheduler-name.yaml depends on it
-# (MutatingAdmissionPolicy v1, Kubernetes >= 1.36): on an older cluster it is left out
-# (docs/install.md, "Plain manifests"); every other file is the same for every supported version
-# (tests/integration/test_deploy_versions.py).
-MANIFEST_ARGS: tuple[str, ...] = ("--kube-version", KUBERNETES_VERSION)
+# The cluster the plain manifests are rendered for: the newest supported version, with the API its
+# discovery lists that the chart asks for, so they hold every object the chart renders anywhere.
+# Only 25-admission-scheduler-name.yaml depends on it (MutatingAdmissionPolicy v1, Kubernetes >=
+# 1.36): on an older cluster it is left out (docs/install.md, "Plain manifests"); every other file
+# is the same for every supported version (tests/integration/test_deploy_versions.py).
+MUTATING_POLICY_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+MANIFEST_ARGS: tuple[str, ...] = (
+    "--kube-version",
+    KUBERNETES_VERSION,
+    "--api-versions",
+    MUTATING_POLICY_API,
+)
 
 # Which manifest file each chart template goes to (apply order: the file names sort).
 MANIFEST_FILES: dict[str, str] = {
@@ -117,7 +123,8 @@ MANIFEST_FILES: dict[str, str] = {
 }
 _HEADER = (
     "# Generated from deploy/helm/nodelock by `python -m devcluster.helm manifests`: helm template "
-    "with the\n# chart's default values and {settings}, for Kubernetes {kube_version}.\n"
+    "with the\n# chart's default values and {settings};\n# for Kubernetes {kube_version}, "
+    'which serves MutatingAdmissionPolicy v1 (docs/install.md, "Plain manifests").\n'
     "# Do not edit: change the chart and regenerate (tests/integration/test_deploy_chart.py checks "
     "they agree).\n"
 )
@@ -248,7 +255,7 @@ def chart_values(schema: Mapping[str, Any]) -> list[ChartValue]:
     return out
 
 
-def values_leaves(values: object, prefix: str = "") -> dict[str, object]:
+def values_leaves(values: object) -> dict[str, object]:
     """The values of a parsed ``values.yaml`` by dotted key, down to the members of the sections
     that ``values.schema.json`` lists (a map of free keys, e.g. a node selector, is one value)."""
     schema = json.loads(CHART_SCHEMA.read_text())
@@ -262,7 +269,7 @@ def values_leaves(values: object, prefix: str = "") -> dict[str, object]:
         else:
             out[path] = node
 
-    walk(values, prefix)
+    walk(values, "")
     return out
 
 

@@ -56,6 +56,18 @@ CLUSTER_SCOPED = {
 }
 
 
+def discovered_apis(cluster: Cluster) -> tuple[str, ...]:
+    """``helm template`` arguments that tell it what ``helm install`` learns from ``cluster``'s
+    discovery: its version, and every group/version and group/version/kind it serves."""
+    version = json.loads(cluster.kubectl("version", "-o", "json"))["serverVersion"]["gitVersion"]
+    listed: list[str] = []
+    for gv in cluster.kubectl("api-versions").split():
+        path = "/api/v1" if gv == "v1" else f"/apis/{gv}"
+        resources = json.loads(cluster.kubectl("get", "--raw", path))["resources"]
+        listed += [gv, *sorted({f"{gv}/{r['kind']}" for r in resources if "/" not in r["name"]})]
+    return ("--kube-version", version, *(a for api in listed for a in ("--api-versions", api)))
+
+
 def parse_documents(rendered: str) -> list[JSON]:
     """The objects of a ``helm template`` output."""
     return [d for d in yaml.safe_load_all(rendered) if d]
@@ -77,7 +89,12 @@ class TestRelease:
 
     @classmethod
     def render(
-        cls, helm: Path, *, settings: Mapping[str, str] | None = None, tag: str | None = None
+        cls,
+        helm: Path,
+        *,
+        settings: Mapping[str, str] | None = None,
+        tag: str | None = None,
+        cluster: Cluster | None = None,
     ) -> TestRelease:
         tag = tag or secrets.token_hex(4)
         name, namespace = f"nodelock-{tag}", f"nl-{tag}"
@@ -87,8 +104,10 @@ class TestRelease:
             **(settings or {}),
         }
         release = cls(name, namespace, f"nl-{tag}-work", tag)
+        # as `helm install` renders: with what the cluster's discovery lists
+        args = discovered_apis(cluster) if cluster is not None else ()
         release.objects = parse_documents(
-            render(helm, release=name, namespace=namespace, settings=values)
+            render(helm, release=name, namespace=namespace, settings=values, extra_args=args)
         )
         return release
 

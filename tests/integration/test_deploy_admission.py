@@ -58,7 +58,7 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    rel = TestRelease.render(ensure_helm())
+    rel = TestRelease.render(ensure_helm(), cluster=cluster)
     rel.install(cluster)
     node_a, node_b = f"nl-{rel.tag}-a", f"nl-{rel.tag}-b"
     work = rel.workload_namespace

@@ -26,7 +26,7 @@ SAR_PATH = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster) -> Iterator[TestRelease]:
-    rel = TestRelease.render(ensure_helm())
+    rel = TestRelease.render(ensure_helm(), cluster=cluster)
     rel.install(cluster)
     # a service account with no bindings: what any service account may do
     cluster.kubectl("create", "serviceaccount", "nobody", "-n", rel.namespace)

@@ -66,7 +66,9 @@ def served(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     # plays the chart's second scheduler: GPU pods for "default-scheduler" are the ones that
     # reach the extender (the chart's GPU pod policies would steer them to nodelock-scheduler)
     rel = TestRelease.render(
-        ensure_helm(), settings={"admission.gpuPods.schedulerNames": "{default-scheduler}"}
+        ensure_helm(),
+        settings={"admission.gpuPods.schedulerNames": "{default-scheduler}"},
+        cluster=cluster,
     )
     rel.install(cluster)
     tmp = tmp_path_factory.mktemp("deploy-tls")

@@ -1,8 +1,10 @@
 """The chart on every supported Kubernetes version: no object of an API the version lacks.
 
-``helm template --kube-version 1.<minor>.0`` for each minor of the chart's ``kubeVersion``
-(``devcluster.helm.supported_minors``), with the defaults and with every optional part on; each
-rendered object's apiVersion and kind is checked against the APIs that version serves by default
+``helm template`` for each minor of the chart's ``kubeVersion``
+(``devcluster.helm.supported_minors``), told what that version's discovery lists
+(``--kube-version``, and ``--api-versions`` for each kind it serves, as ``helm install`` learns
+them from a cluster), with the defaults and with every optional part on; each rendered object's
+apiVersion and kind is checked against the APIs that version serves by default
 (``deploy_kit.SERVED_FROM``, with its sources).  The MutatingAdmissionPolicy that sets GPU pods'
 scheduler name is the one version-gated object: rendered from 1.36, where it is v1, and left out
 before, where the GPU pod policy denies such pods instead (docs/install.md, "Supported Kubernetes
@@ -66,8 +68,15 @@ def helm() -> Path:
     return ensure_helm()
 
 
+def discovery(minor: int) -> tuple[str, ...]:
+    """What Helm learns from a 1.<minor> cluster's discovery, as ``helm template`` arguments: the
+    version, and each kind of the table that version serves (Helm lists group/version/kind)."""
+    served = sorted(f"{api}/{kind}" for (api, kind), first in SERVED_FROM.items() if first <= minor)
+    return ("--kube-version", f"1.{minor}.0", *(a for s in served for a in ("--api-versions", s)))
+
+
 def rendered(helm: Path, minor: int, settings: dict[str, str]) -> list[JSON]:
-    args = ("--kube-version", f"1.{minor}.0", *CRDS)
+    args = (*discovery(minor), *CRDS)
     return parse_documents(render(helm, settings=settings, extra_args=args))
 
 
@@ -105,6 +114,20 @@ def test_the_scheduler_name_policy_is_rendered_only_where_its_v1_is_served(
     assert MAP not in kinds(rendered(helm, minor, {"scheduler.enabled": "false"}))
 
 
+def test_without_a_cluster_the_policy_is_rendered_only_when_told_the_api(helm: Path) -> None:
+    # `helm template` alone lists group versions, not kinds: it cannot know the kind is served
+    offline = parse_documents(render(helm, extra_args=("--kube-version", f"1.{MINORS[-1]}.0")))
+    assert MAP not in kinds(offline)
+    told = ("--api-versions", f"{MAP[0]}/{MAP[1]}")
+    assert MAP in kinds(
+        parse_documents(render(helm, extra_args=("--kube-version", "1.36.0", *told)))
+    )
+    # ... and never for a version that cannot serve it, whatever it is told
+    assert MAP not in kinds(
+        parse_documents(render(helm, extra_args=("--kube-version", "1.35.0", *told)))
+    )
+
+
 def test_a_version_outside_the_chart_range_is_refused(helm: Path) -> None:
     for minor in (MINORS[0] - 1, MINORS[-1] + 1):
         with pytest.raises(DevclusterError, match="kubeVersion"):
@@ -115,8 +138,7 @@ def test_a_version_outside_the_chart_range_is_refused(helm: Path) -> None:
 def test_plain_manifests_differ_by_version_only_in_the_scheduler_name_policy(
     helm: Path, minor: int
 ) -> None:
-    args = ("--kube-version", f"1.{minor}.0")
-    files = manifest_files(render(helm, settings=MANIFEST_SETTINGS, extra_args=args))
+    files = manifest_files(render(helm, settings=MANIFEST_SETTINGS, extra_args=discovery(minor)))
     committed = {p.name: p.read_text() for p in MANIFESTS_DIR.glob("*.yaml")}
     gated = "25-admission-scheduler-name.yaml"
     assert (gated in files) == (minor >= 36)

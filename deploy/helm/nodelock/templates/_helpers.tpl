@@ -276,10 +276,12 @@ asked for (admission.enabled, admission.gpuPods.enabled, admission.gpuPods.setSc
 scheduler other than default-scheduler to give, and a cluster that serves
 admissionregistration.k8s.io/v1 MutatingAdmissionPolicy, which is v1, GA and on by default from
 Kubernetes 1.36 (k8s.io/api v0.36.0 admissionregistration/v1/types.go; the MutatingAdmissionPolicy
-gate in k8s.io/apiserver pkg/features/kube_features.go). Both checks are needed: a live cluster's
-discovery answers .Capabilities.APIVersions, but `helm template` answers it with every API its
-client library knows, whatever --kube-version says. v1beta1 (1.34, 1.35) and v1alpha1 (1.32, 1.33)
-are off by default and not used.
+gate in k8s.io/apiserver pkg/features/kube_features.go). Against a cluster Helm lists the kinds its
+discovery serves, so the kind is asked for, not the group version (1.36+ may turn it off with
+--runtime-config). Without a cluster (`helm template`) Helm lists group versions only: the policy
+is rendered there when told, with --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy
+and a --kube-version of 1.36 or later. v1beta1 (1.34, 1.35) and v1alpha1 (1.32, 1.33) are off by
+default and not used.
 */}}
 {{- define "nodelock.setsSchedulerName" -}}
 {{- $gp := .Values.admission.gpuPods -}}
