@@ -37,7 +37,7 @@ from handoff.wire import (
     parse_inventory,
 )
 from kube import KubeClient, NotFound
-from kube.client import node_path, pod_path
+from kube.client import event_path, node_path, pod_path
 from lockd import (
     HeldLock,
     Holder,
@@ -441,6 +441,13 @@ async def test_lock_taken_over_mid_handoff_refuses_once_then_serves_the_new_hold
         view = await lease(env)
         assert view.record.holder is not None
         assert view.record.holder.key == f"{env.namespace}/q"  # left alone
+        # while p may still be admitted (Pending here, its devices not all recorded by
+        # kubelet), the call may be p's next container: refused again, naming p
+        msg = await refused(stub.Allocate(_one(g[5])), grpc.StatusCode.FAILED_PRECONDITION)
+        assert f"{env.namespace}/p" in msg
+        # the refusal made kubelet reject p, as kubelet does when an Allocate fails
+        status = {"phase": "Failed", "reason": "UnexpectedAdmissionError"}
+        await env.kube.patch(pod_path(env.namespace, "p", subresource="status"), {"status": status})
         resp = await allocate(stub, g[5])
         assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == g[5]
         await eventually(lambda: released(env, q_held.token), "q's lock release")
@@ -493,6 +500,88 @@ async def test_a_gpu_pod_bound_around_the_extender_makes_allocate_refuse(env: En
             return True if plugin.pods.get(HolderKey(f"{env.namespace}/sneaky")) is None else None
 
         await eventually(sneaky_gone, "the watch to see the pod deleted")
+        resp = await allocate(stub, g[2])
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == g[2]
+        await eventually(lambda: released(env, held.token), "the lock release")
+
+
+async def _running_pod(env: Env, name: str) -> dict[str, Any]:
+    """A one-GPU pod bound here that kubelet admitted (Running), as the API server shows it."""
+    pod = await env.kube.create(
+        pod_path(env.namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"nodeName": env.node, "containers": [container("c", 1)]},
+        },
+    )
+    status = {"phase": "Running", "containerStatuses": [_running_status("c")]}
+    await env.kube.patch(pod_path(env.namespace, name, subresource="status"), {"status": status})
+    return pod
+
+
+def _running_status(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": "x",
+        "imageID": "",
+        "ready": True,
+        "restartCount": 0,
+        "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+    }
+
+
+def _kubelet_checkpoint(env: Env, entries: Sequence[tuple[str, str, str]]) -> None:
+    """kubelet's device checkpoint in the plugin directory: (pod UID, container, device)."""
+    env.plugin_dir.mkdir(parents=True, exist_ok=True)
+    data = {
+        "Data": {
+            "PodDeviceEntries": [
+                {
+                    "PodUID": uid,
+                    "ContainerName": c,
+                    "ResourceName": "nvidia.com/gpu",
+                    "DeviceIDs": {"-1": [dev]},
+                    "AllocResp": "",
+                }
+                for uid, c, dev in entries
+            ],
+            "RegisteredDevices": {},
+        },
+        "Checksum": 0,
+    }
+    (env.plugin_dir / "kubelet_internal_checkpoint").write_text(json.dumps(data))
+
+
+async def test_without_kubelets_list_an_admitted_pod_counts_until_kubelets_checkpoint_has_it(
+    env: Env,
+) -> None:
+    """Issue 31 hole 1 on the fallback: kubelet's PodResources List cannot be read, so Allocate
+    decides from the node's pods and kubelet's device checkpoint. A running GPU pod whose
+    devices that checkpoint does not record (kubelet restarted without it and will call
+    Allocate for it again) makes the call ambiguous; once kubelet records them, the holder is
+    served. Each fallback is a metric and a Node Event."""
+    g = [env.gpu(i) for i in range(GPU_COUNT)]
+    previous = await _running_pod(env, "previous")
+    _, held = await bind(env, "p", {"main": [g[2]]}, containers=[("main", 1)])
+    missing = env.plugin_dir / "no-kubelet.sock"
+    async with running(env, pod_resources_socket=missing) as plugin, dial(plugin) as stub:
+        msg = await refused(stub.Allocate(_one(g[2])), grpc.StatusCode.FAILED_PRECONDITION)
+        assert f"{env.namespace}/previous (uid {previous['metadata']['uid']})" in msg
+        assert sample(plugin, "nodelock_deviceplugin_allocations_total", result="ambiguous") == 1
+        assert sample(plugin, "nodelock_deviceplugin_kubelet_view_reads_total", result="error") == 2
+        assert (await lease(env)).record.token == held.token  # left alone
+        await plugin.events.recorder.flush()
+        selector = (
+            f"involvedObject.kind=Node,involvedObject.name={env.node},reason=KubeletListUnavailable"
+        )
+        events = (await env.kube.list(event_path(), field_selector=selector))["items"]
+        assert len(events) == 1, events
+        assert str(missing) in events[0]["message"]
+        assert "kubelet's device checkpoint" in events[0]["message"]
+        # kubelet records the running pod's devices again: the holder is served
+        _kubelet_checkpoint(env, [(previous["metadata"]["uid"], "c", str(g[5]))])
         resp = await allocate(stub, g[2])
         assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == g[2]
         await eventually(lambda: released(env, held.token), "the lock release")
