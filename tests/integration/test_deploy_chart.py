@@ -56,8 +56,10 @@ def helm() -> Path:
 
 
 def objects(helm: Path, *args: str, **settings: str) -> list[JSON]:
-    """The chart rendered with ``settings`` (``--set``) and extra ``helm template`` ``args``."""
-    return parse_documents(render(helm, settings=settings, extra_args=args))
+    """The chart rendered with ``settings`` (``--set``) and extra ``helm template`` ``args``, as
+    for the cluster the plain manifests are for (``MANIFEST_ARGS``: the devcluster's version,
+    which serves every API the chart can use); ``args`` come after, so they win."""
+    return parse_documents(render(helm, settings=settings, extra_args=(*MANIFEST_ARGS, *args)))
 
 
 MONITORING_CRDS = (
@@ -889,12 +891,12 @@ def test_scheduler_image_follows_the_clusters_version_unless_set(helm: Path) -> 
         ]
         return tag
 
-    assert image("--kube-version=v1.31.4") == "registry.k8s.io/kube-scheduler:v1.31.4"
+    assert image("--kube-version=v1.33.4") == "registry.k8s.io/kube-scheduler:v1.33.4"
     # a distribution's suffix is not a kube-scheduler tag
-    assert image("--kube-version=v1.32.1-eks-3a5b1") == "registry.k8s.io/kube-scheduler:v1.32.1"
-    assert image("--kube-version=v1.33.2+k3s1") == "registry.k8s.io/kube-scheduler:v1.33.2"
-    pinned = image("--kube-version=v1.31.4", **{"scheduler.image.tag": "v1.30.9"})
-    assert pinned == "registry.k8s.io/kube-scheduler:v1.30.9"
+    assert image("--kube-version=v1.34.1-eks-3a5b1") == "registry.k8s.io/kube-scheduler:v1.34.1"
+    assert image("--kube-version=v1.35.2+k3s1") == "registry.k8s.io/kube-scheduler:v1.35.2"
+    pinned = image("--kube-version=v1.34.4", **{"scheduler.image.tag": "v1.33.9"})
+    assert pinned == "registry.k8s.io/kube-scheduler:v1.33.9"
 
 
 def test_dashboards_ship_as_configmaps_grafana_picks_up(helm: Path) -> None:
