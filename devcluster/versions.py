@@ -8,8 +8,9 @@ every needed staging module the Go module proxy serves; a minor with no such rel
 built here without patching Kubernetes and is refused with the reason.
 
 Guarantees: ``resolve`` accepts ``1.33``, ``v1.33`` and ``v1.33.13`` (only the pinned patch) and
-returns the same ``Release`` for each, and ``oldest`` for the oldest supported release; anything else is a ``DevclusterError`` naming what is
-supported. Pure data: nothing here builds or runs anything.
+returns the same ``Release`` for each, and ``oldest`` for the oldest supported release; anything
+else is a ``DevclusterError`` naming what is supported. Pure data: nothing here builds or runs
+anything.
 """
 
 from __future__ import annotations

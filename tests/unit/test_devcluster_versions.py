@@ -64,7 +64,8 @@ def test_each_wrapper_module_pins_its_release_and_every_staging_module_to_match(
     patch = release.tag.split(".", 2)[2]
     want = f"v0.{minor}.{patch}"
     for old, new, version in staging:
-        assert old == new and version == want, (old, version)
+        assert old == new
+        assert version == want, (old, version)
 
 
 def test_no_minor_is_both_buildable_and_refused() -> None:
