@@ -123,6 +123,12 @@ class TestRelease:
     def scheduler_sa(self) -> str:
         return f"{self.name}-scheduler"
 
+    @property
+    def sets_scheduler_name(self) -> bool:
+        """Whether the rendering holds the MutatingAdmissionPolicy that gives GPU pods the
+        extender's scheduler (rendered where the cluster serves its v1, Kubernetes >= 1.36)."""
+        return bool(self.of_kind("MutatingAdmissionPolicy"))
+
     def user(self, service_account: str) -> str:
         return f"system:serviceaccount:{self.namespace}:{service_account}"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -262,8 +263,14 @@ async def wait_policies(setup: Setup, admin: KubeClient) -> None:
                     "POST", pod_path(work), query=dry, body=gpu_pod("probe", node=setup.node_a)
                 )
             ),
-            "the GPU pod scheduler policy steers": lambda: steered(
-                owner.request("POST", pod_path(work), query=dry, body=gpu_pod("probe"))
+            # where the cluster serves MutatingAdmissionPolicy v1 (>= 1.36) it sets the
+            # scheduler; below, the GPU pod policy denies the pod instead
+            "the GPU pod scheduler policy steers, or the GPU pod policy denies": lambda: (
+                steered(owner.request("POST", pod_path(work), query=dry, body=gpu_pod("probe")))
+                if rel.sets_scheduler_name
+                else by_policy(
+                    owner.request("POST", pod_path(work), query=dry, body=gpu_pod("probe"))
+                )
             ),
             "the lock guard policy is enforced": lambda: by_policy(
                 admin.request(
@@ -530,9 +537,15 @@ async def test_gpu_pod_for_another_scheduler_is_denied_and_default_ones_are_stee
         )
         assert "a pod for scheduler volcano may not ask for nvidia.com/gpu" in message
         assert "(nodelock-scheduler)" in message
-        # left at the default scheduler, a GPU pod is given the nodelock scheduler ...
-        made = await owner.create(pod_path(work), gpu_pod("steered"))
-        assert made["spec"]["schedulerName"] == "nodelock-scheduler"
+        # left at the default scheduler, a GPU pod is given the nodelock scheduler where the
+        # cluster serves MutatingAdmissionPolicy v1; below, it is denied, naming the scheduler
+        if setup.release.sets_scheduler_name:
+            made = await owner.create(pod_path(work), gpu_pod("steered"))
+            assert made["spec"]["schedulerName"] == "nodelock-scheduler"
+        else:
+            message = await forbidden(owner.create(pod_path(work), gpu_pod("steered")))
+            assert "a pod for scheduler default-scheduler may not ask for" in message
+            assert "(nodelock-scheduler)" in message
         made = await owner.create(pod_path(work), gpu_pod("named", scheduler="nodelock-scheduler"))
         assert made["spec"]["schedulerName"] == "nodelock-scheduler"
         # ... and a pod without GPUs is left alone
@@ -559,8 +572,14 @@ async def test_mig_pods_go_through_the_extender_too(setup: Setup, admin: KubeCli
             )
         )
         assert "a pod for scheduler volcano may not ask for" in message
-        made = await owner.create(pod_path(work), gpu_pod("mig-steered", resource=mig))
-        assert made["spec"]["schedulerName"] == "nodelock-scheduler"
+        if setup.release.sets_scheduler_name:  # Kubernetes >= 1.36
+            made = await owner.create(pod_path(work), gpu_pod("mig-steered", resource=mig))
+            assert made["spec"]["schedulerName"] == "nodelock-scheduler"
+        else:
+            message = await forbidden(
+                owner.create(pod_path(work), gpu_pod("mig-default", resource=mig))
+            )
+            assert "a pod for scheduler default-scheduler may not ask for" in message
         # zero instances, or a resource that only looks alike, is not a GPU pod
         await owner.create(
             pod_path(work), gpu_pod("mig-zero", node=setup.node_a, resource=mig, gpus=0)
@@ -602,25 +621,27 @@ async def test_escape_label_needs_the_pod_and_its_namespace(
 
 async def test_gpu_pod_may_not_set_nvidia_visible_devices(setup: Setup, admin: KubeClient) -> None:
     work = setup.release.workload_namespace
+    # GPU pods that name the extender's scheduler, as they must below Kubernetes 1.36
+    named = functools.partial(gpu_pod, scheduler=GPU_SCHEDULER)
     async with client(setup, "owner") as owner:
         for pod_ in (
-            gpu_pod("env-all", env={"NVIDIA_VISIBLE_DEVICES": "all"}),
-            gpu_pod("env-init", env={"NVIDIA_VISIBLE_DEVICES": "0,1"}, init=True),
+            named("env-all", env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+            named("env-init", env={"NVIDIA_VISIBLE_DEVICES": "0,1"}, init=True),
         ):
             message = await forbidden(owner.create(pod_path(work), pod_))
             assert "may not set NVIDIA_VISIBLE_DEVICES" in message
-        mount = gpu_pod("mount", mounts={"/var/run/nvidia-container-devices/all": "devs"})
+        mount = named("mount", mounts={"/var/run/nvidia-container-devices/all": "devs"})
         message = await forbidden(owner.create(pod_path(work), mount))
         assert "container main may not mount under /var/run/nvidia-container-devices" in message
         # other NVIDIA variables (driver capabilities) are the pod's to choose
-        caps = gpu_pod("caps", env={"NVIDIA_DRIVER_CAPABILITIES": "compute,utility,video"})
+        caps = named("caps", env={"NVIDIA_DRIVER_CAPABILITIES": "compute,utility,video"})
         await owner.create(pod_path(work), caps)
         # a pod without GPUs is not judged by default (devicePlugin pods set it on purpose)
         plain = pod("plain-env")
         plain["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
         await owner.create(pod_path(work), plain)
         # nor can an ephemeral container added to a GPU pod (kubectl debug) set it
-        await owner.create(pod_path(work), gpu_pod("debugged"))
+        await owner.create(pod_path(work), named("debugged"))
         debug = await owner.get(pod_path(work, "debugged"))
         debug["spec"]["ephemeralContainers"] = [
             {
