@@ -261,13 +261,10 @@ class Plugin:
     ) -> KubeletAdmission:
         """``Admission._admitting``: how long each listed pod unknown to the API server has
         been seen listed, from the first List that showed it."""
-        now = self.clock.now
         unknown = {e.key for e in listed if e.key != holder and specs.get(e.key) is None}
-        for key in list(self.unknown_since):
-            if key not in unknown:
-                del self.unknown_since[key]
-        for key in unknown:
-            self.unknown_since.setdefault(key, now)
+        self.unknown_since, ages = decide.unknown_listed(
+            self.unknown_since, unknown, self.clock.now
+        )
         return decide.kubelet_admitting(
             listed,
             specs,
@@ -276,7 +273,7 @@ class Plugin:
             ctx,
             holder_pod=held,
             recorded=recorded,
-            unknown_for_s={key: now - self.unknown_since[key] for key in unknown},
+            unknown_for_s=ages,
         )
 
     def _served(self) -> set[str]:
