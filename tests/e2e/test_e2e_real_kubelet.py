@@ -41,15 +41,16 @@ from tests.e2e.kit import (
     wait_registrations,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.core]
 
 NODES = 2
 GPUS = 4
 
 
 @pytest.fixture(scope="module")
-def real_cluster() -> Iterator[GPUCluster]:
-    """A devcluster of its own: two extender replicas, two real-kubelet nodes x four GPUs."""
+def real_cluster(kubernetes_version: str | None) -> Iterator[GPUCluster]:
+    """A devcluster of its own on ``--kubernetes-version`` (control plane and kubelets): two
+    extender replicas, two real-kubelet nodes x four GPUs."""
 
     def start(cluster: Any) -> Any:
         return up_gpu_cluster(
@@ -61,7 +62,7 @@ def real_cluster() -> Iterator[GPUCluster]:
             kubelet=KubeletKind.REAL,
         )
 
-    with gpu_cluster_of_its_own("nlr-", start) as c:
+    with gpu_cluster_of_its_own("nlr-", start, version=kubernetes_version) as c:
         yield c
 
 
@@ -275,9 +276,10 @@ async def test_bypass_pod_gets_no_device_from_a_real_kubelet(real: GPUCluster) -
 @pytest.mark.xfail(
     strict=True,
     reason="nodelock's device plugin refuses every later GPU pod on the node while a pod that ran "
-    "before the restart runs: kubelet v1.37.2 lists that pod in PodResources with no devices "
-    "(devicemanager/manager.go devicesToAllocate: a container already running while sources are "
-    "not ready gets nothing allocated), which the plugin takes for a pod admitted without the lock",
+    "before the restart runs: kubelet (v1.33.13, v1.37.2) lists that pod in PodResources with no "
+    "devices (devicemanager/manager.go devicesToAllocate: a container already running while "
+    "sources are not ready gets nothing allocated), which the plugin takes for a pod admitted "
+    "without the lock",
 )
 async def test_kubelet_restart_without_its_checkpoint(real: GPUCluster) -> None:
     """kubelet restarted with its device checkpoint gone: the running pod keeps running and its
