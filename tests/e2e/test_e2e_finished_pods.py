@@ -39,8 +39,9 @@ REJECT_AFTER_ALLOCATE = "sim.nodelock.io/reject-after-allocate"
 
 
 @pytest.fixture(scope="module")
-def listing_all_cluster() -> Iterator[GPUCluster]:
-    """Two nodes x eight GPUs whose simulated kubelets list like kubelet before 1.34."""
+def listing_all_cluster(kubernetes_version: str | None) -> Iterator[GPUCluster]:
+    """Two nodes x eight GPUs of ``--kubernetes-version`` whose simulated kubelets list like
+    kubelet before 1.34 (on 1.34+ as with the gate off)."""
     with gpu_cluster_of_its_own(
         "nlf-",
         lambda cluster: up_gpu_cluster(
@@ -50,6 +51,7 @@ def listing_all_cluster() -> Iterator[GPUCluster]:
             extender_args=[f"--lease-duration={LEASE_S}"],
             pod_resources_list="all",
         ),
+        version=kubernetes_version,
     ) as c:
         yield c
 
@@ -89,6 +91,7 @@ async def _finished_job(c: GPUCluster, node: str) -> JSON:
     raise AssertionError(f"the Job's pod did not succeed in 90 s: {pods}")
 
 
+@pytest.mark.core
 async def test_finished_and_rejected_pods_do_not_block_the_node(listing_all: GPUCluster) -> None:
     c = listing_all
     node = c.nodes[0]
