@@ -64,11 +64,11 @@ go-check: binaries
 	cd devcluster/gomod && $(GO_ENV) go vet -trimpath ./...
 	cd devcluster/gomod && $(GO_ENV) go test -trimpath -count=1 ./...
 
-# The whole suite on the default Kubernetes release, then the `core` end-to-end tests on the
-# oldest supported one (docs/support.md).
+# The whole suite on the default Kubernetes release, then the tests marked `core` (the handoff's
+# end-to-end core and the chart's install) on the oldest supported one (docs/support.md).
 test: lint go-check binaries system-deps bytecode
 	$(BIN)/pytest
-	$(BIN)/pytest -m core --kubernetes-version oldest tests/e2e
+	$(BIN)/pytest -m core --kubernetes-version oldest tests/integration tests/e2e
 
 demo: setup binaries bytecode
 	$(BIN)/nodelock demo

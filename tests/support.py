@@ -2,10 +2,10 @@
 
 For each Kubernetes release ``devcluster.versions`` can build it lists what ``make test`` runs
 on it: the whole suite on the default release, and on the oldest supported release every test
-marked ``core`` (found by reading the test files: a ``@pytest.mark.core`` decorator, or a
-module-level ``pytestmark`` naming ``core``). A release between them is listed as built but not
-tested. The file is generated (``make generate``) and compared in
-``tests/integration/test_generated_files.py``, so it cannot drift from the markers.
+of the integration and e2e suites marked ``core`` (found by reading the test files: a
+``@pytest.mark.core`` decorator, or a module-level ``pytestmark`` naming ``core``). A release
+between them is listed as buildable but not tested. The file is generated (``make generate``) and
+compared in ``tests/integration/test_generated_files.py``, so it cannot drift from the markers.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from devcluster.versions import DEFAULT_VERSION, RELEASES, UNBUILDABLE, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "docs" / "support.md"
-E2E = REPO / "tests" / "e2e"
+SUITES = (REPO / "tests" / "integration", REPO / "tests" / "e2e")
 
 
 def _names_core(node: ast.expr) -> bool:
@@ -32,10 +32,11 @@ def _names_core(node: ast.expr) -> bool:
     )
 
 
-def core_tests(directory: Path = E2E, *, root: Path = REPO) -> list[str]:
-    """``file::test`` for every test function marked ``core`` under ``directory``, sorted."""
+def core_tests(*directories: Path, root: Path = REPO) -> list[str]:
+    """``file::test`` for every test function marked ``core`` in ``directories`` (default: the
+    integration and e2e suites), in file order."""
     found: list[str] = []
-    for path in sorted(directory.glob("test_*.py")):
+    for path in sorted(p for d in directories or SUITES for p in d.glob("test_*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
         module_core = any(
             isinstance(stmt, ast.Assign)
@@ -78,7 +79,7 @@ def render() -> str:
         if tag == DEFAULT_VERSION:
             what = "the whole suite (unit, integration, e2e)"
         elif tag == oldest.tag:
-            what = f"the {len(core)} end-to-end tests marked `core` (below)"
+            what = f"the {len(core)} tests marked `core` (below)"
         else:
             what = f"can be built and run (`--kubernetes-version 1.{minor}`), not tested"
         lines.append(f"| 1.{minor} | {tag} | {what} |")
@@ -86,7 +87,8 @@ def render() -> str:
         "",
         f"## The `core` tests, run on {oldest.tag} and on {DEFAULT_VERSION}",
         "",
-        f"`.venv/bin/pytest -m core --kubernetes-version oldest tests/e2e` runs them on "
+        f"`.venv/bin/pytest -m core --kubernetes-version oldest tests/integration tests/e2e` "
+        f"runs them on "
         f"{oldest.tag}.",
         "",
     ]

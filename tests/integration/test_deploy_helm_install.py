@@ -19,6 +19,9 @@ import pytest
 from devcluster.cluster import Cluster
 from devcluster.helm import CHART_DIR, ensure_helm
 
+# the chart installs on the oldest supported release too: `make test` runs these there again
+pytestmark = pytest.mark.core
+
 NOWHERE = "nodelock-deploy-test/nowhere"
 
 

@@ -51,4 +51,4 @@ def test_every_release_has_a_row_and_the_oldest_runs_the_core() -> None:
         assert f"| {tag} |" in text
     oldest = resolve("oldest").tag
     row = next(line for line in text.splitlines() if f"| {oldest} |" in line)
-    assert f"the {len(core_tests())} end-to-end tests marked `core`" in row
+    assert f"the {len(core_tests())} tests marked `core`" in row
