@@ -189,6 +189,7 @@ async def test_two_gpu_pods_land_on_nvlink_pairs_and_required_waits_for_one(
 
 
 async def test_selection_by_model_through_the_scheduler(topo: GPUCluster) -> None:
+    topo.expect_unadmitted("b200")  # no node has a B200: it stays Pending, saying why
     await create(
         topo, "a100", 1, nodes=[*ALIGNED, PAIRS], annotations={"nvidia.com/use-gputype": "a100"}
     )
