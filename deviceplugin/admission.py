@@ -14,11 +14,20 @@ Guarantees:
   lagging watch thus never fails a pod nor serves the wrong one.  GetPreferredAllocation (only
   a preference) tries the watch view first.
 - Progress is written to the checkpoint before kubelet gets the answer; if it cannot be written
-  the container is refused (kubelet then fails the pod) and the lock released ``rejected``.  It
-  is made durable (fsync) while the pod has containers left to serve; the last container's
-  record (served, release pending) is not: a process crash keeps it all the same, and a machine
-  crash that loses it leaves the lock under a holder kubelet admitted, which expires and may
-  then be taken over (the fsync cost every handoff ~8 ms of its hold).
+  the container is refused (kubelet then fails the pod) and the lock released ``rejected``.
+  Every write fsyncs the new file before renaming it over the old one, so no crash leaves a
+  torn or empty checkpoint (``deviceplugin.checkpoint``).  While the pod has containers left to
+  serve the directory is fsynced too; for the last container's record (served, release
+  pending) it is not: a process crash keeps that record all the same, and a power loss that
+  undoes its rename brings back the previous checkpoint and leaves the lock under a holder
+  kubelet admitted, which expires and may then be taken over (docs/deviceplugin.md, "The
+  checkpoint").  A damaged checkpoint is set aside as ``<name>.damaged`` and the plugin starts
+  from the safe state of a first start; only a checkpoint of another version or of another
+  node is refused (``CheckpointError``: the plugin does not start).
+- The progress counts a container as served only while kubelet's device checkpoint records it
+  too, when that checkpoint can be read (``decide.kubelet_confirmed``): a kubelet that died
+  after the answer and before writing its checkpoint asks for that container again, which gets
+  its own assignment again, and the lock is released only with the last container answered.
 - Every release is first recorded in the checkpoint (pending), then written; one that fails
   (API server unreachable) is retried in the background, also after a restart, until it is
   written or the Lease has moved on (``StaleToken``/``LockLost``: nothing to do).  So the plugin
@@ -146,7 +155,8 @@ class Admission:
     # -- state ----------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Read the checkpoint (raises ``CheckpointError`` for an unusable one)."""
+        """Read the checkpoint: a damaged one is set aside and the safe state used; one of
+        another version or node raises ``CheckpointError``."""
         self._cp = checkpoint.load(self._file, self.node)
         self._metrics.pending_releases.set(len(self._cp.pending))
         if self._cp.progress is not None:
@@ -536,7 +546,14 @@ class Admission:
                     await self._drop_abandoned_progress(view)
                 pod = await self._holder_pod(view, fresh=fresh)
                 pref = decide_preferred(
-                    view, pod, ask.available, ask.must_include, ask.size, self._cp.progress, ctx
+                    view,
+                    pod,
+                    ask.available,
+                    ask.must_include,
+                    ask.size,
+                    self._cp.progress,
+                    ctx,
+                    recorded=await self._recorded(ctx.resource),
                 )
                 if pref.hit:
                     break

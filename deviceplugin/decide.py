@@ -10,6 +10,10 @@ Guarantees (each one unit-tested with plain data):
   nor admitted by kubelet), whose pod annotation equals the Lease's copy of the assignment, whose
   spec requests exactly the assigned counts, and only for its next unserved GPU container (init
   containers first, then containers, in spec order) with kubelet's request of the same size.
+  A container counts as served while kubelet's device checkpoint, when it can be read, records
+  it too (``kubelet_confirmed``): one kubelet lost the record of (it died after the answer,
+  before writing its checkpoint) is the one it asks for again, and gets its own assignment
+  again.
   What it serves is always devices of the Lease's copy (written only by the extender): kubelet's
   own pick when it lies in the pod's pool (its devices not held by an earlier app container or
   sidecar — kubelet reuses init containers' devices in its own order), else, by policy, the
@@ -148,6 +152,14 @@ class HandoffProgress:
             (*self.served, container),
             (*self.given, devices),
             resources,
+        )
+
+    def keeping(self, indices: Sequence[int]) -> HandoffProgress:
+        """This progress with only the served entries at ``indices`` (ascending)."""
+        given = tuple(self.given[i] for i in indices if i < len(self.given))
+        resources = tuple(self.resource_at(i) for i in indices) if self.resources else ()
+        return replace(
+            self, served=tuple(self.served[i] for i in indices), given=given, resources=resources
         )
 
     def same_handoff(self, holder: Holder, token: FencingToken) -> bool:
@@ -318,13 +330,47 @@ def check_request(
     return tuple(DeviceID(d) for d in ids)
 
 
+def kubelet_confirmed(
+    progress: HandoffProgress, recorded: KubeletRecords | None, resource: str
+) -> HandoffProgress:
+    """The holder's ``progress`` as far as kubelet's device checkpoint (``recorded``, of
+    ``resource``) confirms it: a container served for ``resource`` that kubelet has no record
+    of is dropped, so it is the one served next.
+
+    kubelet records a container's devices, and writes its checkpoint, after the plugin answered
+    and before it asks for the pod's next container (cm/devicemanager/manager.go
+    ``allocateContainerResources``: ``podDevices.insert``, then ``writeCheckpoint``, v1.32.13
+    lines 915, 919; v1.37.2 lines 955, 959).  It calls Allocate only for a container it has no
+    record of (``devicesToAllocate``, v1.33.13 lines 577, 629; v1.37.2 lines 611, 663), init
+    containers first, then containers, in spec order (cm/topologymanager/scope.go, v1.37.2
+    line 140).  So a served container kubelet has no record of is one it asks for again (it
+    died before writing its checkpoint): the first such container in spec order is the one
+    asking, and no container after it was recorded.  ``recorded`` None (kubelet's checkpoint
+    could not be read) confirms everything: the progress stands as it is (a kubelet asking again
+    for a container it lost then gets the next container's devices, or a device-mismatch
+    refusal; never another pod's devices).
+    Entries of other resources are kept (their records are read when kubelet asks for them)."""
+    if recorded is None:
+        return progress
+    mine = recorded.get(progress.uid) or ()
+    keep = [
+        i
+        for i, container in enumerate(progress.served)
+        if progress.resource_at(i) != resource or container in mine
+    ]
+    return progress if len(keep) == len(progress.served) else progress.keeping(keep)
+
+
 def _verify(
     view: NodeLockView | None,
     pod: PodJSON | None,
     progress: HandoffProgress | None,
     ctx: Context,
+    *,
+    recorded: KubeletRecords | None = None,
 ) -> _Plan | Refusal:
-    """Check the holder pod against the lock; the shared first half of every decision."""
+    """Check the holder pod against the lock; the shared first half of every decision.  The
+    holder's progress counts as far as kubelet's records confirm it (``kubelet_confirmed``)."""
     node = ctx.node
     record = view.record if view is not None else None
     if record is None or record.holder is None:
@@ -414,7 +460,7 @@ def _verify(
         return Refusal(plan.kind, plan.message, None if keep else release)
     whole = HandoffProgress(holder.key, holder.uid, token)
     if progress is not None and progress.same_handoff(holder, token):
-        whole = progress
+        whole = kubelet_confirmed(progress, recorded, ctx.resource)
     mine = whole.of_resource(ctx.resource)
     done = set(mine.served)
     next_index = next((i for i, (c, _) in enumerate(plan) if c not in done), len(plan))
@@ -538,9 +584,12 @@ def decide_allocate(
     to this node, from the API server) and ``recorded`` (kubelet's device checkpoint): while
     another unfinished GPU pod is bound here whose devices kubelet does not record, the call is
     refused without a release (``bystanders``).  ``served_pods`` is accepted for callers and
-    no longer trusted alone.
+    no longer trusted alone.  ``progress`` counts a container of ``ctx.resource`` as served
+    only while ``recorded`` holds it for the holder (``kubelet_confirmed``; None: as it stands):
+    a container kubelet lost the record of is the one it asks for again, and gets its own
+    assignment again; the lock is released (``last``) only with the last container answered.
     """
-    plan = _verify(view, pod, progress, ctx)
+    plan = _verify(view, pod, progress, ctx, recorded=recorded)
     if isinstance(plan, Refusal):
         return plan
     where = f"pod {plan.pod} on node {ctx.node}"
@@ -871,14 +920,18 @@ def decide_preferred(
     size: int,
     progress: HandoffProgress | None,
     ctx: Context,
+    *,
+    recorded: KubeletRecords | None = None,
 ) -> Preference:
     """Answer one GetPreferredAllocation container request.
 
     A hit is the holder's next GPU container's assignment when its size equals ``size`` and every
     assigned device is available to kubelet; anything else gets a hint from the available set
     (``must_include`` first, then the rest in sorted order), which kubelet may use as it likes.
+    The next container is judged as in ``decide_allocate``: ``recorded`` is kubelet's device
+    checkpoint (``kubelet_confirmed``).
     """
-    plan = _verify(view, pod, progress, ctx)
+    plan = _verify(view, pod, progress, ctx, recorded=recorded)
     reason = ""
     if isinstance(plan, Refusal):
         reason = plan.message
