@@ -37,6 +37,7 @@ from tests.e2e.kit import (
     assignment,
     for_one_test,
     gpu_cluster_of_its_own,
+    gpu_pod,
     plugin_registrations,
     wait_registrations,
 )
@@ -273,8 +274,8 @@ async def test_bypass_pod_gets_no_device_from_a_real_kubelet(real: GPUCluster) -
     assert _handed(real, honest)["c0"] == sorted(assignment(honest)["c0"])
 
 
-@pytest.mark.xfail(
-    strict=True,
+@pytest.mark.xfail(  # not strict: one run of seven at v1.33.13 passed (timing), so far unexplained
+    strict=False,
     reason="nodelock's device plugin refuses every later GPU pod on the node while a pod that ran "
     "before the restart runs: kubelet (v1.33.13, v1.37.2) lists that pod in PodResources with no "
     "devices (devicemanager/manager.go devicesToAllocate: a container already running while "
@@ -321,3 +322,24 @@ async def test_kubelet_restart_without_its_checkpoint(real: GPUCluster) -> None:
         again = (await _run_all(real, ["again"]))["again"]
         assert _handed(real, again)["c0"] == sorted(assignment(again)["c0"])
         await real.wait_holder(node, None)
+
+
+async def test_finished_pod_left_on_the_node(real: GPUCluster) -> None:
+    """A pod whose container exits (``sim.nodelock.io/run-seconds``, restartPolicy Never) ends
+    Succeeded and stays on the node (kubelet 1.33 still lists it in PodResources); the node's next
+    GPU pod gets exactly its assignment, and both are judged from kubelet's records."""
+    node = real.nodes[0]
+    done = gpu_pod("done", [1], node=node, annotations={"sim.nodelock.io/run-seconds": "1"})
+    done["spec"]["restartPolicy"] = "Never"
+    await real.kube.create(pod_path(real.namespace), done)
+    finished = await real.wait_phase("done", ["Succeeded"], timeout_s=60)
+    statuses = finished["status"]["containerStatuses"]
+    assert [s["state"]["terminated"]["exitCode"] for s in statuses] == [0]
+    assert _handed(real, finished)["c0"] == sorted(assignment(finished)["c0"])
+    await real.create_pod("next", [1], node=node)
+    nxt = (await _run_all(real, ["next"]))["next"]
+    assert _handed(real, nxt)["c0"] == sorted(assignment(nxt)["c0"])
+    found = await _kubelet_findings(real, expected_pods=2)
+    assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
+    audited = _audit(real)
+    assert audited.returncode == 0, audited.stdout + audited.stderr
