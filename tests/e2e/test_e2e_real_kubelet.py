@@ -274,7 +274,7 @@ async def test_bypass_pod_gets_no_device_from_a_real_kubelet(real: GPUCluster) -
     assert _handed(real, honest)["c0"] == sorted(assignment(honest)["c0"])
 
 
-@pytest.mark.xfail(  # not strict: one run of seven at v1.33.13 passed (timing), so far unexplained
+@pytest.mark.xfail(  # not strict: one run of five at v1.33.13 passed, unexplained
     strict=False,
     reason="nodelock's device plugin refuses every later GPU pod on the node while a pod that ran "
     "before the restart runs: kubelet (v1.33.13, v1.37.2) lists that pod in PodResources with no "
