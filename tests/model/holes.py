@@ -109,6 +109,8 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     Hole.LISTED_REJECTED_POD,  # fixed: a finished or rejected pod kubelet lists never blocks
     Hole.SERVED_AFTER_CHECKPOINT_LOSS,  # fixed: a served pod counts until kubelet records its
     # devices, on the List path and the fallback path alike
+    Hole.PROGRESS_AHEAD_OF_KUBELET,  # fixed: the holder's progress counts a container as served
+    # only while kubelet's checkpoint records it (decide.kubelet_confirmed)
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -162,5 +164,9 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
             "deviceplugin.decide.kubelet_admitting": reverted.kubelet_admitting,
             "deviceplugin.decide.bystanders": reverted.bystanders,
         }
+    ),
+    # the holder's progress trusted as it stands, whatever kubelet recorded of its containers
+    Hole.PROGRESS_AHEAD_OF_KUBELET: _patched(
+        {"deviceplugin.decide.kubelet_confirmed": reverted.kubelet_confirmed}
     ),
 }

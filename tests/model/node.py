@@ -172,7 +172,14 @@ class Plugin:
                 self._drop_abandoned_progress(view)
             pod = self._holder_pod(view, fresh=fresh)
             pref = decide.decide_preferred(
-                view, pod, available, must_include, size, self.cp.progress, ctx
+                view,
+                pod,
+                available,
+                must_include,
+                size,
+                self.cp.progress,
+                ctx,
+                recorded=self.kubelet_records(),
             )
             if pref.hit:
                 break

@@ -1,11 +1,14 @@
-"""The plugin's rule of who kubelet may be admitting, as it stood before issues #29 and #31.
+"""The plugin's rules as they stood before their fixes: who kubelet may be admitting (before
+issues #29 and #31), and how far the plugin trusts its own progress of a handoff (before
+``progress-ahead-of-kubelet`` was fixed).
 
 Planted by ``holes.PLANTS`` (``python -m tests.model --hole NAME --planted``) to show that the
-model finds what that rule got wrong: a rejected or finished pod that kubelet's PodResources
+model finds what those rules got wrong: a rejected or finished pod that kubelet's PodResources
 ``List`` still returns (Kubernetes before 1.34, or with ``KubeletPodResourcesListUseActivePods``
-off) counted as a pod that may await devices, and a pod this plugin served skipped even when
-kubelet had lost its record and asks Allocate for it again.  Kept verbatim (the project's own
-code at that time); nothing else imports it.
+off) counted as a pod that may await devices; a pod this plugin served skipped even when
+kubelet had lost its record and asks Allocate for it again; and a container of the holder
+counted as served although kubelet lost its record and asks for it again.  Kept verbatim (the
+project's own code at that time); nothing else imports it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from deviceplugin.decide import (
     Context,
+    HandoffProgress,
     KubeletAdmission,
     PodJSON,
     gpu_containers,
@@ -90,3 +94,9 @@ def bystanders(
             meta_ns, meta_name = meta.get("namespace", "?"), meta.get("name", "?")
             out.append(f"{meta_ns}/{meta_name} (uid {uid})")
     return sorted(out)
+
+
+def kubelet_confirmed(progress: HandoffProgress, *_later: object) -> HandoffProgress:
+    """``deviceplugin.decide.kubelet_confirmed`` before its fix: the plugin's progress of the
+    holder's handoff stood as it was, whatever kubelet recorded."""
+    return progress

@@ -396,21 +396,43 @@ def test_replay_rejected_after_allocate_without_the_drop_breaks() -> None:
     )
 
 
+def progress_ahead_of_kubelet_steps(m: HandoffModel, *, check: bool = True) -> None:
+    """kubelet dies after the plugin served pair-1's first container and before writing its
+    checkpoint, then re-admits pair-1 and asks Allocate for that container again."""
+    m.create_pod(1)  # team/pair-1
+    m.schedule(0, "E0", 0)
+    for _ in range(4):  # acquire, confirm, send, bound
+        m.extender_step(0)
+    m.kubelet_dies_after_answer(0, 0)  # left served n1-g0; kubelet's record of it lost
+    did(m, "team/pair-1: left: Allocate", "kubelet died before writing its checkpoint")
+    m.check_safety()
+    m.kubelet_step(0, 0)  # re-admission: Allocate for left again
+    did(m, "team/pair-1: left: Allocate")
+    if check:  # was: served right's devices as left, lock released; right then refused (S2)
+        did(m, "as team/pair-1 token 1")
+        assert "(last; released)" not in m.trace[-1], m.trace[-1]
+        m.kubelet_step(0, 0)  # then right, the last one: the lock released
+        did(m, "team/pair-1: right: Allocate", "(last; released)")
+
+
 def test_replay_progress_ahead_of_kubelet() -> None:
-    """Found by the model (a kin of #31.1): kubelet dies after the plugin served pair-1's first
-    container and before writing its checkpoint.  Re-admitting pair-1, kubelet asks Allocate for
-    that container again; the plugin's progress counts it served, so it answers with the next
-    container's devices and releases the lock as if the handoff were complete (S2)."""
+    """Found by the model (a kin of #31.1): re-admitting pair-1 after kubelet lost the record
+    of its first container, kubelet asks for that container again; it gets its own devices
+    again (kubelet's checkpoint does not confirm the plugin's progress), and the lock is
+    released only with the second container answered."""
+    replay(
+        Hole.PROGRESS_AHEAD_OF_KUBELET,
+        frozenset({Fault.CHECKPOINT_LOST}),
+        progress_ahead_of_kubelet_steps,
+    )
 
-    def steps(m: HandoffModel) -> None:
-        m.create_pod(1)  # team/pair-1
-        m.schedule(0, "E0", 0)
-        for _ in range(4):  # acquire, confirm, send, bound
-            m.extender_step(0)
-        m.kubelet_dies_after_answer(0, 0)  # left served n1-g0; kubelet's record of it lost
-        did(m, "team/pair-1: left: Allocate", "kubelet died before writing its checkpoint")
-        m.check_safety()
-        m.kubelet_step(0, 0)  # re-admission: Allocate for left again
-        did(m, "team/pair-1: left: Allocate")
 
-    replay(Hole.PROGRESS_AHEAD_OF_KUBELET, frozenset({Fault.CHECKPOINT_LOST}), steps)
+def test_replay_progress_ahead_of_kubelet_with_the_old_rule_breaks() -> None:
+    """The same steps with the plugin's progress trusted as it stands: the repeated container
+    is answered with the next one's devices and the lock released as if complete (S2)."""
+    replay(
+        Hole.PROGRESS_AHEAD_OF_KUBELET,
+        frozenset({Fault.CHECKPOINT_LOST}),
+        lambda m: progress_ahead_of_kubelet_steps(m, check=False),
+        planted=True,
+    )
