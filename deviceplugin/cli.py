@@ -18,6 +18,7 @@ from deviceplugin.plugin import (
     DEFAULT_PLUGIN_DIR,
     DEFAULT_SOCKET,
     DEFAULT_STATE_DIR,
+    DRA_CHECK_S,
     DevicePlugin,
     PluginConfig,
 )
@@ -175,6 +176,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="kubelet's PodResources socket: Allocate asks it which pod kubelet admits (default "
         f"{POD_RESOURCES_SOCKET}; an empty value: ask the API server for the node's pods instead)",
     )
+    p.add_argument(
+        "--dra-check-period",
+        type=float,
+        default=DRA_CHECK_S,
+        metavar="SECONDS",
+        help="the plugin refuses to start when a DRA driver also publishes its resource for this "
+        "node (a DeviceClass with that extendedResourceName, a ResourceSlice for the node), and "
+        "checks again this often while running, stopping if one appears (default "
+        f"{DRA_CHECK_S:g}; 0: at start only; docs/install.md)",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
 
@@ -187,6 +198,8 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         raise ConfigError(f"--socket-name {args.socket_name!r} must be a plain file name")
     if not 0 <= args.metrics_port <= 65535:
         raise ConfigError("--metrics-port must be a port number (0 = off)")
+    if not args.dra_check_period >= 0:
+        raise ConfigError("--dra-check-period must be >= 0 seconds (0: at start only)")
     try:
         check_split(args.gpu_split)
     except ValueError as exc:
@@ -204,6 +217,7 @@ def config_from_args(args: argparse.Namespace) -> PluginConfig:
         policy=MismatchPolicy(args.mismatch_policy),
         events=args.events,
         pod_resources_socket=Path(args.pod_resources_socket) if args.pod_resources_socket else None,
+        dra_check_s=args.dra_check_period,
     )
 
 

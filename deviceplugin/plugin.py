@@ -8,6 +8,11 @@ share one ``Admission``, so MIG instances are handed off under the same node loc
 The MIG profiles served are fixed at start: instances of a profile that appears later are
 published in the inventory but not served until the plugin restarts.
 
+Before any of it, ``start`` refuses (``DraConflict``) when a DRA driver also publishes one of the
+resources it would serve for the node (``deviceplugin.dra``): two owners of the same GPUs would
+give one twice.  It checks again every ``dra_check_s`` while running and stops with the same
+error when a DRA driver appears; an API server it cannot reach then only logs.
+
 ``stop`` undoes all of it.  ``run`` does both around a wait that ends on cancellation or when any
 part fails, so a broken plugin exits (and its DaemonSet restarts it) rather than limping on.
 """
@@ -27,6 +32,7 @@ from deviceplugin.admission import Admission
 from deviceplugin.answer import DeviceMode
 from deviceplugin.decide import MismatchPolicy
 from deviceplugin.devices import DeviceBackend, DeviceState
+from deviceplugin.dra import DraCheck, DraConflict, check_node
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.events import AllocateEvents
 from deviceplugin.inventory import InventoryPublisher
@@ -53,6 +59,7 @@ DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_SOCKET = "nodelock-gpu.sock"
 DEFAULT_STATE_DIR = Path("/var/lib/nodelock")
 GPU_USE_PERIOD_S = 5.0  # how often the per-GPU committed gauges are recomputed
+DRA_CHECK_S = 60.0  # how often a running plugin checks again that no DRA driver serves its resource
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,8 @@ class PluginConfig:
     gpu_split: int = 1  # > 1: S virtual devices per GPU, shared GPUs (deviceplugin.sharing)
     # kubelet's PodResources socket: who kubelet admits (None: a LIST at the API server)
     pod_resources_socket: Path | None = None
+    # seconds between checks that no DRA driver publishes the resource too (0: at start only)
+    dra_check_s: float = DRA_CHECK_S
     keys: Keys = field(init=False)
 
     def __post_init__(self) -> None:
@@ -162,6 +171,12 @@ class DevicePlugin:
         """Start every part; returns once the plugin's socket is served."""
         self.admission.load()
         await self.state.update(await self.backend.discover())
+        try:
+            for check in await self.check_dra():
+                log.info("DRA check: %s", check.message())
+        except BaseException:
+            await self.stop()
+            raise
         self.metrics.set_devices(self.state.gpus)
         log.info(
             "node %s: %d GPUs (%s backend)",
@@ -169,6 +184,8 @@ class DevicePlugin:
             len(self.state.gpus),
             self.backend.name,
         )
+        if self.config.dra_check_s > 0:
+            self._spawn("dra-check", self._follow_dra())
         self._spawn("lease-watch", self.locks.watch(node=self.config.node))
         self._spawn("pod-watch", self.pods.run())
         self._spawn("devices", self.backend.watch(self.state))
@@ -195,6 +212,33 @@ class DevicePlugin:
             for task in done:
                 task.result()  # raises what broke the start
             raise RuntimeError("a device plugin task ended during start")
+
+    def resources(self) -> list[str]:
+        """The extended resources this plugin serves (whole GPUs, then each MIG profile)."""
+        profiles = sorted({g.profile for g in self.state.gpus if g.profile})
+        return [self.config.resource, *(resource_of(p) for p in profiles)]
+
+    async def check_dra(self) -> list[DraCheck]:
+        """The DRA check of each of ``resources()``; raises ``DraConflict`` if a DRA driver also
+        publishes one of them for this node (``DraUnreadable`` if the API server will not say,
+        ``ApiUnavailable`` if it cannot be reached)."""
+        checks = await check_node(self.kube, node=self.config.node, resources=self.resources())
+        conflicts = [c for c in checks if c.conflict]
+        if conflicts:
+            raise DraConflict(" | ".join(c.message() for c in conflicts))
+        return checks
+
+    async def _follow_dra(self) -> None:
+        """Check again every ``dra_check_s``: a conflict ends the plugin (``DraConflict``); a
+        check that cannot be made is logged and tried again."""
+        while True:
+            await asyncio.sleep(self.config.dra_check_s)
+            try:
+                await self.check_dra()
+            except DraConflict:
+                raise
+            except Exception:  # DraUnreadable, ApiUnavailable: the next period tries again
+                log.warning("node %s: DRA check not made", self.config.node, exc_info=True)
 
     async def _all_serving(self) -> None:
         for endpoint in [self.endpoint, *self.mig_endpoints.values()]:
