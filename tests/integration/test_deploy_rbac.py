@@ -111,6 +111,12 @@ DEVICE_PLUGIN_NEEDS = [
     "create events in OTHER",  # an Allocate refused, on the holder pod
     "patch events in OTHER",
     "create events in default",  # or on the Node
+    # is the node's resource also published by a DRA driver? (deviceplugin/dra.py)
+    *(
+        f"{verb} {r}.resource.k8s.io"
+        for r in ("deviceclasses", "resourceslices")
+        for verb in ("get", "list")
+    ),
 ]
 SCHEDULER_NEEDS = [
     "create pods/binding in OTHER",
@@ -162,6 +168,11 @@ DANGEROUS = [
     "update events in OTHER",
 ]
 EVENTS = {("", "events", "", "create"), ("", "events", "", "patch")}
+DRA_READ = {
+    ("resource.k8s.io", r, "", v)
+    for r in ("deviceclasses", "resourceslices")
+    for v in ("get", "list")
+}
 EXTENDER_DENIED = [*DANGEROUS, "update nodes", "patch nodes"]
 DEVICE_PLUGIN_DENIED = [
     *DANGEROUS,
@@ -170,6 +181,11 @@ DEVICE_PLUGIN_DENIED = [
     "list nodes",
     "watch nodes",
     "update nodes",
+    "create resourceslices.resource.k8s.io",
+    "update resourceslices.resource.k8s.io",
+    "delete resourceslices.resource.k8s.io",
+    "create deviceclasses.resource.k8s.io",
+    "create resourceclaims.resource.k8s.io in OTHER",
 ]
 
 
@@ -300,12 +316,14 @@ def rules_review(cluster: Cluster, bearer: str, namespace: str) -> set[Rule]:
                 ("", "nodes", "", "patch"),
                 *(("coordination.k8s.io", "leases", "", v) for v in (*READ, "update")),
                 *EVENTS,
+                *DRA_READ,
             },
             {
                 *(("", "pods", "", v) for v in READ),
                 ("", "nodes", "", "get"),
                 ("", "nodes", "", "patch"),
                 *EVENTS,
+                *DRA_READ,
             },
         ),
     ],
