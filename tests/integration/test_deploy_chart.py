@@ -407,6 +407,8 @@ def test_roles_grant_exactly_what_the_parts_use(helm: Path) -> None:
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
         *events,
+        # the DRA check (deviceplugin/dra.py): is this node's resource also published by DRA?
+        *(("resource.k8s.io", r, v) for r in ("deviceclasses", "resourceslices") for v in read[:2]),
     }
     assert rules(objs, "Role", "nodelock-device-plugin-locks") == {
         ("coordination.k8s.io", "leases", v) for v in (*read, "update")
