@@ -1,0 +1,423 @@
+"""The fault campaign's checker: judges a whole recorded history (plain data in, findings out).
+
+A history is what ``bench.soak`` recorded while the campaign ran: ``Sample`` s (every GPU pod as
+the API server showed it, with the simulated kubelet's record of its devices, and every node
+lock's Lease, read about once a second) and ``Event`` s (each fault injected and healed, each
+workload action).  Over it:
+
+- **S1, S2** at every sample, with ``devcluster.invariants.check_pods`` (the e2e tests' checker:
+  kubelet's devices against each container's assignment, no GPU held by two live pods, slices
+  within their GPU), and across samples: kubelet's record of a pod never changes once written;
+- **fencing**: per node, the Lease's token (``spec.leaseTransitions``) never goes down, a new
+  holder never comes with the old token, and no two pods bound to one node carry the same token;
+- **S3**: a lock whose holder has left the handoff (its pod gone, admitted, finished, or bound
+  elsewhere) is not renewed any more once ``lease_s`` plus ``S3_SLACK_S`` have passed since it
+  left (it expires, so the next bind may take it over); at the end every lock is free
+  (``check_locks_free``);
+- **L1** at the end: every GPU pod still there is Running or Succeeded, and a pod that Failed
+  did so while a fault was active or had just healed (within ``FAULT_BLAME_S``), with the reason
+  it failed.
+
+Each violation comes with the minimal history around it: the events of the ``CONTEXT_S`` seconds
+before it and the samples' view of the pods and locks it names.
+
+Not checked here: anything between two samples (a state that lasted less than a sample period
+is not seen), and devices kubelet gave outside the simulated kubelet's record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from devcluster.invariants import Findings, check_locks_free, check_pods, sim_record
+from handoff.wire import DEFAULT_PREFIX, GPU, MIG_RESOURCE_PREFIX, Keys
+
+RESOURCE = "nvidia.com/gpu"
+S3_SLACK_S = 5.0  # sampling period, the extender's observed-time rule and the write itself
+FAULT_BLAME_S = 30.0  # a pod failing this long after a fault healed is not blamed on it
+CONTEXT_S = 15.0
+HOLDER_UID = f"{DEFAULT_PREFIX}holder-uid"
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """One node lock as a sample saw it."""
+
+    holder: str  # "" when free
+    token: int
+    renew: str
+    holder_uid: str = ""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the API server showed at ``t`` seconds into the run: the GPU pods (minimal JSON, as
+    ``minimal_pod`` keeps them) and the node locks."""
+
+    t: float
+    pods: Sequence[Mapping[str, Any]]
+    leases: Mapping[str, LeaseView]
+
+
+@dataclass(frozen=True)
+class Event:
+    """A fault injected (``fault``) or healed (``heal``), or a workload action (``workload``)."""
+
+    t: float
+    kind: str
+    what: str
+    fault: str = ""  # the fault's kind, for ``fault`` and ``heal``
+
+
+@dataclass
+class Violation:
+    invariant: str
+    t: float
+    message: str
+    names: list[str] = field(default_factory=list)  # pod keys and node names it is about
+    times_seen: int = 1
+    history: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        head = f"[{self.invariant}] t={self.t:.1f}s {self.message}"
+        if self.times_seen > 1:
+            head += f" (seen in {self.times_seen} samples)"
+        return "\n".join([head, *(f"    {line}" for line in self.history)])
+
+
+def asks_for_devices(pod: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        res = c.get("resources") or {}
+        for r in [*(res.get("limits") or {}), *(res.get("requests") or {})]:
+            if r == RESOURCE or r.startswith(MIG_RESOURCE_PREFIX):
+                return True
+    return False
+
+
+def minimal_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the checker reads of a pod: identity, nodelock's and the simulated kubelet's
+    annotations, the containers' resources, node, phase and reason."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    notes = {
+        k: v
+        for k, v in (meta.get("annotations") or {}).items()
+        if k.startswith(DEFAULT_PREFIX) or k.startswith("sim.nodelock.io/")
+    }
+
+    def slim(cs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for c in cs:
+            one: dict[str, Any] = {"name": c.get("name")}
+            if c.get("resources"):
+                one["resources"] = c["resources"]
+            if c.get("restartPolicy"):
+                one["restartPolicy"] = c["restartPolicy"]
+            out.append(one)
+        return out
+
+    small: dict[str, Any] = {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "annotations": notes,
+        },
+        "spec": {"containers": slim(spec.get("containers") or [])},
+        "status": {"phase": status.get("phase", "Pending")},
+    }
+    if spec.get("initContainers"):
+        small["spec"]["initContainers"] = slim(spec["initContainers"])
+    if spec.get("nodeName"):
+        small["spec"]["nodeName"] = spec["nodeName"]
+    if meta.get("deletionTimestamp"):
+        small["metadata"]["deletionTimestamp"] = meta["deletionTimestamp"]
+    for k in ("reason", "message"):
+        if status.get(k):
+            small["status"][k] = str(status[k])[:300]
+    return small
+
+
+def lease_view(lease: Mapping[str, Any]) -> LeaseView:
+    spec = lease.get("spec") or {}
+    notes = (lease.get("metadata") or {}).get("annotations") or {}
+    return LeaseView(
+        holder=str(spec.get("holderIdentity") or ""),
+        token=int(spec.get("leaseTransitions") or 0),
+        renew=str(spec.get("renewTime") or ""),
+        holder_uid=str(notes.get(HOLDER_UID, "")),
+    )
+
+
+def key_of(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _phase(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def _node(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def _admitted(pod: Mapping[str, Any]) -> bool:
+    """kubelet has decided on the pod: it runs, finished or was refused."""
+    return _phase(pod) in ("Running", "Succeeded", "Failed")
+
+
+@dataclass
+class Checker:
+    """Judges a history, sample by sample (``add``), then at the end (``finish``)."""
+
+    lease_s: float
+    inventories: Mapping[str, Sequence[GPU]] = field(default_factory=dict)
+    keys: Keys = field(default_factory=Keys)
+    violations: list[Violation] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    _records: dict[str, tuple[float, str]] = field(default_factory=dict)  # uid -> first record
+    _tokens: dict[tuple[str, int], str] = field(default_factory=dict)  # (node, token) -> pod
+    _lease_last: dict[str, LeaseView] = field(default_factory=dict)
+    _left: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, holder) -> t left
+    _seen: dict[tuple[str, str], Violation] = field(default_factory=dict)
+
+    def add(self, sample: Sample) -> None:
+        self.samples.append(sample)
+        pods = [p for p in sample.pods if asks_for_devices(p)]
+        found = check_pods(
+            pods,
+            expected_pods=len(pods),
+            records=None,
+            require_admitted=False,
+            inventories=self.inventories,
+        )
+        if pods:
+            for msg in found.coverage:
+                self._flag("coverage", sample.t, msg, [])
+        for msg in found.s1:
+            self._flag("S1", sample.t, msg, self._names_in(msg, pods))
+        for msg in found.s2:
+            self._flag("S2", sample.t, msg, self._names_in(msg, pods))
+        self._records_unchanged(sample, pods)
+        self._fencing(sample, pods)
+        self._s3(sample, pods)
+
+    def _records_unchanged(self, sample: Sample, pods: Sequence[Mapping[str, Any]]) -> None:
+        for pod in pods:
+            rec = sim_record(pod)
+            if rec is None:
+                continue
+            uid = str(pod["metadata"].get("uid"))
+            text = json.dumps(
+                {c: {r: sorted(ids) for r, ids in v.devices.items()} for c, v in rec.items()},
+                sort_keys=True,
+            )
+            first = self._records.setdefault(uid, (sample.t, text))
+            if first[1] != text:
+                self._flag(
+                    "S2",
+                    sample.t,
+                    f"{key_of(pod)}: kubelet's record changed from {first[1]} "
+                    f"(t={first[0]:.1f}s) to {text}",
+                    [key_of(pod)],
+                )
+
+    def _fencing(self, sample: Sample, pods: Sequence[Mapping[str, Any]]) -> None:
+        for node, view in sample.leases.items():
+            last = self._lease_last.get(node)
+            if last is not None:
+                if view.token < last.token:
+                    self._flag(
+                        "fencing",
+                        sample.t,
+                        f"the token of {node}'s lock went down from {last.token} to {view.token}",
+                        [node],
+                    )
+                elif (
+                    view.holder
+                    and last.holder
+                    and (view.holder, view.holder_uid) != (last.holder, last.holder_uid)
+                    and view.token == last.token
+                ):
+                    self._flag(
+                        "fencing",
+                        sample.t,
+                        f"{node}'s lock passed from {last.holder} to {view.holder} "
+                        f"with the same token {view.token}",
+                        [node, last.holder, view.holder],
+                    )
+            self._lease_last[node] = view
+        for pod in pods:
+            raw = pod["metadata"]["annotations"].get(self.keys.token)
+            node = _node(pod)
+            if raw is None or not node:
+                continue
+            try:
+                token = int(raw)
+            except ValueError:
+                self._flag("fencing", sample.t, f"{key_of(pod)} has token {raw!r}", [key_of(pod)])
+                continue
+            uid = str(pod["metadata"].get("uid"))
+            other = self._tokens.setdefault((node, token), f"{key_of(pod)} ({uid})")
+            if other != f"{key_of(pod)} ({uid})":
+                self._flag(
+                    "fencing",
+                    sample.t,
+                    f"{key_of(pod)} ({uid}) and {other} were both bound to {node} "
+                    f"with token {token}",
+                    [key_of(pod), other.split(" ")[0], node],
+                )
+
+    def _s3(self, sample: Sample, pods: Sequence[Mapping[str, Any]]) -> None:
+        by_key = {key_of(p): p for p in pods}
+        for node, view in sample.leases.items():
+            if not view.holder:
+                continue
+            pod = by_key.get(view.holder)
+            uid = str((pod or {}).get("metadata", {}).get("uid", ""))
+            gone = pod is None or (view.holder_uid and uid != view.holder_uid)
+            left = gone or _admitted(pod or {}) or (_node(pod or {}) not in ("", node))
+            mark = (node, f"{view.holder}@{view.token}")
+            if not left:
+                self._left.pop(mark, None)
+                continue
+            since = self._left.setdefault(mark, sample.t)
+            last = self._lease_last_before.get(node)
+            renewed = last is not None and last.holder == view.holder and last.renew != view.renew
+            if renewed and sample.t - since > self.lease_s + S3_SLACK_S:
+                self._flag(
+                    "S3",
+                    sample.t,
+                    f"{node}'s lock is still renewed for {view.holder} {sample.t - since:.1f}s "
+                    "after it left the handoff",
+                    [node, view.holder],
+                )
+        self._lease_last_before = dict(sample.leases)
+
+    _lease_last_before: dict[str, LeaseView] = field(default_factory=dict)
+
+    def finish(
+        self,
+        final_pods: Sequence[Mapping[str, Any]],
+        final_leases: Sequence[Mapping[str, Any]],
+        events: Sequence[Event],
+        *,
+        t: float,
+        locked_nodes: Sequence[str],
+    ) -> None:
+        """The end: L1 over the final pods, every lock free (S3), and each violation's history."""
+        found = Findings()
+        check_locks_free(final_leases, found, nodes=locked_nodes)
+        for msg in found.s3:
+            self._flag("S3", t, msg, [msg.split()[1]])
+        for msg in found.coverage:
+            self._flag("coverage", t, msg, [])
+        for pod in final_pods:
+            if not asks_for_devices(pod):
+                continue
+            phase = _phase(pod)
+            if phase in ("Running", "Succeeded"):
+                continue
+            if phase == "Failed":
+                continue  # judged below, from the time it failed
+            self._flag(
+                "L1",
+                t,
+                f"{key_of(pod)} is {phase} on {_node(pod) or 'no node'} at the end",
+                [key_of(pod)],
+            )
+        for key, (failed_at, reason) in self.failures().items():
+            if not blamed_fault(events, failed_at):
+                self._flag(
+                    "L1",
+                    failed_at,
+                    f"{key} Failed ({reason}) with no fault active in the {FAULT_BLAME_S:.0f}s "
+                    "before",
+                    [key],
+                )
+        for v in self.violations:
+            v.history = self.history_of(v, events)
+
+    def failures(self) -> dict[str, tuple[float, str]]:
+        """Pod key -> (when it was first seen Failed, its reason)."""
+        out: dict[str, tuple[float, str]] = {}
+        for sample in self.samples:
+            for pod in sample.pods:
+                if _phase(pod) == "Failed" and asks_for_devices(pod) and key_of(pod) not in out:
+                    status = pod.get("status") or {}
+                    out[key_of(pod)] = (sample.t, str(status.get("reason") or "no reason"))
+        return out
+
+    def history_of(self, v: Violation, events: Sequence[Event]) -> list[str]:
+        lines = [
+            f"t={e.t:.1f}s {e.kind}: {e.what}"
+            for e in events
+            if v.t - CONTEXT_S <= e.t <= v.t + 1
+            and (e.kind != "workload" or any(n in e.what for n in v.names))
+        ]
+        for name in v.names[:4]:
+            trail: list[str] = []
+            for sample in self.samples:
+                if sample.t > v.t + 1 or sample.t < v.t - CONTEXT_S:
+                    continue
+                if name in sample.leases:
+                    lv = sample.leases[name]
+                    step = f"lock {lv.holder or 'free'} token {lv.token}"
+                else:
+                    pod = next((p for p in sample.pods if key_of(p) == name), None)
+                    if pod is None:
+                        step = "absent"
+                    else:
+                        notes = pod["metadata"]["annotations"]
+                        step = (
+                            f"{_phase(pod)} on {_node(pod) or '-'} "
+                            f"token {notes.get(self.keys.token, '-')} "
+                            f"assigned {notes.get(self.keys.assignment, '-')} "
+                            f"kubelet {notes.get('sim.nodelock.io/allocated', '-')}"
+                        )
+                if not trail or not trail[-1].endswith(step):
+                    trail.append(f"t={sample.t:.1f}s {step}")
+            lines += [f"{name}: {s}" for s in trail]
+        return lines
+
+    def _names_in(self, msg: str, pods: Sequence[Mapping[str, Any]]) -> list[str]:
+        words = {w.strip(":,()'") for w in msg.replace("/", " / ").split()}
+        keys = [key_of(p) for p in pods if key_of(p) in msg]
+        nodes = [w for w in words if w.startswith("gpu-node-")]
+        return sorted(set(keys)) + sorted(set(nodes))
+
+    def _flag(self, invariant: str, t: float, msg: str, names: list[str]) -> None:
+        seen = self._seen.get((invariant, msg))
+        if seen is not None:
+            seen.times_seen += 1
+            return
+        v = Violation(invariant, t, msg, names)
+        self._seen[(invariant, msg)] = v
+        self.violations.append(v)
+
+
+def fault_windows(events: Sequence[Event]) -> list[tuple[float, float, str]]:
+    """(start, end, what) of every fault; one never healed lasts to the end."""
+    open_: dict[str, float] = {}
+    out: list[tuple[float, float, str]] = []
+    for e in events:
+        if e.kind == "fault":
+            open_[e.what] = e.t
+        elif e.kind == "heal" and e.what in open_:
+            out.append((open_.pop(e.what), e.t, e.what))
+    out += [(t0, float("inf"), what) for what, t0 in open_.items()]
+    return sorted(out)
+
+
+def blamed_fault(events: Sequence[Event], t: float) -> str | None:
+    """The fault active at ``t`` or healed within ``FAULT_BLAME_S`` before it, if any."""
+    for start, end, what in fault_windows(events):
+        if start - 1 <= t <= end + FAULT_BLAME_S:
+            return what
+    return None

@@ -1,0 +1,214 @@
+"""The fault campaign's history checker (``bench.soak_check``) on plain histories: a clean history
+passes, and each kind of violation it claims to find is found, with its history around it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bench.soak_check import Checker, Event, LeaseView, Sample, blamed_fault, fault_windows
+
+NODE = "gpu-node-01"
+
+
+def gpu_pod(
+    name: str,
+    ids: list[str] | None,
+    *,
+    assigned: list[str] | None = None,
+    phase: str = "Running",
+    token: int | None = None,
+    uid: str | None = None,
+    node: str = NODE,
+    reason: str = "",
+) -> dict[str, Any]:
+    notes: dict[str, str] = {}
+    if assigned is not None or ids is not None:
+        notes["nodelock.io/assignment"] = json.dumps({"c": assigned if assigned else ids})
+    if token is not None:
+        notes["nodelock.io/token"] = str(token)
+    if ids is not None:
+        notes["sim.nodelock.io/allocated"] = json.dumps(
+            {"c": {"deviceIDs": ids, "envs": {"NVIDIA_VISIBLE_DEVICES": ",".join(ids)}}}
+        )
+    status: dict[str, Any] = {"phase": phase}
+    if reason:
+        status["reason"] = reason
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": uid or f"uid-{name}",
+            "annotations": notes,
+        },
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "nodeName": node,
+        },
+        "status": status,
+    }
+
+
+def lease(holder: str = "", token: int = 1, renew: str = "r0", uid: str = "") -> LeaseView:
+    return LeaseView(holder=holder, token=token, renew=renew, holder_uid=uid)
+
+
+def run(samples: list[Sample], events: list[Event] = (), **finish: Any) -> Checker:  # type: ignore[assignment]
+    checker = Checker(lease_s=5)
+    for s in samples:
+        checker.add(s)
+    last = samples[-1]
+    checker.finish(
+        finish.get("final", list(last.pods)),
+        finish.get("leases", [{"metadata": {"name": NODE}, "spec": {}}]),
+        list(events),
+        t=last.t,
+        locked_nodes=[NODE],
+    )
+    return checker
+
+
+def invariants(checker: Checker) -> list[str]:
+    return [v.invariant for v in checker.violations]
+
+
+def test_a_clean_history_passes() -> None:
+    samples = [
+        Sample(
+            0.0,
+            [gpu_pod("a", None, assigned=["G0"], phase="Pending", token=2)],
+            {NODE: lease("ns/a", 2)},
+        ),
+        Sample(1.0, [gpu_pod("a", ["G0"], token=2)], {NODE: lease("ns/a", 2)}),
+        Sample(
+            2.0,
+            [gpu_pod("a", ["G0"], token=2), gpu_pod("b", ["G1"], token=3)],
+            {NODE: lease("", 3)},
+        ),
+    ]
+    checker = run(samples)
+    assert checker.violations == []
+
+
+def test_two_running_pods_on_one_gpu_is_s1_with_its_history() -> None:
+    events = [Event(1.5, "fault", "plugin-kill deviceplugin-gpu-node-01", "plugin-kill")]
+    samples = [
+        Sample(1.0, [gpu_pod("a", ["G0"], token=2)], {NODE: lease("", 2)}),
+        Sample(
+            2.0,
+            [gpu_pod("a", ["G0"], token=2), gpu_pod("b", ["G0"], token=3)],
+            {NODE: lease("", 3)},
+        ),
+        Sample(
+            3.0,
+            [gpu_pod("a", ["G0"], token=2), gpu_pod("b", ["G0"], token=3)],
+            {NODE: lease("", 3)},
+        ),
+    ]
+    checker = run(samples, events)
+    assert invariants(checker) == ["S1"]
+    v = checker.violations[0]
+    assert v.t == 2.0 and v.times_seen == 2
+    text = v.text()
+    assert "plugin-kill" in text and "ns/b: t=1.0s absent" in text
+
+
+def test_kubelet_devices_other_than_the_assignment_is_s2() -> None:
+    samples = [Sample(1.0, [gpu_pod("a", ["G1"], assigned=["G0"], token=2)], {NODE: lease("", 2)})]
+    assert invariants(run(samples)) == ["S2"]
+
+
+def test_a_record_that_changes_is_s2() -> None:
+    samples = [
+        Sample(1.0, [gpu_pod("a", ["G0"], token=2)], {}),
+        Sample(2.0, [gpu_pod("a", ["G1"], assigned=["G1"], token=2)], {}),
+    ]
+    checker = run(samples)
+    assert invariants(checker) == ["S2"]
+    assert "changed" in checker.violations[0].message
+
+
+def test_a_token_that_goes_down_is_a_fencing_violation() -> None:
+    samples = [
+        Sample(1.0, [], {NODE: lease("", 5)}),
+        Sample(2.0, [], {NODE: lease("", 4)}),
+    ]
+    checker = run(samples, leases=[{"metadata": {"name": NODE}, "spec": {}}])
+    assert "fencing" in invariants(checker)
+
+
+def test_a_new_holder_with_the_old_token_is_a_fencing_violation() -> None:
+    samples = [
+        Sample(
+            1.0,
+            [gpu_pod("a", None, assigned=["G0"], phase="Pending")],
+            {NODE: lease("ns/a", 5, uid="uid-a")},
+        ),
+        Sample(
+            2.0,
+            [gpu_pod("b", None, assigned=["G0"], phase="Pending")],
+            {NODE: lease("ns/b", 5, uid="uid-b")},
+        ),
+        Sample(3.0, [], {}),
+    ]
+    checker = run(samples, final=[])
+    assert invariants(checker) == ["fencing"]
+
+
+def test_two_pods_bound_with_one_token_is_a_fencing_violation() -> None:
+    samples = [
+        Sample(1.0, [gpu_pod("a", ["G0"], token=7)], {}),
+        Sample(2.0, [gpu_pod("b", ["G1"], token=7)], {}),
+    ]
+    assert invariants(run(samples)) == ["fencing"]
+
+
+def test_a_lock_renewed_long_after_its_holder_ran_is_s3() -> None:
+    a = gpu_pod("a", ["G0"], token=2)
+    samples = [
+        Sample(float(t), [a], {NODE: lease("ns/a", 2, renew=f"r{t}", uid="uid-a")})
+        for t in range(12)
+    ]
+    checker = run(samples)
+    assert invariants(checker)[0] == "S3"
+    assert "still renewed" in checker.violations[0].message
+
+
+def test_a_lock_held_but_not_renewed_is_no_s3_until_the_end() -> None:
+    a = gpu_pod("a", ["G0"], token=2)
+    samples = [Sample(float(t), [a], {NODE: lease("ns/a", 2, uid="uid-a")}) for t in range(12)]
+    # the lock is free at the end: nothing to report
+    assert run(samples).violations == []
+    # still held at the end: S3
+    held = [{"metadata": {"name": NODE}, "spec": {"holderIdentity": "ns/a"}}]
+    assert invariants(run(samples, leases=held)) == ["S3"]
+
+
+def test_a_pod_left_pending_at_the_end_is_l1() -> None:
+    samples = [Sample(1.0, [gpu_pod("a", None, phase="Pending", node="")], {})]
+    assert invariants(run(samples)) == ["L1"]
+
+
+def test_a_pod_that_failed_is_l1_unless_a_fault_explains_it() -> None:
+    failed = gpu_pod("a", None, assigned=["G0"], phase="Failed", reason="UnexpectedAdmissionError")
+    samples = [Sample(100.0, [failed], {})]
+    checker = run(samples)
+    assert invariants(checker) == ["L1"]
+    assert "UnexpectedAdmissionError" in checker.violations[0].message
+    fault = [
+        Event(80.0, "fault", "plugin-kill x", "plugin-kill"),
+        Event(85.0, "heal", "plugin-kill x", "plugin-kill"),
+    ]
+    assert run(samples, fault).violations == []
+
+
+def test_fault_windows_pair_each_fault_with_its_heal() -> None:
+    events = [
+        Event(1.0, "fault", "a", "k"),
+        Event(2.0, "fault", "b", "k"),
+        Event(3.0, "heal", "a", "k"),
+        Event(9.0, "workload", "pod x created"),
+    ]
+    assert fault_windows(events) == [(1.0, 3.0, "a"), (2.0, float("inf"), "b")]
+    assert blamed_fault(events[:1] + events[2:3], 3.0 + 31) is None
+    assert blamed_fault(events[:1] + events[2:3], 3.0 + 29) == "a"
