@@ -58,11 +58,13 @@ from typing import Any
 
 import yaml
 
+from bench import apiserver, profiles
 from devcluster import processes
 from devcluster.binaries import ensure_simkubelet
 from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.gpunodes import node_names, up_gpu_cluster
 from devcluster.namespaces import create_namespace
+from devcluster.processes import PROFILE_DIR_ENV
 from devcluster.stockplugin import use_nodelock_plugins, use_stock_plugins
 from kube.client import JSON, KubeClient, namespace_path, pod_path
 from kube.errors import NotFound
@@ -70,11 +72,8 @@ from nodelock.measure import (
     BACKGROUND_S,
     HANDOFF_WRITES,
     Timeline,
-    api_requests,
-    background_requests,
     metric_samples,
     metric_sum,
-    net_of_background,
     quantile,
     scrape,
     watch_leases,
@@ -205,7 +204,16 @@ def stages(tl: Timeline, ns: str) -> dict[str, list[float]]:
     return out
 
 
-async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any]:
+async def api_snapshot(kube: KubeClient) -> apiserver.Snapshot:
+    """The API server's counters now (``bench.apiserver``)."""
+    return apiserver.parse(await kube.request_text("GET", "/metrics"))
+
+
+async def burst(
+    cluster: Cluster, label: str, sizes: list[int], *, profile_to: Path | None = None
+) -> dict[str, Any]:
+    """One phase's burst, measured; with ``profile_to``, the hooked components' profiles of
+    the burst (and the second after it) go there (``bench.profiles``)."""
     ns = f"bench-{label}"
     async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
         await create_namespace(kube, ns)
@@ -214,12 +222,16 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
             asyncio.create_task(watch_pods(kube, tl, ns)),
             asyncio.create_task(watch_leases(kube, tl)),
         ]
-        background = await background_requests(kube, seconds=BACKGROUND_S)
-        before_req = await api_requests(kube)
+        idle_first = await api_snapshot(kube)
+        await asyncio.sleep(BACKGROUND_S)
+        background = await api_snapshot(kube) - idle_first
+        before_api = await api_snapshot(kube)
         started = time.monotonic()
         gpus = max(sizes)
         n = len(sizes)
         ext_before = extender_counts(cluster) if gpus else {}
+        if profile_to is not None:
+            profiles.start(cluster)
         cpu_before = cpu_seconds(cluster)
         t0 = tl.now()
         await asyncio.gather(
@@ -232,15 +244,19 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
         cpu_burst = cpu_seconds(cluster)  # within a poll (50 ms) of the last Running
         t_end = max(v for k, v in tl.running.items() if k.startswith(ns + "/"))
         await asyncio.sleep(1.0)  # the last releases
-        after_req = await api_requests(kube)
+        # the CPU before the scrape: serving and parsing /metrics is the benchmark's work
         cpu_after = cpu_seconds(cluster)
+        after_api = await api_snapshot(kube)
         elapsed = time.monotonic() - started
+        if profile_to is not None:
+            profiles.collect(cluster, profile_to)
         ext_after = extender_counts(cluster) if gpus else {}
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await delete_namespace(kube, ns)
-    req = net_of_background(after_req - before_req, background, elapsed / BACKGROUND_S)
+    api = (after_api - before_api).net_of(background, elapsed / BACKGROUND_S)
+    req = api.requests
     to_running = [tl.running[k] - tl.first_seen[k] for k in tl.running if k in tl.first_seen]
     parts = stages(tl, ns)
     holds = parts["hold"]
@@ -263,6 +279,7 @@ async def burst(cluster: Cluster, label: str, sizes: list[int]) -> dict[str, Any
         "handoff_writes_per_pod": sum(req.get(k, 0) for k in HANDOFF_WRITES) / n,
         "lists_per_pod": sum(c for (v, _), c in req.items() if v == "LIST") / n,
         "all_requests_per_pod": sum(req.values()) / n,
+        "apiserver": apiserver.per_pod(api, n),
     }
 
 
@@ -333,6 +350,66 @@ def medians(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
                 summary[f"{key}_min"] = min(known)
                 summary[f"{key}_max"] = max(known)
         out[phase] = summary
+    return out
+
+
+# the issue's targets for the nodelock phase: figure -> (bound, whether higher is better)
+TARGETS: dict[str, tuple[float, bool]] = {
+    "nodelock_vs_stock": (0.8, True),
+    "own_cpu_ms_per_pod": (6.0, False),
+    "apiserver_extra_cpu_ms_per_pod": (4.0, False),
+    "to_running_p99_s": (1.5, False),
+    "contended_binds": (0.0, False),
+    "handoff_writes_per_pod": (3.2, False),
+}
+
+
+def headline(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """The nodelock phase's figures the targets are set on, over its rounds: the median of each
+    round's pods/s against that round's stock GPU phase (``nodelock_vs_stock``); the median CPU
+    per pod of the extender plus the device plugins (``own_cpu_ms_per_pod``) and of
+    kube-apiserver less the same round's stock GPU phase's (``apiserver_extra_cpu_ms_per_pod``),
+    both to a second after the burst; the median creation->Running p99; and the most binds
+    refused and handoff writes per pod of any round.  None: no nodelock row, or no stock row
+    for the ratios against it."""
+    mine = [r for r in rows if r["phase"] == "nodelock"]
+    stock = {r.get("round", 1): r for r in rows if r["phase"] == "stock-gpu"}
+    if not mine:
+        return dict.fromkeys(TARGETS)
+    paired = [(r, stock[r.get("round", 1)]) for r in mine if r.get("round", 1) in stock]
+
+    def cpu(r: Mapping[str, Any], *kinds: str) -> float:
+        return float(sum((r.get("cpu_ms_per_pod") or {}).get(k, 0.0) for k in kinds))
+
+    return {
+        "nodelock_vs_stock": statistics.median(r["pods_per_s"] / s["pods_per_s"] for r, s in paired)
+        if paired
+        else None,
+        "own_cpu_ms_per_pod": statistics.median(cpu(r, *NODELOCK_PARTS) for r in mine),
+        "apiserver_extra_cpu_ms_per_pod": statistics.median(
+            cpu(r, "kube-apiserver") - cpu(s, "kube-apiserver") for r, s in paired
+        )
+        if paired
+        else None,
+        "to_running_p99_s": statistics.median(r["to_running_p99_s"] for r in mine),
+        "contended_binds": max(r["contended_binds"] for r in mine),
+        "handoff_writes_per_pod": max(r["handoff_writes_per_pod"] for r in mine),
+    }
+
+
+def target_lines(figures: Mapping[str, float | None]) -> list[str]:
+    """One line per target: the figure, the bound, met or not."""
+    out = []
+    for key, (bound, higher) in TARGETS.items():
+        value = figures.get(key)
+        if value is None:
+            out.append(f"  {key:<32}-  (target {'>=' if higher else '<='} {bound:g}: not measured)")
+            continue
+        met = value >= bound if higher else value <= bound
+        out.append(
+            f"  {key:<32}{value:.2f}  (target {'>=' if higher else '<='} {bound:g}: "
+            f"{'met' if met else 'missed'})"
+        )
     return out
 
 
@@ -409,6 +486,16 @@ def table(rows: list[dict[str, Any]], *, cores: int | None = None) -> str:
             cells = "  ".join(f"{k} {v:.0f}" for k, v in cpu if v >= 0.5)
             name = label(r) if what == "burst" else ""
             lines.append(f"  {name:<22}{what:<6}total {total:.0f}: {cells}")
+    if any(r.get("apiserver") for r in rows):
+        lines.append("")
+        lines.append(
+            "kube-apiserver per pod, by request kind: time serving each kind (wall ms in the "
+            "server, not CPU), and the watch events it sent per pod by resource (encoded kB, "
+            "watches open after the burst, events per write of that resource: the fan-out)"
+        )
+        for r in rows:
+            if r.get("apiserver"):
+                lines.extend(apiserver.lines(label(r), r["apiserver"]))
     capped = [
         (r, base, cores_busy(r), ceiling(r, cores))
         for r, base in zip(rows, vs_default_binder(rows), strict=True)
@@ -442,6 +529,13 @@ def table(rows: list[dict[str, Any]], *, cores: int | None = None) -> str:
                 f"  {phase:<22}{m['pods_per_s']:.1f} pods/s{against}  "
                 f"p99 {m['to_running_p99_s'] * 1000:.0f} ms  refused {m['contended_binds']:.0f}"
             )
+    if any(r["phase"] == "nodelock" for r in rows):
+        lines.append("")
+        lines.append(
+            f"targets (nodelock; {rounds} round(s); CPU to a second after the burst; own = "
+            f"{' + '.join(NODELOCK_PARTS)}; apiserver extra = less the stock GPU phase's)"
+        )
+        lines.extend(target_lines(headline(rows)))
     return "\n".join(lines)
 
 
@@ -532,6 +626,13 @@ def main(argv: list[str] | None = None) -> int:
         default=RESULTS,
         help="where the results JSON goes (default bench/results)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile the extender and every device plugin (cProfile) in each burst: "
+        "<results-dir>/profiles/<round>-<phase>/<component>.pstats and top.txt; profiling "
+        "slows them, so the CPU figures of such a run are not comparable with a plain run's",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -545,6 +646,15 @@ def main(argv: list[str] | None = None) -> int:
     phases = sorted(asked, key=PHASES.index)
     ensure_simkubelet()
     rows = []
+    profile_root = args.results_dir / "profiles"
+    if args.profile:  # set before the cluster starts: its Python components start hooked
+        raw = profile_root / "raw"
+        raw.mkdir(parents=True, exist_ok=True)
+        os.environ[PROFILE_DIR_ENV] = str(raw.resolve())
+
+    def profile_to(round_: int, phase: str) -> Path | None:
+        return profile_root / f"{round_}-{phase}" if args.profile else None
+
     # its own cluster, stopped and its state folder removed however the run ends (kept with
     # $NODELOCK_KEEP_STATE, to read the components' logs)
     with throwaway_cluster("nlb-") as cluster:
@@ -569,7 +679,9 @@ def main(argv: list[str] | None = None) -> int:
                         nodes = node_names(args.nodes)
                         use_stock_plugins(cluster, nodes, gpus=args.gpus)
                         try:
-                            row = asyncio.run(burst(cluster, phase, sizes))
+                            row = asyncio.run(
+                                burst(cluster, phase, sizes, profile_to=profile_to(round_, phase))
+                            )
                         finally:
                             use_nodelock_plugins(cluster, nodes)
                 else:
@@ -578,7 +690,9 @@ def main(argv: list[str] | None = None) -> int:
                         extender_on = True
                     restart_extenders(cluster, PHASE_ARGS[phase])
                     asyncio.run(warm_up(cluster, args.nodes))
-                    row = asyncio.run(burst(cluster, phase, sizes))
+                    row = asyncio.run(
+                        burst(cluster, phase, sizes, profile_to=profile_to(round_, phase))
+                    )
                 rows.append({**row, "round": round_})
     print(f"{len(sizes)} pods of {args.mix} GPU(s) on {args.nodes} nodes x {args.gpus} GPUs")
     print(table(rows))
@@ -592,6 +706,9 @@ def main(argv: list[str] | None = None) -> int:
         "extender_tls": args.extender_tls,
         "pods": len(sizes),
         "rounds": args.rounds,
+        "profiled": args.profile,
+        **headline(rows),
+        "targets": {k: {"bound": b, "higher_is_better": h} for k, (b, h) in TARGETS.items()},
         "rows": rows,
         "medians": medians(rows),
     }

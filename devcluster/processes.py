@@ -4,6 +4,14 @@ Each component runs in its own session (process group) with its output in ``<sta
 pid and kernel start time are recorded in ``<state>/state.json``, so ``stop`` never signals a
 process that merely reused the pid.  ``stop`` sends SIGTERM to the whole group, waits, then
 SIGKILLs what is left: no process of ours outlives ``down``.
+
+Profiling (off unless asked): with ``NODELOCK_PROFILE_DIR`` set in the environment of ``spawn``,
+every Python component (this interpreter, or a script beside it such as ``nodelock``) runs under
+``python -m devcluster.processes --profiled``, which installs two signal handlers and then runs
+the program unchanged: ``SIGUSR1`` starts a fresh cProfile of the main thread (where the
+component's event loop runs), timed by that thread's CPU clock, ``SIGUSR2`` stops it and writes
+``$NODELOCK_PROFILE_DIR/<name>.<pid>.<n>.pstats`` (``n`` counts the dumps of that process).  The
+recorded command line stays the unwrapped one, so a restart wraps it afresh.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -69,6 +78,25 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+PROFILE_DIR_ENV = "NODELOCK_PROFILE_DIR"  # set: Python components run under the profile hook
+PROFILE_NAME_ENV = "NODELOCK_PROFILE_NAME"  # the component's name, for its profile files
+
+
+def _is_python(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` runs a module with this interpreter (``-m``), or a script installed
+    beside it (``nodelock``)."""
+    exe = Path(sys.executable)
+    first = Path(argv[0]) if argv else Path()
+    if first == exe:
+        return len(argv) >= 3 and argv[1] == "-m"
+    return first.parent == exe.parent and not first.name.startswith("python")
+
+
+def profiled_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` run under the profile hook (``run_profiled``)."""
+    return [sys.executable, "-m", "devcluster.processes", "--profiled", *argv]
+
+
 def spawn(
     name: str,
     argv: Sequence[str],
@@ -82,12 +110,16 @@ def spawn(
     log_path = log_dir / f"{name}.log"
     full_env = dict(os.environ)
     full_env.update(env or {})
+    command = list(argv)
+    if full_env.get(PROFILE_DIR_ENV) and _is_python(command):
+        command = profiled_argv(command)
+        full_env[PROFILE_NAME_ENV] = name
     with log_path.open("ab") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {name}\n".encode())
         log.flush()
         try:
             popen = subprocess.Popen(
-                list(argv),
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -199,3 +231,49 @@ class StateFile:
         data = self.load()
         data["components"].pop(name, None)
         self.save(data)
+
+
+def run_profiled(argv: Sequence[str]) -> None:
+    """Run the Python program ``argv`` (a script path, or this interpreter with ``-m MODULE``)
+    in this process, profiled between ``SIGUSR1`` and ``SIGUSR2`` (module docstring)."""
+    import cProfile
+    import runpy
+
+    out_dir = Path(os.environ.get(PROFILE_DIR_ENV) or ".")
+    name = os.environ.get(PROFILE_NAME_ENV) or Path(argv[0]).name
+    current: list[cProfile.Profile] = []
+    dumps = 0
+
+    def start(_signum: int, _frame: object) -> None:
+        if current:
+            current.pop().disable()
+        profile = cProfile.Profile(time.thread_time)  # CPU time: waiting counts nothing
+        current.append(profile)
+        profile.enable()
+
+    def dump(_signum: int, _frame: object) -> None:
+        nonlocal dumps
+        if not current:
+            return
+        profile = current.pop()
+        profile.disable()
+        dumps += 1
+        target = out_dir / f"{name}.{os.getpid()}.{dumps}.pstats"
+        tmp = target.with_suffix(".tmp")
+        profile.dump_stats(tmp)
+        os.replace(tmp, target)  # whoever waits for the file sees it whole
+
+    signal.signal(signal.SIGUSR1, start)
+    signal.signal(signal.SIGUSR2, dump)
+    if len(argv) >= 3 and Path(argv[0]) == Path(sys.executable) and argv[1] == "-m":
+        sys.argv = [argv[2], *argv[3:]]
+        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] != "--profiled":
+        raise SystemExit("usage: python -m devcluster.processes --profiled PROGRAM [ARGS...]")
+    run_profiled(sys.argv[2:])
