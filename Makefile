@@ -99,3 +99,11 @@ clean:
 # MODEL_ARGS passes options, e.g. MODEL_ARGS="--seed 5" or MODEL_ARGS="--hole double-bind".
 model: setup
 	$(BIN)/python -m tests.model $(MODEL_ARGS)
+
+# The fault campaign (docs/reliability.md): GPU workload churn under seeded faults on a devcluster,
+# its whole history checked; results in bench/results/soak.json.  SOAK_ARGS passes options, e.g.
+# SOAK_ARGS="--minutes 3 --seed 7" for the short campaign CI runs.
+SOAK_ARGS ?= --minutes 30 --seed 7
+.PHONY: soak
+soak: setup binaries system-deps bytecode
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)

@@ -23,9 +23,12 @@ hold and the longest wait from a pod's first sight to Running, and each violatio
 events and samples around it; writes ``soak.json`` in ``--results-dir``.  Exit 0 when no
 violation was found, 1 otherwise, 2 when the run could not be made.
 
-``--plant edit-assignment`` is the checker's own test: halfway through, a running pod's
-assignment annotation is rewritten to a device kubelet did not give it (what a bug that hands a
-pod the wrong devices leaves behind); the campaign must then report an S2 violation.
+``--plant`` is the checker's own test, a bug put in on purpose that the campaign must report:
+``no-pending-guard`` starts the extender replicas with ``bench/soak_plant`` on their
+``PYTHONPATH``, whose ``sitecustomize`` removes the takeover guard for a holder Pending on the
+lock's node; ``edit-assignment`` rewrites, halfway through, a running pod's assignment annotation
+to a device kubelet did not give it (what a bug that hands a pod the wrong devices leaves
+behind).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from devcluster.gpunodes import (
     start_extender,
     start_node,
     wait_nodes_ready,
+    wait_ok,
 )
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, Keys, parse_inventory
 from kube.client import JSON, KubeClient, lease_path, namespace_path, node_path, pod_path
@@ -79,7 +83,8 @@ SPLIT = 4
 SAMPLE_S = 1.0
 L1_BOUND_S = 150.0  # every GPU pod left Running or Succeeded this long after the last heal
 PROBE_BOUND_S = 60.0
-PLANTS = ("edit-assignment",)
+PLANTS = ("edit-assignment", "no-pending-guard")
+PLANT_DIR = Path(__file__).resolve().parent / "soak_plant"
 
 
 def specs_for(nodes: int, kubernetes_version: str | None) -> list[NodeSpec]:
@@ -97,12 +102,26 @@ def specs_for(nodes: int, kubernetes_version: str | None) -> list[NodeSpec]:
     return out
 
 
-def start_gpu_side(cluster: Cluster, specs: Sequence[NodeSpec]) -> None:
+def start_gpu_side(
+    cluster: Cluster, specs: Sequence[NodeSpec], extender_env: Mapping[str, str]
+) -> None:
+    """The extender replicas (restarted with ``extender_env`` when it is not empty) and the
+    nodes."""
     install_gpu_pod_policies(cluster)
     start_extender(cluster, replicas=2, extra_args=[f"--lease-duration={LEASE_S}"])
+    if extender_env:
+        urls = cluster.settings()["extender"]["metrics"]
+        for i, url in enumerate(urls):
+            cluster.restart_component(f"extender-{i}", env=extender_env)
+            wait_ok(cluster, f"extender-{i}", f"{url}/readyz", 60.0)
     for spec in specs:
         start_node(cluster, spec)
     wait_nodes_ready(cluster, list(specs))
+
+
+def extender_env(plant: str | None) -> dict[str, str]:
+    """The extender replicas' environment: the planted bug's ``sitecustomize`` on their path."""
+    return {"PYTHONPATH": str(PLANT_DIR)} if plant == "no-pending-guard" else {}
 
 
 @dataclasses.dataclass
@@ -161,12 +180,13 @@ def _sample_json(s: Sample) -> JSON:
     }
 
 
-async def _inventories(kube: KubeClient) -> dict[str, Any]:
+async def _inventories(kube: KubeClient) -> dict[str, str]:
+    """Node -> its inventory annotation (``nodelock.io/gpus``)."""
     out = {}
     for node in (await kube.list(node_path()))["items"]:
         raw = node["metadata"].get("annotations", {}).get(Keys().gpus)
         if raw:
-            out[node["metadata"]["name"]] = parse_inventory(raw)
+            out[str(node["metadata"]["name"])] = str(raw)
     return out
 
 
@@ -179,7 +199,12 @@ async def campaign(cluster: Cluster, specs: Sequence[NodeSpec], args: argparse.N
     faults = schedule(args.seed, run_s=run_s, nodes=nodes, replicas=replicas, lease_s=LEASE_S)
     async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
         run = Run(cluster, specs, args)
-        run.checker = Checker(lease_s=LEASE_S, inventories=await _inventories(kube))
+        inventories = await _inventories(kube)
+        run.checker = Checker(
+            lease_s=LEASE_S,
+            inventories={n: parse_inventory(raw) for n, raw in inventories.items()},
+        )
+        run.history_out.append(json.dumps({"inventories": inventories}))
         shared = next((s.name for s in specs if s.gpu_split > 1), None)
         mig = next((s.name for s in specs if s.mig), None)
         workload = Workload(
@@ -190,6 +215,7 @@ async def campaign(cluster: Cluster, specs: Sequence[NodeSpec], args: argparse.N
             mig_node=mig,
         )
         nemesis = Nemesis(cluster, kube, run.log)
+        nemesis.base_env = {name: extender_env(args.plant) for name in replicas}
         print(f"campaign: {len(faults)} faults scheduled over {run_s:.0f}s, seed {args.seed}")
         run.started = time.monotonic()
         sampler = asyncio.create_task(run.sampler(kube))
@@ -392,7 +418,7 @@ def _report(
     longest_hold = max(real_holds, key=lambda k: real_holds[k][1] - real_holds[k][0], default=None)
     failures = checker.failures()
     reasons: dict[str, int] = {}
-    for _, reason in failures.values():
+    for _, reason, _ in failures.values():
         reasons[reason] = reasons.get(reason, 0) + 1
     by_kind = {k: nemesis.injected.get(k, 0) for k in KINDS if nemesis.injected.get(k)}
     return {
@@ -550,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--minutes must be positive and --nodes at least 3")
     with throwaway_cluster("nlsoak-") as cluster:
         specs = specs_for(args.nodes, cluster.settings().get("kubernetes_version"))
-        start_gpu_side(cluster, specs)
+        start_gpu_side(cluster, specs, extender_env(args.plant))
         ports = dict(cluster.settings()["ports"])
         state_dir = cluster.state_dir
         result = asyncio.run(campaign(cluster, specs, args))

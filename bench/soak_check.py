@@ -15,8 +15,8 @@ workload action).  Over it:
   left (it expires, so the next bind may take it over); at the end every lock is free
   (``check_locks_free``);
 - **L1** at the end: every GPU pod still there is Running or Succeeded, and a pod that Failed
-  did so while a fault was active or had just healed (within ``FAULT_BLAME_S``), with the reason
-  it failed.
+  did so where a fault explains it (``blamed_fault``: a fault of its node's device plugin,
+  kubelet or lock, or of the control plane, active or just healed), with the reason it failed.
 
 Each violation comes with the minimal history around it: the events of the ``CONTEXT_S`` seconds
 before it and the samples' view of the pods and locks it names.
@@ -332,26 +332,27 @@ class Checker:
                 f"{key_of(pod)} is {phase} on {_node(pod) or 'no node'} at the end",
                 [key_of(pod)],
             )
-        for key, (failed_at, reason) in self.failures().items():
-            if not blamed_fault(events, failed_at):
+        for key, (failed_at, reason, node) in self.failures().items():
+            if not blamed_fault(events, failed_at, node):
                 self._flag(
                     "L1",
                     failed_at,
-                    f"{key} Failed ({reason}) with no fault active in the {FAULT_BLAME_S:.0f}s "
-                    "before",
-                    [key],
+                    f"{key} Failed on {node or 'no node'} ({reason}) with no fault there that "
+                    "explains it",
+                    [key, *([node] if node else [])],
                 )
         for v in self.violations:
             v.history = self.history_of(v, events)
 
-    def failures(self) -> dict[str, tuple[float, str]]:
-        """Pod key -> (when it was first seen Failed, its reason)."""
-        out: dict[str, tuple[float, str]] = {}
+    def failures(self) -> dict[str, tuple[float, str, str]]:
+        """Pod key -> (when it was first seen Failed, its reason, its node)."""
+        out: dict[str, tuple[float, str, str]] = {}
         for sample in self.samples:
             for pod in sample.pods:
                 if _phase(pod) == "Failed" and asks_for_devices(pod) and key_of(pod) not in out:
                     status = pod.get("status") or {}
-                    out[key_of(pod)] = (sample.t, str(status.get("reason") or "no reason"))
+                    reason = str(status.get("reason") or "no reason")
+                    out[key_of(pod)] = (sample.t, reason, _node(pod))
         return out
 
     def history_of(self, v: Violation, events: Sequence[Event]) -> list[str]:
@@ -402,22 +403,89 @@ class Checker:
         self.violations.append(v)
 
 
-def fault_windows(events: Sequence[Event]) -> list[tuple[float, float, str]]:
-    """(start, end, what) of every fault; one never healed lasts to the end."""
-    open_: dict[str, float] = {}
-    out: list[tuple[float, float, str]] = []
+def load_history(lines: Sequence[str]) -> tuple[list[Sample], list[Event], dict[str, str]]:
+    """A history as ``python -m bench.soak --history FILE`` wrote it: its samples, its events,
+    and the nodes' inventory annotations (node -> ``nodelock.io/gpus``)."""
+    samples: list[Sample] = []
+    events: list[Event] = []
+    inventories: dict[str, str] = {}
+    for line in lines:
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        if "inventories" in item:
+            inventories = dict(item["inventories"])
+        elif "pods" in item:
+            leases = {n: LeaseView(**v) for n, v in item["leases"].items()}
+            samples.append(Sample(float(item["t"]), item["pods"], leases))
+        else:
+            events.append(Event(**item))
+    return samples, events, inventories
+
+
+def replay(
+    samples: Sequence[Sample],
+    events: Sequence[Event],
+    *,
+    lease_s: float,
+    inventories: Mapping[str, Sequence[GPU]] | None = None,
+) -> Checker:
+    """Judge a recorded history again, its last sample as the end state."""
+    checker = Checker(lease_s=lease_s, inventories=inventories or {})
+    for sample in samples:
+        checker.add(sample)
+    last = samples[-1]
+    locked = sorted(
+        {
+            _node(p)
+            for s in samples
+            for p in s.pods
+            if checker.keys.token in p["metadata"]["annotations"] and _node(p)
+        }
+    )
+    leases = [
+        {"metadata": {"name": n}, "spec": {"holderIdentity": v.holder} if v.holder else {}}
+        for n, v in last.leases.items()
+    ]
+    checker.finish(list(last.pods), leases, events, t=last.t, locked_nodes=locked)
+    return checker
+
+
+GLOBAL_FAULTS = ("apiserver-kill", "etcd-kill")  # faults that may fail a pod on any node
+RESTART_FAULTS = ("clock-skew", "slow-allocate", "restart")  # fail pods only as they restart
+RESTART_BLAME_S = 10.0
+
+
+def fault_windows(events: Sequence[Event]) -> list[tuple[float, float, str, str]]:
+    """(start, end, what, kind) of every fault; one never healed lasts to the end.  A component
+    started again by the supervisor is a ``restart`` of no duration."""
+    open_: dict[str, tuple[float, str]] = {}
+    out: list[tuple[float, float, str, str]] = []
     for e in events:
         if e.kind == "fault":
-            open_[e.what] = e.t
+            open_[e.what] = (e.t, e.fault)
         elif e.kind == "heal" and e.what in open_:
-            out.append((open_.pop(e.what), e.t, e.what))
-    out += [(t0, float("inf"), what) for what, t0 in open_.items()]
+            t0, kind = open_.pop(e.what)
+            out.append((t0, e.t, e.what, kind))
+        elif e.kind == "restart":
+            out.append((e.t, e.t, e.what, "restart"))
+    out += [(t0, float("inf"), what, kind) for what, (t0, kind) in open_.items()]
     return sorted(out)
 
 
-def blamed_fault(events: Sequence[Event], t: float) -> str | None:
-    """The fault active at ``t`` or healed within ``FAULT_BLAME_S`` before it, if any."""
-    for start, end, what in fault_windows(events):
-        if start - 1 <= t <= end + FAULT_BLAME_S:
+def blamed_fault(events: Sequence[Event], t: float, node: str) -> str | None:
+    """The fault that may have failed a pod on ``node`` at ``t``, if any: one on that node (its
+    device plugin, kubelet or lock) active at ``t`` or healed within ``FAULT_BLAME_S`` before,
+    or a control-plane kill (any node); a fault that only restarts a component (a skewed clock,
+    a slowed Allocate, a supervisor's restart) only within ``RESTART_BLAME_S`` after each
+    restart.  A fault of the extender or kube-scheduler never fails a pod at kubelet."""
+    for start, end, what, kind in fault_windows(events):
+        if kind not in GLOBAL_FAULTS and not (node and f"{node} " in f"{what} "):
+            continue
+        if kind in RESTART_FAULTS:
+            windows = [(start - 1, start + RESTART_BLAME_S), (end - 1, end + RESTART_BLAME_S)]
+        else:
+            windows = [(start - 1, end + FAULT_BLAME_S)]
+        if any(a <= t <= b for a, b in windows):
             return what
     return None

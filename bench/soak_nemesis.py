@@ -173,6 +173,7 @@ class Nemesis:
     env_of: dict[str, dict[str, str]] = field(default_factory=dict)  # component -> fault's env
     injected: dict[str, int] = field(default_factory=dict)
     busy: set[str] = field(default_factory=set)  # components being started right now
+    base_env: dict[str, dict[str, str]] = field(default_factory=dict)  # component -> always
     restarts: int = 0
     ghosts: int = 0
 
@@ -258,7 +259,8 @@ class Nemesis:
         self.restarts += 1
         self.busy.add(name)
         try:
-            await asyncio.to_thread(self.cluster.restart_component, name, env=env or {})
+            full = {**self.base_env.get(name, {}), **(env or {})}
+            await asyncio.to_thread(self.cluster.restart_component, name, env=full)
             if name in ("kube-apiserver", "etcd"):
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.cluster.wait_ready, 60.0)

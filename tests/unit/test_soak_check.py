@@ -108,9 +108,11 @@ def test_two_running_pods_on_one_gpu_is_s1_with_its_history() -> None:
     checker = run(samples, events)
     assert invariants(checker) == ["S1"]
     v = checker.violations[0]
-    assert v.t == 2.0 and v.times_seen == 2
+    assert v.t == 2.0
+    assert v.times_seen == 2
     text = v.text()
-    assert "plugin-kill" in text and "ns/b: t=1.0s absent" in text
+    assert "plugin-kill" in text
+    assert "ns/b: t=1.0s absent" in text
 
 
 def test_kubelet_devices_other_than_the_assignment_is_s2() -> None:
@@ -189,26 +191,46 @@ def test_a_pod_left_pending_at_the_end_is_l1() -> None:
     assert invariants(run(samples)) == ["L1"]
 
 
-def test_a_pod_that_failed_is_l1_unless_a_fault_explains_it() -> None:
+def test_a_pod_that_failed_is_l1_unless_a_fault_on_its_node_explains_it() -> None:
     failed = gpu_pod("a", None, assigned=["G0"], phase="Failed", reason="UnexpectedAdmissionError")
     samples = [Sample(100.0, [failed], {})]
     checker = run(samples)
     assert invariants(checker) == ["L1"]
     assert "UnexpectedAdmissionError" in checker.violations[0].message
-    fault = [
-        Event(80.0, "fault", "plugin-kill x", "plugin-kill"),
-        Event(85.0, "heal", "plugin-kill x", "plugin-kill"),
-    ]
-    assert run(samples, fault).violations == []
+
+    def fault(kind: str, target: str, start: float, end: float) -> list[Event]:
+        what = f"{kind} {target} for {end - start:.1f}s"
+        return [Event(start, "fault", what, kind), Event(end, "heal", what, kind)]
+
+    assert run(samples, fault("plugin-kill", "deviceplugin-gpu-node-01", 80, 85)).violations == []
+    assert run(samples, fault("etcd-kill", "etcd", 80, 85)).violations == []
+    # another node's plugin, an extender, or a fault that healed long before explain nothing
+    for events in (
+        fault("plugin-kill", "deviceplugin-gpu-node-02", 80, 85),
+        fault("extender-kill", "extender-0", 90, 99),
+        fault("plugin-kill", "deviceplugin-gpu-node-01", 10, 15),
+        # a slowed Allocate fails pods only as the plugin restarts, not halfway through
+        fault("slow-allocate", "deviceplugin-gpu-node-01 (allocate.start=sleep:7.0)", 80, 120),
+    ):
+        assert invariants(run(samples, events)) == ["L1"], events
 
 
 def test_fault_windows_pair_each_fault_with_its_heal() -> None:
     events = [
-        Event(1.0, "fault", "a", "k"),
-        Event(2.0, "fault", "b", "k"),
-        Event(3.0, "heal", "a", "k"),
+        Event(1.0, "fault", "a gpu-node-01", "k"),
+        Event(2.0, "fault", "b gpu-node-01", "k"),
+        Event(3.0, "heal", "a gpu-node-01", "k"),
+        Event(5.0, "restart", "deviceplugin-gpu-node-02 had ended; started again"),
         Event(9.0, "workload", "pod x created"),
     ]
-    assert fault_windows(events) == [(1.0, 3.0, "a"), (2.0, float("inf"), "b")]
-    assert blamed_fault(events[:1] + events[2:3], 3.0 + 31) is None
-    assert blamed_fault(events[:1] + events[2:3], 3.0 + 29) == "a"
+    assert fault_windows(events) == [
+        (1.0, 3.0, "a gpu-node-01", "k"),
+        (2.0, float("inf"), "b gpu-node-01", "k"),
+        (5.0, 5.0, "deviceplugin-gpu-node-02 had ended; started again", "restart"),
+    ]
+    one = events[:1] + events[2:3]
+    assert blamed_fault(one, 3.0 + 31, NODE) is None
+    assert blamed_fault(one, 3.0 + 29, NODE) == "a gpu-node-01"
+    assert blamed_fault(one, 3.0 + 29, "gpu-node-02") is None
+    assert blamed_fault(events, 5.0 + 9, "gpu-node-02") is not None
+    assert blamed_fault(events, 5.0 + 11, "gpu-node-02") is None
