@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cadvisorapi "github.com/google/cadvisor/lib/model"
@@ -66,6 +67,18 @@ type simKubelet struct {
 	// before admitting it, one pod at a time, so the pod manager (what the PodResources List
 	// reports) never holds a pod that waits behind the one being admitted.
 	received sets.Set[types.UID]
+	// arrival is the batch each pod arrived in, as kubelet's config source delivers them: 0 for
+	// the pods of the first listing, then one batch per later pod (kubelet's apiserver source
+	// sends its whole pod list on every watch event, pkg/kubelet/config/apiserver.go, and the
+	// merge turns each into an ADD of the pods new in it, pkg/kubelet/config/config.go; both
+	// v1.33.13 and v1.37.2). Admission takes batches in arrival order.
+	arrival     map[types.UID]uint64
+	lastArrival uint64
+	// sourcesSeen is kubelet's sourcesReady: false until the first batch of pods was handled
+	// (syncLoopIteration calls sourcesReady.AddSource after HandlePodAdditions,
+	// pkg/kubelet/kubelet.go, v1.33.13 and v1.37.2). While false, the device manager allocates
+	// nothing to a container the runtime reports running (devicesToAllocate).
+	sourcesSeen atomic.Bool
 }
 
 func newSimKubelet(ctx context.Context, cfg config, restCfg *rest.Config) (*simKubelet, error) {
@@ -97,6 +110,7 @@ func newSimKubelet(ctx context.Context, cfg config, restCfg *rest.Config) (*simK
 		wake:     make(chan struct{}, 1),
 		inactive: sets.New[types.UID](),
 		received: sets.New[types.UID](),
+		arrival:  map[types.UID]uint64{},
 	}
 	s.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.nodeName).String()
@@ -104,8 +118,13 @@ func newSimKubelet(ctx context.Context, cfg config, restCfg *rest.Config) (*simK
 	podInformer := s.factory.Core().V1().Pods()
 	s.podLister = podInformer.Lister()
 	s.podsSynced = podInformer.Informer().HasSynced
-	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { s.kick() },
+	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			if pod, ok := obj.(*v1.Pod); ok {
+				s.arrived(pod.UID, initial)
+			}
+			s.kick()
+		},
 		UpdateFunc: func(any, any) { s.kick() },
 		DeleteFunc: func(any) { s.kick() },
 	}); err != nil {
@@ -157,9 +176,17 @@ func (s *simKubelet) run(ctx context.Context) error {
 	}
 
 	// Like kubelet: the checkpoint is read, every other socket in the directory is removed
-	// (plugins must register again) and the registration server starts on kubelet.sock.
-	sourcesReady := kubeletconfig.NewSourcesReady(func(sets.Set[string]) bool { return s.podsSynced() })
-	if err := s.dm.Start(logger, s.activePods, sourcesReady, containermap.NewContainerMap(), sets.New[string]()); err != nil {
+	// (plugins must register again) and the registration server starts on kubelet.sock. The
+	// containers the runtime reports are those the API shows running (kubelet builds them from
+	// its runtime: buildContainerMapAndRunningSetFromRuntime, pkg/kubelet/cm/helpers.go, v1.33.13
+	// and v1.37.2).
+	sourcesReady := kubeletconfig.NewSourcesReady(func(sets.Set[string]) bool { return s.sourcesSeen.Load() })
+	pods, err := s.podLister.List(everything)
+	if err != nil {
+		return fmt.Errorf("list pods: %w", err)
+	}
+	containers, running := runningContainers(pods)
+	if err := s.dm.Start(logger, s.activePods, sourcesReady, containers, running); err != nil {
 		return fmt.Errorf("start device manager: %w", err)
 	}
 	klog.InfoS("Device plugin registration server listening", "node", s.cfg.nodeName, "socket", devicePluginSocket)
@@ -190,6 +217,50 @@ func (s *simKubelet) run(ctx context.Context) error {
 	return nil
 }
 
+// arrived records the admission batch of a pod the informer added (initial: part of its first
+// listing).
+func (s *simKubelet) arrived(uid types.UID, initial bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, seen := s.arrival[uid]; seen {
+		return
+	}
+	if initial {
+		s.arrival[uid] = 0
+		return
+	}
+	s.lastArrival++
+	s.arrival[uid] = s.lastArrival
+}
+
+// arrivalOf is the batch a pod arrived in (0 for one not recorded: the first listing).
+func (s *simKubelet) arrivalOf(uid types.UID) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.arrival[uid]
+}
+
+// runningContainers is what kubelet's container manager gives the device manager at start from
+// the runtime: every container of the pods with its ID, and the IDs of those running. The
+// simulated runtime's containers are the ones the pods' statuses show.
+func runningContainers(pods []*v1.Pod) (containermap.ContainerMap, sets.Set[string]) {
+	cm := containermap.NewContainerMap()
+	running := sets.New[string]()
+	for _, pod := range pods {
+		statuses := append(append([]v1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...)
+		for _, cs := range statuses {
+			if cs.ContainerID == "" {
+				continue
+			}
+			cm.Add(string(pod.UID), cs.Name, cs.ContainerID)
+			if cs.State.Running != nil {
+				running.Insert(cs.ContainerID)
+			}
+		}
+	}
+	return cm, running
+}
+
 // kick wakes the pod loop.
 func (s *simKubelet) kick() {
 	select {
@@ -209,6 +280,7 @@ func (s *simKubelet) forget(uid types.UID) {
 	defer s.mu.Unlock()
 	s.inactive.Delete(uid)
 	s.received.Delete(uid)
+	delete(s.arrival, uid)
 }
 
 // setReceived marks a pod as in kubelet's pod manager (called as its admission starts).

@@ -50,6 +50,17 @@ type podState struct {
 	deleteFailed bool      // the last delete failed; retry at retryAt
 	retryAt      time.Time // earliest next attempt after a failed write
 	healthSeen   bool      // a device health update arrived for this pod
+	// stopAt is when a pod being deleted has its containers stopped (its preStop sleep hooks
+	// over); until then it keeps its devices. Zero: its deletion not seen yet.
+	stopAt time.Time
+	// restarts is how often the app containers were restarted (restartPolicy Always);
+	// restarting marks containers that exited and are not running again yet.
+	restarts   int32
+	restarting bool
+	exitedAt   time.Time
+	// records is the allocation record per container, kept so that a container restart
+	// updates only its own entry.
+	records map[string]containerRecord
 	// last is the pod as returned by our last status write; staleRVs are the resourceVersions
 	// our writes were based on, so an informer copy still at one of them is older than last.
 	last     *v1.Pod
@@ -95,14 +106,26 @@ func (w *podWorker) loop(ctx context.Context) {
 	}
 }
 
-// sortedPods lists the node's pods oldest first (kubelet admits pods sorted by creation time).
+// sortedPods lists the node's pods oldest first.
 func (w *podWorker) sortedPods() ([]*v1.Pod, error) {
 	pods, err := w.s.podLister.List(everything)
 	if err != nil {
 		return nil, err
 	}
-	sort.Slice(pods, func(i, j int) bool {
+	admissionOrder(pods, func(types.UID) uint64 { return 0 })
+	return pods, nil
+}
+
+// admissionOrder sorts pods as kubelet admits them: batch by batch in arrival order, each batch
+// by creation time (HandlePodAdditions sorts the pods of one ADD by creation and admits them one
+// after the other, pkg/kubelet/kubelet.go, v1.33.13 and v1.37.2). Pods created at the same
+// instant are taken by namespace and name, so the order is stable.
+func admissionOrder(pods []*v1.Pod, batch func(types.UID) uint64) {
+	sort.SliceStable(pods, func(i, j int) bool {
 		a, b := pods[i], pods[j]
+		if ba, bb := batch(a.UID), batch(b.UID); ba != bb {
+			return ba < bb
+		}
 		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
 			return a.CreationTimestamp.Before(&b.CreationTimestamp)
 		}
@@ -111,7 +134,6 @@ func (w *podWorker) sortedPods() ([]*v1.Pod, error) {
 		}
 		return a.Name < b.Name
 	})
-	return pods, nil
 }
 
 func (w *podWorker) stateOf(pod *v1.Pod) *podState {
@@ -123,25 +145,47 @@ func (w *podWorker) stateOf(pod *v1.Pod) *podState {
 	return st
 }
 
-// admitArrivals admits every pod that waits for admission, oldest first, from the informer's
-// current copy. Called before each pod's API writes: kubelet's syncLoop admits pods as they
-// arrive while its status manager writes statuses on a goroutine of its own, so a status
-// write never delays the next pod's admission (and so its device plugin Allocate) here either.
+// admitArrivals admits every pod that waits for admission, in kubelet's order
+// (admissionOrder), from the informer's current copy. Called before each pod's API writes:
+// kubelet's syncLoop admits pods as they arrive while its status manager writes statuses on a
+// goroutine of its own, so a status write never delays the next pod's admission (and so its
+// device plugin Allocate) here either.
+//
+// As in kubelet's HandlePodAdditions (pkg/kubelet/kubelet.go, v1.33.13 and v1.37.2), every pod
+// this kubelet has not admitted yet and whose phase is not terminal is admitted: a pod already
+// being deleted too (its pod worker has not seen it, so its termination is not requested), and
+// a pod already running when this kubelet starts (kubelet gets every pod again as an ADD after a
+// restart). The first batch, the pods of the first listing, is admitted while kubelet's sources
+// are not ready; they are ready from the next batch on.
 func (w *podWorker) admitArrivals(ctx context.Context) {
-	pods, err := w.sortedPods()
+	pods, err := w.s.podLister.List(everything)
 	if err != nil {
 		return // the pass's own listing reports it
 	}
 	for _, pod := range pods {
-		st := w.stateOf(pod)
-		if st.admitted || st.rejected != nil || st.done || pod.DeletionTimestamp != nil {
-			continue
-		}
-		if pod.Status.Phase != v1.PodPending && pod.Status.Phase != "" {
-			continue
-		}
-		w.admit(ctx, pod, st, time.Now())
+		// a pod the informer has not reported yet arrives now (or with the first listing)
+		w.s.arrived(pod.UID, !w.s.sourcesSeen.Load())
 	}
+	admissionOrder(pods, w.s.arrivalOf)
+	for _, pod := range pods {
+		if w.s.arrivalOf(pod.UID) > 0 {
+			w.s.sourcesSeen.Store(true)
+		}
+		st := w.stateOf(pod)
+		if st.admitted || st.rejected != nil || st.done {
+			continue
+		}
+		switch pod.Status.Phase {
+		case v1.PodPending, "":
+			w.admit(ctx, pod, st, time.Now())
+		case v1.PodRunning:
+			w.admit(ctx, pod, st, time.Now())
+			if st.admitted {
+				w.adopt(pod, st, time.Now())
+			}
+		}
+	}
+	w.s.sourcesSeen.Store(true)
 }
 
 // pass handles every pod once, oldest first, and returns when it next has something due (zero:
@@ -183,11 +227,26 @@ func (w *podWorker) pass(ctx context.Context) time.Time {
 func (w *podWorker) syncPod(ctx context.Context, pod *v1.Pod, st *podState, now time.Time) time.Time {
 	ref := klog.KObj(pod)
 
-	// Graceful deletion: the simulated containers stop at once; then, as kubelet's status
-	// manager does once a pod is terminated, delete it with grace period 0.
+	// Graceful deletion: the pod keeps its devices until its containers have stopped, after
+	// their preStop sleep hooks (bounded by the grace period), as kubelet's pod worker kills
+	// them (killContainer, pkg/kubelet/kuberuntime/kuberuntime_container.go) and counts the pod
+	// active until it is known terminated (isPodInactive, pkg/kubelet/kubelet_pods.go; both
+	// v1.33.13 and v1.37.2). A pod rejected at admission gets its Failed status first. Then, as
+	// kubelet's status manager does once a pod is terminated, it is deleted with grace period 0.
 	if pod.DeletionTimestamp != nil {
 		if st.deleting {
 			return time.Time{}
+		}
+		if st.rejected != nil && !st.done {
+			if due := w.write(ctx, pod, st, now, w.rejectedStatus(pod, st), "rejected"); !due.IsZero() {
+				return due
+			}
+		}
+		if st.stopAt.IsZero() {
+			st.stopAt = now.Add(stopDelay(pod, st.running && !st.restarting))
+		}
+		if now.Before(st.stopAt) {
+			return st.stopAt
 		}
 		if now.Before(st.retryAt) && st.deleteFailed {
 			return st.retryAt
@@ -224,7 +283,10 @@ func (w *podWorker) syncPod(ctx context.Context, pod *v1.Pod, st *podState, now 
 	if !st.admitted && st.rejected == nil {
 		switch pod.Status.Phase {
 		case v1.PodRunning:
-			w.adopt(pod, st, now)
+			w.admit(ctx, pod, st, now)
+			if st.admitted {
+				w.adopt(pod, st, now)
+			}
 		case v1.PodPending, "":
 			w.admit(ctx, pod, st, now)
 		default:
@@ -235,8 +297,11 @@ func (w *podWorker) syncPod(ctx context.Context, pod *v1.Pod, st *podState, now 
 	if st.rejected != nil {
 		return w.write(ctx, pod, st, now, w.rejectedStatus(pod, st), "rejected")
 	}
+	if st.restarting && now.Before(st.startAt) {
+		return st.startAt // back-off: the containers are created again at startAt
+	}
 	if !st.prepared {
-		if err := w.prepare(ctx, pod, st); err != nil {
+		if err := w.prepare(ctx, pod, st, st.restarting); err != nil {
 			klog.ErrorS(err, "Creating container failed, will retry", "pod", ref)
 			if msg := err.Error(); msg != st.configErr {
 				w.s.recorder.Eventf(pod, v1.EventTypeWarning, "Failed", "Error: %v", err)
@@ -261,10 +326,19 @@ func (w *podWorker) syncPod(ctx context.Context, pod *v1.Pod, st *podState, now 
 		if now.Before(st.startAt) {
 			return st.startAt
 		}
-		if due := w.write(ctx, pod, st, now, w.runningStatus(pod, st, now), "running"); !due.IsZero() {
+		what := "running"
+		if st.restarting {
+			st.restarts++
+			what = "containers restarted"
+		}
+		if due := w.write(ctx, pod, st, now, w.runningStatus(pod, st, now), what); !due.IsZero() {
+			if st.restarting {
+				st.restarts--
+			}
 			return due
 		}
 		st.running = true
+		st.restarting = false
 		st.runningAt = now
 		d, ok, err := runDuration(pod)
 		if err != nil {
@@ -284,6 +358,9 @@ func (w *podWorker) syncPod(ctx context.Context, pod *v1.Pod, st *podState, now 
 	if !st.finishAt.IsZero() {
 		if now.Before(st.finishAt) {
 			return st.finishAt
+		}
+		if restartsExited(pod) {
+			return w.restart(ctx, pod, st, now)
 		}
 		if !st.succeed {
 			st.succeed = true
@@ -329,17 +406,122 @@ func rejectReason(value string) string {
 	return value
 }
 
+// restart is kubelet restarting the app containers that exited (restartPolicy Always): the
+// first restart at once, later ones after kubelet's back-off (10 s, doubling, at most 5 min:
+// doBackOff, pkg/kubelet/kuberuntime/kuberuntime_manager.go; backOffPeriod and
+// MaxContainerBackOff, pkg/kubelet/kubelet.go; v1.33.13 and v1.37.2), shown as CrashLoopBackOff
+// meanwhile. Each restart creates the containers again, so their run options are fetched again
+// (prepare), which re-Allocates a container the device manager has no devices for.
+func (w *podWorker) restart(ctx context.Context, pod *v1.Pod, st *podState, now time.Time) time.Time {
+	delay := restartDelay(st.restarts)
+	if delay > 0 {
+		if due := w.write(ctx, pod, st, now, w.backOffStatus(pod, st, delay), "back-off restarting containers"); !due.IsZero() {
+			return due
+		}
+	}
+	st.exitedAt = st.finishAt
+	st.finishAt = time.Time{}
+	st.running = false
+	st.restarting = true
+	st.prepared = false
+	st.configErr = ""
+	st.startAt = st.exitedAt.Add(delay)
+	klog.InfoS("Containers exited; restarting them", "pod", klog.KObj(pod), "restarts", st.restarts, "after", delay)
+	return now
+}
+
+// restartDelay is kubelet's back-off before restart number n+1 of a container.
+func restartDelay(n int32) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	d := 10 * time.Second
+	for i := int32(1); i < n && d < 5*time.Minute; i++ {
+		d *= 2
+	}
+	return min(d, 5*time.Minute)
+}
+
+// restartsExited says whether kubelet restarts an app container that exited with code 0: only
+// with restartPolicy Always (the default).
+func restartsExited(pod *v1.Pod) bool {
+	return pod.Spec.RestartPolicy == v1.RestartPolicyAlways || pod.Spec.RestartPolicy == ""
+}
+
+// stopDelay is how long kubelet takes to stop a pod being deleted: its running containers'
+// preStop sleep hooks, run at once for every container and each bounded by the grace period
+// (the deletion's, else the pod's; none at grace 0), as kubelet's killContainer runs them
+// (pkg/kubelet/kuberuntime/kuberuntime_container.go, v1.33.13 and v1.37.2). The simulated
+// runtime stops a container at once, as the fake CRI runtime does; other hooks take no time.
+func stopDelay(pod *v1.Pod, running bool) time.Duration {
+	if !running {
+		return 0
+	}
+	grace := int64(v1.DefaultTerminationGracePeriodSeconds)
+	if pod.Spec.TerminationGracePeriodSeconds != nil {
+		grace = *pod.Spec.TerminationGracePeriodSeconds
+	}
+	if pod.DeletionGracePeriodSeconds != nil {
+		grace = *pod.DeletionGracePeriodSeconds
+	}
+	var longest int64
+	containers := append([]v1.Container{}, pod.Spec.Containers...)
+	for _, c := range pod.Spec.InitContainers {
+		if podutil.IsRestartableInitContainer(&c) {
+			containers = append(containers, c)
+		}
+	}
+	for _, c := range containers {
+		if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil {
+			continue
+		}
+		longest = max(longest, min(c.Lifecycle.PreStop.Sleep.Seconds, grace))
+	}
+	if grace <= 0 {
+		return 0
+	}
+	return time.Duration(longest) * time.Second
+}
+
+// backOffStatus: the app containers waiting in CrashLoopBackOff after they exited.
+func (w *podWorker) backOffStatus(pod *v1.Pod, st *podState, delay time.Duration) v1.PodStatus {
+	s := w.runningStatus(pod, st, st.runningAt)
+	no := false
+	for i := range s.ContainerStatuses {
+		cs := &s.ContainerStatuses[i]
+		cs.LastTerminationState = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{
+			ExitCode: 0, Reason: "Completed", StartedAt: metav1.NewTime(st.runningAt), FinishedAt: metav1.NewTime(st.finishAt), ContainerID: cs.ContainerID}}
+		cs.State = v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "CrashLoopBackOff",
+			Message: fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", delay, cs.Name, pod.Name, pod.Namespace, pod.UID)}}
+		cs.Ready, cs.Started = false, &no
+	}
+	s.Conditions = kubeletConditions(pod, &w.base(pod, st).Status, s)
+	return s
+}
+
 // prepare asks the device manager for each container's run options, as kubelet does when it
 // creates the container (this calls the plugin's PreStartContainer where the plugin asks for
-// it), and builds the allocation record. On an error kubelet reports CreateContainerConfigError
-// and tries again later; so does this.
-func (w *podWorker) prepare(ctx context.Context, pod *v1.Pod, st *podState) error {
+// it, and Allocate again for a container it holds no devices for: needsReAllocate in
+// GetDeviceRunContainerOptions, pkg/kubelet/cm/devicemanager/manager.go, v1.33.13 and v1.37.2),
+// and builds the allocation record. appOnly: only the app containers are created (a restart;
+// init containers that completed are not run again). On an error kubelet reports
+// CreateContainerConfigError and tries again later; so does this.
+func (w *podWorker) prepare(ctx context.Context, pod *v1.Pod, st *podState, appOnly bool) error {
 	ref := klog.KObj(pod)
 	records := map[string]containerRecord{}
-	for _, c := range podContainers(pod) {
+	if appOnly {
+		for name, rec := range st.records {
+			records[name] = rec
+		}
+	}
+	containers := podContainers(pod)
+	if appOnly {
+		containers = pod.Spec.Containers
+	}
+	for _, c := range containers {
 		opts, err := w.s.dm.GetDeviceRunContainerOptions(ctx, pod, &c)
 		if err != nil {
-			return fmt.Errorf("container %s: %w", c.Name, err)
+			return &containerError{container: c.Name, err: err}
 		}
 		rec, ok := buildContainerRecord(w.s.cfg.resourceName, w.s.dm.GetDevices(string(pod.UID), c.Name), opts)
 		if !ok {
@@ -353,6 +535,7 @@ func (w *podWorker) prepare(ctx context.Context, pod *v1.Pod, st *podState) erro
 		klog.InfoS("Allocated", kv...)
 	}
 	st.prepared = true
+	st.records = records
 	if len(records) == 0 {
 		klog.InfoS("Admitted (no devices)", "pod", ref)
 		return nil
@@ -365,28 +548,62 @@ func (w *podWorker) prepare(ctx context.Context, pod *v1.Pod, st *podState) erro
 	return nil
 }
 
-// configErrorStatus is the Pending status kubelet shows when container creation fails before
-// the runtime is called.
+// containerError is a container whose creation failed before the runtime was called.
+type containerError struct {
+	container string
+	err       error
+}
+
+func (e *containerError) Error() string { return "container " + e.container + ": " + e.err.Error() }
+func (e *containerError) Unwrap() error { return e.err }
+
+// configErrorStatus is the status kubelet shows when container creation fails before the
+// runtime is called: the containers waiting in CreateContainerConfigError with the error as
+// kubelet words it (the device manager's, without the container's name). A pod whose
+// containers ran before (a restart) stays Running, its containers not ready, their last run
+// terminated.
 func (w *podWorker) configErrorStatus(pod *v1.Pod, st *podState, err error) v1.PodStatus {
 	s := *w.base(pod, st).Status.DeepCopy()
+	msg := err.Error()
+	if ce, ok := err.(*containerError); ok {
+		msg = ce.err.Error()
+	}
 	s.ContainerStatuses = nil
+	no := false
 	for _, c := range pod.Spec.Containers {
-		s.ContainerStatuses = append(s.ContainerStatuses, v1.ContainerStatus{
-			Name: c.Name, Image: c.Image,
-			State: v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "CreateContainerConfigError", Message: err.Error()}},
-		})
+		cs := v1.ContainerStatus{
+			Name: c.Name, Image: c.Image, RestartCount: st.restarts, Started: &no,
+			State: v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "CreateContainerConfigError", Message: msg}},
+		}
+		if st.restarting {
+			cs.LastTerminationState = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{
+				ExitCode: 0, Reason: "Completed", StartedAt: metav1.NewTime(st.runningAt), FinishedAt: metav1.NewTime(st.exitedAt), ContainerID: containerID(pod, c.Name)}}
+		}
+		s.ContainerStatuses = append(s.ContainerStatuses, cs)
 	}
 	s.Conditions = kubeletConditions(pod, &w.base(pod, st).Status, s)
 	return s
 }
 
-// adopt takes over a pod that was already running when this kubelet started: it is not
-// admitted again (its devices come back from the device manager's checkpoint).
+// adopt takes over a pod that was already running when this kubelet started, once admission
+// (admitArrivals) admitted it again: its containers keep running, so nothing is created and no
+// run options are fetched. Its devices are those of the device manager's checkpoint; without
+// one, the device manager allocated nothing to its running containers (devicesToAllocate,
+// pkg/kubelet/cm/devicemanager/manager.go, v1.33.13 and v1.37.2) until they are created again.
 func (w *podWorker) adopt(pod *v1.Pod, st *podState, now time.Time) {
 	st.admitted = true
 	st.prepared = true
+	if raw, ok := pod.Annotations[allocatedAnnotation]; ok {
+		var records map[string]containerRecord
+		if err := json.Unmarshal([]byte(raw), &records); err == nil {
+			st.records = records
+		}
+	}
 	st.running = true
 	st.runningAt = now
+	for _, cs := range pod.Status.ContainerStatuses {
+		st.restarts = max(st.restarts, cs.RestartCount)
+	}
 	if pod.Status.StartTime != nil {
 		st.runningAt = pod.Status.StartTime.Time
 	}
@@ -402,7 +619,7 @@ func (w *podWorker) adopt(pod *v1.Pod, st *podState, now time.Time) {
 	if ok {
 		st.finishAt = st.runningAt.Add(d)
 	}
-	klog.InfoS("Pod already running, not admitted again", "pod", klog.KObj(pod))
+	klog.InfoS("Pod already running: admitted again, its containers kept", "pod", klog.KObj(pod))
 }
 
 func (w *podWorker) otherPods(pod *v1.Pod) []*v1.Pod {
@@ -509,11 +726,17 @@ func (w *podWorker) runningStatus(pod *v1.Pod, st *podState, started time.Time) 
 	}
 	s.ContainerStatuses = nil
 	for _, c := range pod.Spec.Containers {
-		s.ContainerStatuses = append(s.ContainerStatuses, v1.ContainerStatus{
+		cs := v1.ContainerStatus{
 			Name: c.Name, Image: c.Image, ImageID: "sim://" + c.Image, ContainerID: containerID(pod, c.Name),
 			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: startedAt}},
-			Ready: true, Started: &yes,
-		})
+			Ready: true, Started: &yes, RestartCount: st.restarts,
+		}
+		if st.restarts > 0 {
+			cs.ContainerID = fmt.Sprintf("%s-%d", cs.ContainerID, st.restarts)
+			cs.LastTerminationState = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{
+				ExitCode: 0, Reason: "Completed", FinishedAt: metav1.NewTime(st.exitedAt), ContainerID: containerID(pod, c.Name)}}
+		}
+		s.ContainerStatuses = append(s.ContainerStatuses, cs)
 	}
 	w.s.dm.UpdateAllocatedResourcesStatus(klog.Background(), pod, &s)
 	s.Conditions = kubeletConditions(pod, &base.Status, s)
