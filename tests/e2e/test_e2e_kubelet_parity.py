@@ -1,0 +1,313 @@
+"""The simulated kubelet against kubelet itself: each scenario runs on a node whose kubelet is
+``nodelock-simkubelet`` and on one whose kubelet is the real ``kubelet`` of the cluster's release
+(``--kubelet real``, only containers faked), and asserts the same observable outcome on both:
+what PodResources ``List`` returns, the Allocate calls the device plugin received (its
+``nodelock_deviceplugin_allocations_total``), the pod's phase and kubelet's events.
+
+Where the two disagree the simulation is wrong (docs/simkubelet.md). The kubelet behaviour each
+scenario pins, with its source (the same in v1.33.13 and v1.37.2):
+
+- a restart: kubelet admits every pod again (``HandlePodAdditions``, ``pkg/kubelet/kubelet.go``);
+  with its device checkpoint a running pod keeps its devices; without it, a container the
+  runtime reports running while kubelet's sources are not ready gets none (``devicesToAllocate``,
+  ``pkg/kubelet/cm/devicemanager/manager.go``), so ``List`` names the pod with none; when the
+  container is created again, ``GetDeviceRunContainerOptions`` (same file) fails it for want of
+  a device record, since the plugin requires PreStartContainer, before it would call Allocate
+  again (``needsReAllocate``);
+- a pod being deleted keeps its devices until its containers have stopped (its preStop hooks
+  first: ``killContainer``, ``pkg/kubelet/kuberuntime/kuberuntime_container.go``; a pod counts
+  as active until known terminated: ``isPodInactive``, ``pkg/kubelet/kubelet_pods.go``);
+- a pod already being deleted when kubelet first sees it still goes through admission
+  (``HandlePodAdditions``, ``pkg/kubelet/kubelet.go``: only a pod whose termination its pod
+  worker already requested skips it).
+
+- admission order: kubelet admits the pods of one config-source update sorted by creation,
+  updates in arrival order (``HandlePodAdditions``, ``pkg/kubelet/kubelet.go``; the apiserver
+  source sends one update per watch event, ``pkg/kubelet/config/apiserver.go``,
+  ``pkg/kubelet/config/config.go``).
+
+One cluster per kubelet kind for the module: one node with four GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from devcluster.gpunodes import kubelet_checkpoint, pod_resources_socket, up_gpu_cluster
+from devcluster.realkubelet import KubeletKind
+from deviceplugin.kubeletview import list_pod_resources
+from kube.client import JSON, pod_path
+from tests.e2e.kit import (
+    BYPASS,
+    LEASE_S,
+    RESOURCE,
+    GPUCluster,
+    assignment,
+    for_one_test,
+    gpu_cluster_of_its_own,
+    gpu_pod,
+    log_count,
+    metric_value,
+    plugin_registrations,
+    sleeping_at,
+    slow_admission,
+    wait_log,
+    wait_registrations,
+)
+
+pytestmark = [pytest.mark.e2e]
+
+RUN_SECONDS = "sim.nodelock.io/run-seconds"
+ALLOCATIONS = "nodelock_deviceplugin_allocations_total"
+
+
+@pytest.fixture(scope="module", params=[KubeletKind.SIM, KubeletKind.REAL], ids=["sim", "real"])
+def parity_cluster(
+    request: pytest.FixtureRequest, kubernetes_version: str | None
+) -> Iterator[GPUCluster]:
+    """A devcluster of its own on ``--kubernetes-version``: one GPU node x four GPUs whose
+    kubelet is the simulated or the real one."""
+    kind: KubeletKind = request.param
+
+    def start(cluster: Any) -> Any:
+        return up_gpu_cluster(
+            cluster,
+            nodes=1,
+            gpus_per_node=4,
+            extender_args=[f"--lease-duration={LEASE_S}"],
+            kubelet=kind,
+        )
+
+    with gpu_cluster_of_its_own(f"nlp{kind.value[0]}-", start, version=kubernetes_version) as c:
+        yield c
+
+
+@pytest.fixture
+async def parity(parity_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
+    """The cluster with a client and a fresh namespace; the namespace is deleted after and every
+    lock must end free."""
+    async with for_one_test(parity_cluster, judge=False) as c:
+        try:
+            yield c
+        finally:
+            await c.cleanup(timeout_s=90)
+
+
+def _listed(c: GPUCluster) -> dict[tuple[str, str], frozenset[str]]:
+    """kubelet's PodResources List on the node, the test's pods only: (pod, container) -> GPU IDs
+    (empty: listed without devices)."""
+    socket = pod_resources_socket(c.cluster.state_dir, c.nodes[0])
+    return {
+        (pod.name, container): frozenset(ids)
+        for pod in list_pod_resources(socket, resource=RESOURCE)
+        if pod.namespace == c.namespace
+        for container, ids in pod.containers.items()
+    }
+
+
+async def _allocations(c: GPUCluster) -> float:
+    """Allocate calls the node's device plugin received, whatever it answered."""
+    port = c.cluster.settings()["metrics"][f"deviceplugin-{c.nodes[0]}"]
+    return await metric_value(f"http://127.0.0.1:{port}/metrics", ALLOCATIONS)
+
+
+async def _settled_allocations(c: GPUCluster) -> float:
+    """``_allocations`` once it stopped changing (the counter moves after kubelet got the
+    answer, so a pod can be Running a moment before its Allocate is counted)."""
+    last = await _allocations(c)
+    while True:
+        await asyncio.sleep(0.5)
+        now = await _allocations(c)
+        if now == last:
+            return now
+        last = now
+
+
+async def _restart_kubelet(c: GPUCluster, *, drop_checkpoint: bool = False) -> None:
+    """Stop the node's kubelet (removing its device checkpoint if asked), start it again and wait
+    until the device plugin registered with it again."""
+    node = c.nodes[0]
+    seen = plugin_registrations(c.cluster, node)
+    c.cluster.stop_component(f"kubelet-{node}", forget=False)
+    if drop_checkpoint:
+        kubelet_checkpoint(c.cluster.state_dir, node).unlink()
+    c.cluster.restart_component(f"kubelet-{node}")
+    await wait_registrations(c.cluster, node, seen, timeout_s=60)
+
+
+async def _wait_listed(
+    c: GPUCluster, key: tuple[str, str], *, timeout_s: float = 20.0
+) -> frozenset[str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listed = await asyncio.to_thread(_listed, c)
+        if key in listed:
+            return listed[key]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{key} not in kubelet's List after {timeout_s}s: {listed}")
+        await asyncio.sleep(0.1)
+
+
+async def test_restarts_with_and_without_checkpoint_then_container_restart(
+    parity: GPUCluster,
+) -> None:
+    """kubelet restarted with its device checkpoint lists the running pod with its devices;
+    restarted without it, with no devices; neither restart calls Allocate. When the pod's
+    container then exits and kubelet creates it again (restartPolicy Always), kubelet holds no
+    devices for it: the plugin registers with PreStartContainer required, so kubelet fails the
+    container's creation (``callPreStartContainerIfNeeded`` before ``needsReAllocate``) instead
+    of calling Allocate, and the pod stays Running with the container waiting."""
+    c = parity
+    node = c.nodes[0]
+    pod = gpu_pod("keep", [1], node=node, annotations={RUN_SECONDS: "30"})
+    await c.kube.create(pod_path(c.namespace), pod)
+    running = await c.wait_phase("keep", ["Running"], timeout_s=90)
+    devices = frozenset(assignment(running)["c0"])
+    assert await _wait_listed(c, ("keep", "c0")) == devices
+    before = await _settled_allocations(c)
+
+    await _restart_kubelet(c)
+    assert await _wait_listed(c, ("keep", "c0")) == devices
+    await _restart_kubelet(c, drop_checkpoint=True)
+    assert await _wait_listed(c, ("keep", "c0")) == frozenset()  # running, no devices
+    assert (await c.pod("keep"))["status"]["phase"] == "Running"
+    assert await _allocations(c) == before  # admitted again twice without any Allocate
+
+    # the container exits 30 s after it started; kubelet creates it again at once (no back-off
+    # before a first restart) and fails for want of a device record
+    deadline = time.monotonic() + 60
+    while True:
+        status = (await c.pod("keep"))["status"]
+        waiting = status["containerStatuses"][0]["state"].get("waiting") or {}
+        if waiting.get("reason") == "CreateContainerConfigError":
+            break
+        assert time.monotonic() < deadline, status
+        await asyncio.sleep(0.2)
+    assert waiting["message"].startswith("no devices found allocated in local cache for pod ")
+    assert status["phase"] == "Running"
+    assert await _allocations(c) == before
+    assert (await asyncio.to_thread(_listed, c)).get(("keep", "c0")) == frozenset()
+
+
+async def test_deleted_pod_keeps_devices_until_its_containers_stop(parity: GPUCluster) -> None:
+    """A pod deleted with a 4 s preStop sleep hook stays listed with its devices, Running, while
+    kubelet runs the hook; it is gone once its containers stopped, not before."""
+    c = parity
+    pod = gpu_pod("term", [1], node=c.nodes[0])
+    pod["spec"]["terminationGracePeriodSeconds"] = 30
+    pod["spec"]["containers"][0]["lifecycle"] = {"preStop": {"sleep": {"seconds": 4}}}
+    await c.kube.create(pod_path(c.namespace), pod)
+    running = await c.wait_phase("term", ["Running"], timeout_s=90)
+    devices = frozenset(assignment(running)["c0"])
+    assert await _wait_listed(c, ("term", "c0")) == devices
+
+    deleted = time.monotonic()
+    await c.kube.delete(pod_path(c.namespace, "term"))
+    await asyncio.sleep(1.5)
+    terminating = await c.pod("term")
+    assert terminating["metadata"].get("deletionTimestamp"), terminating["metadata"]
+    assert terminating["status"]["phase"] == "Running"
+    assert (await asyncio.to_thread(_listed, c)).get(("term", "c0")) == devices
+    await c.wait_gone("term", timeout_s=60)
+    assert time.monotonic() - deleted >= 3.5  # the hook ran before the containers stopped
+
+
+async def test_pod_deleted_before_kubelet_saw_it_is_admitted(parity: GPUCluster) -> None:
+    """A GPU pod bound and deleted (gracefully) while kubelet is down reaches kubelet already
+    being deleted: kubelet still admits it, so the device manager is asked for its devices and
+    the admission failure is kubelet's event on it (no plugin has registered again yet; or the
+    plugin refuses a pod without the node lock); then the pod is gone."""
+    c = parity
+    node = c.nodes[0]
+    await c.allow_bypass()
+    c.cluster.stop_component(f"kubelet-{node}", forget=False)
+    try:
+        ghost = gpu_pod("ghost", [1], node=node, bind_directly=True, labels=BYPASS)
+        ghost["spec"]["terminationGracePeriodSeconds"] = 30
+        await c.kube.create(pod_path(c.namespace), ghost)
+        await c.kube.delete(pod_path(c.namespace, "ghost"))
+        assert (await c.pod("ghost"))["metadata"].get("deletionTimestamp")
+    finally:
+        seen = plugin_registrations(c.cluster, node)
+        c.cluster.restart_component(f"kubelet-{node}")
+        await wait_registrations(c.cluster, node, seen, timeout_s=60)
+    await c.wait_gone("ghost", timeout_s=60)
+    reasons = await _event_reasons(c, "ghost")
+    assert "UnexpectedAdmissionError" in reasons, reasons
+
+
+async def test_admission_takes_batches_in_arrival_order(parity: GPUCluster) -> None:
+    """Two pods bound while kubelet is busy admitting a third arrive as two batches: kubelet
+    admits the younger one first because it was bound first (each batch sorted by creation,
+    batches in arrival order). Every Allocate takes 3 s here (a slow plugin), so the order shows
+    in the seconds of kubelet's rejection events (the pods are placed by hand, without the node
+    lock, so the plugin refuses each)."""
+    c = parity
+    node = c.nodes[0]
+    await c.allow_bypass()
+    c.expect_unadmitted("busy", "older", "younger")
+    for name in ("older", "younger"):  # created a second apart, left unscheduled
+        pod = gpu_pod(name, [1], labels=BYPASS)
+        pod["spec"]["schedulerName"] = "parity-nobody"
+        await c.kube.create(pod_path(c.namespace), pod)
+        await asyncio.sleep(1.1)
+    async with slow_admission(c, node, seconds=3):
+        sleeping = log_count(c, f"deviceplugin-{node}", sleeping_at("allocate.start"))
+        busy = gpu_pod("busy", [1], node=node, bind_directly=True, labels=BYPASS)
+        await c.kube.create(pod_path(c.namespace), busy)
+        await wait_log(c, f"deviceplugin-{node}", sleeping_at("allocate.start"), sleeping)
+        for name in ("younger", "older"):  # bound in this order while kubelet admits busy
+            binding = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            }
+            await c.kube.create(pod_path(c.namespace, name) + "/binding", binding)
+        for name in ("busy", "younger", "older"):
+            failed = await c.wait_phase(name, ["Failed"], timeout_s=60)
+            assert failed["status"]["reason"] == "UnexpectedAdmissionError", failed["status"]
+    rejected = {name: await _rejected_at(c, name) for name in ("busy", "younger", "older")}
+    assert rejected["busy"] < rejected["younger"] < rejected["older"], rejected
+
+
+async def _rejected_at(c: GPUCluster, pod: str) -> str:
+    """When kubelet recorded its admission failure on ``pod`` (the event's first timestamp)."""
+    deadline = time.monotonic() + 10
+    while True:
+        events: list[JSON] = (await c.kube.list(f"/api/v1/namespaces/{c.namespace}/events"))[
+            "items"
+        ]
+        for e in events:
+            if (
+                e["involvedObject"].get("name") == pod
+                and e.get("reason") == "UnexpectedAdmissionError"
+                and e.get("source", {}).get("component") == "kubelet"
+            ):
+                return str(e.get("firstTimestamp") or e["metadata"]["creationTimestamp"])
+        assert time.monotonic() < deadline, f"no admission failure event for {pod}"
+        await asyncio.sleep(0.2)
+
+
+async def _event_reasons(c: GPUCluster, pod: str, *, timeout_s: float = 10.0) -> list[str]:
+    """Reasons of the events kubelet recorded on the test's pod ``pod`` (events are written
+    asynchronously: waits up to ``timeout_s`` for one)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events: list[JSON] = (await c.kube.list(f"/api/v1/namespaces/{c.namespace}/events"))[
+            "items"
+        ]
+        reasons = [
+            e.get("reason", "")
+            for e in events
+            if e["involvedObject"].get("name") == pod
+            and e.get("source", {}).get("component") == "kubelet"
+        ]
+        if reasons or time.monotonic() > deadline:
+            return reasons
+        await asyncio.sleep(0.2)
