@@ -56,11 +56,13 @@ from deviceplugin.decide import (
     HandoffProgress,
     KubeletAdmission,
     KubeletRecords,
+    KubeletSightings,
     MismatchPolicy,
     PodJSON,
     Preference,
     Refusal,
     RefusalKind,
+    admitted_before,
     check_request,
     decide_allocate,
     decide_preferred,
@@ -68,6 +70,7 @@ from deviceplugin.decide import (
     hint,
     kubelet_admitting,
     kubelet_records,
+    sight,
     unknown_listed,
 )
 from deviceplugin.devices import DeviceState
@@ -87,6 +90,9 @@ from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView,
 API_RETRY_S = 30.0  # how long a read may keep failing (API server restart) before refusing
 RELEASE_INLINE_S = 5.0  # how long Allocate waits for its release before leaving it to the retrier
 RELEASE_BACKOFF_S = (0.2, 10.0)
+# how often kubelet's List is read between Allocate calls, so that a pod kubelet admitted before
+# the next holder is known as such (``decide.admitted_before``)
+SIGHTING_PERIOD_S = 1.0
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -133,6 +139,9 @@ class Admission:
         self._clock = clock
         # listed pods the API server does not know, by namespace/name: when first seen so
         self._unknown_since: dict[str, float] = {}
+        # which pods kubelet listed from which read on (``decide.sight``); one read at a time
+        self._sightings = KubeletSightings()
+        self._sight_lock = asyncio.Lock()
         self._on_refused = on_refused  # an Event on the holder pod (or the node)
         self.node = node
         self._kube = kube
@@ -314,7 +323,16 @@ class Admission:
             held = await self._holder_pod(view, fresh=False)
             if holder is not None:
                 specs = await self._specs(listed, holder.key)
-                kubelet = self._admitting(listed, specs, holder.key, held, recorded, ctx)
+                earlier = admitted_before(self._sightings, holder.key)
+                kubelet = self._admitting(listed, specs, holder.key, held, recorded, ctx, earlier)
+                if kubelet.admitted_before:
+                    # a pod is left out for a spec that kubelet cannot be resizing: read after
+                    # kubelet called, so a spec change before the call shows
+                    for key in kubelet.admitted_before:
+                        specs[key] = await self._pod(HolderKey(key))
+                    kubelet = self._admitting(
+                        listed, specs, holder.key, held, recorded, ctx, earlier
+                    )
                 if fresh_lease and kubelet.others:
                     # the watch may lag a status kubelet wrote (a rejected or finished pod):
                     # the pods that count are read afresh before the call is refused for them
@@ -322,7 +340,9 @@ class Admission:
                         name = key.split(" ", 1)[0]
                         if specs.get(name) is not None:
                             specs[name] = await self._pod(HolderKey(name))
-                    kubelet = self._admitting(listed, specs, holder.key, held, recorded, ctx)
+                    kubelet = self._admitting(
+                        listed, specs, holder.key, held, recorded, ctx, earlier
+                    )
                 if kubelet.ignored_unknown:
                     self._metrics.unknown_pods_ignored.inc(len(kubelet.ignored_unknown))
         else:
@@ -359,10 +379,11 @@ class Admission:
         held: PodJSON | None,
         recorded: KubeletRecords | None,
         ctx: Context,
+        earlier: Mapping[str, str],
     ) -> KubeletAdmission:
         """``kubelet_admitting`` with how long each listed pod unknown to the API server has
         been seen listed (from the first List that showed it; forgotten once it is known or no
-        longer listed)."""
+        longer listed), and the pods kubelet admitted before the holder (``earlier``)."""
         unknown = {e.key for e in listed if e.key != holder and specs.get(e.key) is None}
         self._unknown_since, ages = unknown_listed(self._unknown_since, unknown, self._clock())
         return kubelet_admitting(
@@ -374,6 +395,7 @@ class Admission:
             holder_pod=held,
             recorded=recorded,
             unknown_for_s=ages,
+            earlier=earlier,
         )
 
     async def _recorded(self, resource: str) -> KubeletRecords | None:
@@ -397,7 +419,7 @@ class Admission:
         if self._kubelet is None:
             return None
         try:
-            listed = await self._kubelet.list(resource=resource)
+            listed = await self._sight(resource)
         except KubeletViewError as exc:
             self._metrics.kubelet_view.labels(result="error").inc()
             message = (
@@ -411,6 +433,34 @@ class Admission:
             return None
         self._metrics.kubelet_view.labels(result="ok").inc()
         return listed
+
+    async def _sight(self, resource: str) -> list[KubeletPod]:
+        """kubelet's PodResources List (raises ``KubeletViewError``), recorded in the sightings
+        with the UID the node's pod watch shows for each listed pod (none while it has none)."""
+        assert self._kubelet is not None
+        async with self._sight_lock:
+            listed, instance = await self._kubelet.list_seen(resource=resource)
+            uids: dict[str, str] = {}
+            if self._pods is not None and self._pods.synced:
+                for entry in listed:
+                    pod = self._pods.get(HolderKey(entry.key))
+                    uids[entry.key] = str(((pod or {}).get("metadata") or {}).get("uid") or "")
+            keys = [e.key for e in listed]
+            self._sightings = sight(self._sightings, instance, keys, uids)
+        return listed
+
+    async def run_sightings(self, period_s: float = SIGHTING_PERIOD_S) -> None:
+        """Read kubelet's List every ``period_s`` until cancelled, so that the pods it admitted
+        before the next holder are known as such when that holder's Allocate comes
+        (``decide.admitted_before``); without a PodResources socket, nothing to do."""
+        if self._kubelet is None:
+            return
+        while True:
+            try:
+                await self._sight(self._resource)
+            except KubeletViewError as exc:
+                log.debug("kubelet's List between calls: %s", exc)
+            await asyncio.sleep(period_s)
 
     async def _specs(
         self, listed: Sequence[KubeletPod], holder: HolderKey

@@ -714,6 +714,87 @@ class KubeletAdmission:
     others: tuple[str, ...]  # other pods it holds that may still be waiting for devices
     # listed pods unknown to the API server for longer than ``UNKNOWN_POD_WAIT_S``: left out
     ignored_unknown: tuple[str, ...] = ()
+    # listed pods without device records that kubelet admitted before it held the holder
+    # (``admitted_before``): left out
+    admitted_before: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class KubeletSightings:
+    """Which pods one kubelet instance listed, from which of the plugin's ``List`` reads on.
+
+    ``instance`` names the kubelet that answered (its PodResources socket file: a restarted
+    kubelet makes a new one); ``first`` maps each listed pod (``namespace/name``) to the first
+    read of its present, unbroken listing; ``known`` maps it to the UID the plugin knew for it
+    and the first read of its listing under that UID.  Reads are numbered from 1 per instance.
+    """
+
+    instance: str = ""
+    reads: int = 0
+    first: Mapping[str, int] = field(default_factory=dict)
+    known: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+
+
+def sight(
+    before: KubeletSightings, instance: str, listed: Collection[str], uids: Mapping[str, str]
+) -> KubeletSightings:
+    """``before`` updated with one more ``List`` read: ``listed`` the pods it returned,
+    ``uids`` the UID the plugin knew for each then (missing or "": not known), ``instance``
+    the kubelet that answered ("" when not known for sure: everything is forgotten).  A pod no
+    longer listed is forgotten, so listed again it starts anew; so is a pod whose UID changed.
+    Another instance starts from nothing (kubelet's pod manager starts empty)."""
+    if not instance or instance != before.instance:
+        before = KubeletSightings(instance=instance)
+    if not instance:
+        return before
+    read = before.reads + 1
+    first: dict[str, int] = {}
+    known: dict[str, tuple[str, int]] = {}
+    for key in listed:
+        first[key] = before.first.get(key, read)
+        uid = uids.get(key, "")
+        if not uid:
+            continue
+        was = before.known.get(key)
+        known[key] = was if was is not None and was[0] == uid else (uid, read)
+    return KubeletSightings(instance, read, first, known)
+
+
+def admitted_before(sightings: KubeletSightings, holder: HolderKey) -> dict[str, str]:
+    """The pods (``namespace/name`` -> UID) kubelet listed in a read that did not list the
+    ``holder``, as far as its present listing goes back: kubelet admitted each of them before
+    it held the holder.
+
+    kubelet adds a pod to its pod manager, then admits it, one pod after the other in its sync
+    loop (``kubelet.go`` ``HandlePodAdditions``: ``podManager.AddPod`` then ``canAdmitPod``,
+    v1.33.13 lines 2661, 2698-2714; v1.37.2 line 2893), and ``List`` answers from the pod
+    manager (``apis/podresources/server_v1.go``, v1.33.13 line 58, v1.37.2 lines 68-72).  A pod
+    listed while the holder was not had been added, so its admission ended before the holder
+    was added; it is not the pod in admission while the holder is listed.  Empty while the
+    holder was never listed by this instance."""
+    since = sightings.first.get(holder)
+    if since is None:
+        return {}
+    return {
+        key: uid for key, (uid, read) in sightings.known.items() if read < since and key != holder
+    }
+
+
+def _calls_no_more(spec: PodJSON, uid: str | None) -> bool:
+    """Whether a pod kubelet admitted earlier (``admitted_before``: its UID then) makes no more
+    Allocate calls: the same pod (UID) and a spec never changed since its creation
+    (``metadata.generation`` 1, which the API server counts up on every spec change,
+    ``pkg/registry/core/pod/strategy.go`` ``updatePodGeneration``, v1.33.13 line 1040), so
+    kubelet has no resize of it to admit (an in-place resize is admitted through the admit
+    handlers again, device plugin Allocate included, from the pod worker: ``kubelet.go``
+    ``canResizePod``, v1.33.13 line 2912; from 1.37 the device manager ignores it,
+    ``cm/devicemanager/manager.go`` ``Allocate``, v1.37.2 line 394).  kubelet's pod worker does
+    not call Allocate either: the plugin registers with ``PreStartRequired`` and kubelet then
+    fails the start of a container without a device record before it would call Allocate
+    (``GetDeviceRunContainerOptions``: ``callPreStartContainerIfNeeded`` before
+    ``needsReAllocate``, v1.33.13 lines 949, 963, 994; v1.37.2 lines 990, 1004, 1037)."""
+    meta = spec.get("metadata") or {}
+    return bool(uid) and str(meta.get("uid") or "") == uid and meta.get("generation") == 1
 
 
 # How long a pod kubelet lists but the API server does not know (a static pod without a mirror
@@ -736,6 +817,7 @@ def kubelet_admitting(
     holder_pod: PodJSON | None = None,
     recorded: KubeletRecords | None = None,
     unknown_for_s: Mapping[str, float] | None = None,
+    earlier: Mapping[str, str] | None = None,
 ) -> KubeletAdmission:
     """Read kubelet's PodResources ``List`` for the pods it may be admitting.
 
@@ -763,11 +845,20 @@ def kubelet_admitting(
     towards refusing, never towards serving another pod the holder's devices.  The holder
     counts as listed only while it may still await devices by ``holder_pod`` (its spec) too:
     a holder kubelet already gave all its GPUs is not the pod it asks about now.
+
+    A pod that kubelet admitted before it held the holder (``earlier``, from
+    ``admitted_before``: ``namespace/name`` -> UID) and that makes no more Allocate calls
+    (``_calls_no_more``: the same UID, its spec never changed) does not count either, with or
+    without device records (``admitted_before`` in the answer): it is a pod whose devices a
+    kubelet restarted without its checkpoint lost, still running on them.  Its spec must have
+    been read after kubelet called (a spec changed before the call shows).
     """
     del served_pods  # kubelet's own record decides (docstring)
     holder_listed = False
     others: list[str] = []
     ignored: list[str] = []
+    before: list[str] = []
+    earlier = earlier or {}
     ages = unknown_for_s or {}
     for entry in listed:
         if entry.key == holder:
@@ -787,8 +878,13 @@ def kubelet_admitting(
                 )
             continue
         if _may_await(entry, spec, ctx, recorded=recorded):
-            others.append(entry.key)
-    return KubeletAdmission(holder_listed, tuple(sorted(others)), tuple(sorted(ignored)))
+            if entry.key in earlier and _calls_no_more(spec, earlier[entry.key]):
+                before.append(entry.key)
+            else:
+                others.append(entry.key)
+    return KubeletAdmission(
+        holder_listed, tuple(sorted(others)), tuple(sorted(ignored)), tuple(sorted(before))
+    )
 
 
 def unknown_listed(

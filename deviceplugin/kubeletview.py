@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from proto import podresources_v1_pb2_grpc as pr_grpc
 POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 KUBELET_CHECKPOINT = Path("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
 DEFAULT_TIMEOUT_S = 5.0
+Listed = list[KubeletPod]  # kubelet's List answer (a name: ``PodResources.list`` hides ``list``)
 
 
 class KubeletViewError(Exception):
@@ -92,10 +94,29 @@ class PodResources:
             ) from exc
         return pods_from_list(response, resource=resource or self._resource)
 
+    async def list_seen(self, *, resource: str | None = None) -> tuple[Listed, str]:
+        """``list`` and which kubelet answered: its socket file's identity (device, inode,
+        change time), the same before and after the call; "" when the socket changed meanwhile
+        (kubelet restarted: the answer may be either kubelet's)."""
+        before = socket_identity(self.socket)
+        listed = await self.list(resource=resource)
+        after = socket_identity(self.socket)
+        return listed, before if before == after else ""
+
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close(None)
             self._channel = None
+
+
+def socket_identity(socket: Path) -> str:
+    """Which file ``socket`` is now (device, inode, change time in ns); "" when it is missing.
+    kubelet removes its PodResources socket and makes a new one when it starts."""
+    try:
+        st = os.stat(socket)
+    except OSError:
+        return ""
+    return f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}"
 
 
 def pods_from_list(response: pr_pb.ListPodResourcesResponse, *, resource: str) -> list[KubeletPod]:

@@ -192,6 +192,7 @@ class DevicePlugin:
         self._spawn("health-gauges", self._follow_health())
         self._spawn("gpu-use-gauges", self._follow_gpu_use())
         self._spawn("releases", self.admission.run_releases())
+        self._spawn("kubelet-sightings", self.admission.run_sightings())
         self._spawn("inventory", self.inventory.run(self.state))
         self._spawn("endpoint", self.endpoint.run())
         for profile in sorted({g.profile for g in self.state.gpus if g.profile}):

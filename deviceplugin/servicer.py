@@ -39,9 +39,12 @@ def status_code(refusal: Refusal) -> grpc.StatusCode:
     return _CODES.get(refusal.kind, grpc.StatusCode.FAILED_PRECONDITION)
 
 
-def options() -> pb.DevicePluginOptions:
-    """What the plugin supports: GetPreferredAllocation yes, PreStartContainer not needed."""
-    return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+def options(*, pre_start_required: bool = False) -> pb.DevicePluginOptions:
+    """What a plugin supports: GetPreferredAllocation yes; PreStartContainer as asked (nodelock's
+    servicer asks for it: ``DevicePluginServicer.GetDevicePluginOptions``)."""
+    return pb.DevicePluginOptions(
+        pre_start_required=pre_start_required, get_preferred_allocation_available=True
+    )
 
 
 def device_message(gpu: GPU, device_id: str | None = None) -> pb.Device:
@@ -108,7 +111,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     async def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
     ) -> pb.DevicePluginOptions:
-        return options()
+        """GetPreferredAllocation and PreStartContainer.  With PreStartContainer required,
+        kubelet fails the start of a container it has no device record of (a restart that lost
+        its checkpoint) instead of calling Allocate for it from the pod worker
+        (``cm/devicemanager/manager.go`` ``GetDeviceRunContainerOptions`` calls
+        ``callPreStartContainerIfNeeded`` first, which errs without a record: v1.33.13 lines
+        949, 994; v1.37.2 lines 990, 1037).  So kubelet calls Allocate only while admitting a
+        pod, which ``decide.admitted_before`` relies on."""
+        return options(pre_start_required=True)
 
     async def ListAndWatch(
         self,
@@ -167,4 +177,5 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             pb.PreStartContainerRequest, pb.PreStartContainerResponse
         ],
     ) -> pb.PreStartContainerResponse:
+        """Nothing to prepare: the answer to Allocate carried everything."""
         return pb.PreStartContainerResponse()

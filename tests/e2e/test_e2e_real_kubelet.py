@@ -26,6 +26,7 @@ from devcluster.realkubelet import (
     read_checkpoint,
     read_containers,
 )
+from deviceplugin.admission import SIGHTING_PERIOD_S
 from deviceplugin.kubeletview import list_pod_resources
 from kube.client import JSON, node_path, pod_path
 from kube.errors import Forbidden
@@ -274,18 +275,12 @@ async def test_bypass_pod_gets_no_device_from_a_real_kubelet(real: GPUCluster) -
     assert _handed(real, honest)["c0"] == sorted(assignment(honest)["c0"])
 
 
-@pytest.mark.xfail(  # not strict: one run of five at v1.33.13 passed, unexplained
-    strict=False,
-    reason="nodelock's device plugin refuses every later GPU pod on the node while a pod that ran "
-    "before the restart runs: kubelet (v1.33.13, v1.37.2) lists that pod in PodResources with no "
-    "devices (devicemanager/manager.go devicesToAllocate: a container already running while "
-    "sources are not ready gets nothing allocated), which the plugin takes for a pod admitted "
-    "without the lock",
-)
 async def test_kubelet_restart_without_its_checkpoint(real: GPUCluster) -> None:
     """kubelet restarted with its device checkpoint gone: the running pod keeps running and its
-    devices are no longer in kubelet's records; the next pod on the node must still get exactly
-    its assignment, none of the running pod's devices."""
+    devices are no longer in kubelet's records (kubelet lists it without devices); the next pod
+    on the node gets exactly its assignment, none of the running pod's devices, because kubelet
+    admitted the running pod before it and calls Allocate for it no more
+    (``deviceplugin.decide.admitted_before``)."""
     node = real.nodes[1]
     await real.create_pod("before", [1], node=node)
     before = (await _run_all(real, ["before"]))["before"]
@@ -304,6 +299,9 @@ async def test_kubelet_restart_without_its_checkpoint(real: GPUCluster) -> None:
             break
         await asyncio.sleep(0.1)
     assert listed == [{"c0": frozenset()}]  # running, and no devices in kubelet's records
+    # the plugin reads kubelet's List every second: it sees the running pod listed before the
+    # next holder exists
+    await asyncio.sleep(3 * SIGHTING_PERIOD_S)
     real.expect_unadmitted("after")
     await real.create_pod("after", [1], node=node)
     try:
@@ -312,6 +310,15 @@ async def test_kubelet_restart_without_its_checkpoint(real: GPUCluster) -> None:
             assert not set(_handed(real, after)["c0"]) & set(_handed(real, before)["c0"])
         assert after["status"]["phase"] == "Running", after["status"].get("message")
         assert _handed(real, after)["c0"] == sorted(assignment(after)["c0"])
+        assert _checkpointed(real, after) == {"c0": sorted(assignment(after)["c0"])}
+        assert _checkpointed(real, before) == {}  # kubelet never asked for it again
+        assert (await real.pod("before"))["status"]["phase"] == "Running"
+        found = await _kubelet_findings(real, expected_pods=2)
+        assert not found.s1, found.s1
+        # the one record missing is the one this test deleted
+        assert found.s2 == [
+            f"{real.namespace}/before is Running but kubelet's record of its devices is missing"
+        ]
     finally:
         # once the pods from before the restart are gone the node serves GPU pods again (a
         # refused holder's lock is taken over by the next bind)
