@@ -221,7 +221,8 @@ async def campaign(cluster: Cluster, specs: Sequence[NodeSpec], args: argparse.N
         sampler = asyncio.create_task(run.sampler(kube))
         supervisor = asyncio.create_task(nemesis.supervise())
         injecting = asyncio.create_task(nemesis.run(faults, run.started))
-        plant = asyncio.create_task(_plant(run, kube, run_s / 2)) if args.plant else None
+        planting = args.plant == "edit-assignment"
+        plant = asyncio.create_task(_plant(run, kube, run_s / 2)) if planting else None
         wl_rng = random.Random(args.seed * 7919 + 2)
         while time.monotonic() - run.started < run_s:
             await workload.step()
@@ -567,7 +568,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=3.0, help="churn and faults this long")
     parser.add_argument("--seed", type=int, default=7, help="fixes the fault schedule")
     parser.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (at least 3)")
-    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--results-dir", type=Path, default=RESULTS, help="where soak.json goes (bench/results)"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the results here instead of --results-dir"
+    )
     parser.add_argument("--plant", choices=PLANTS, default=None, help="the checker's own test")
     parser.add_argument("--history", type=Path, default=None, help="write every sample (JSONL)")
     parser.add_argument("--verbose", action="store_true", help="print every workload action")
@@ -585,9 +591,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["violations"].append(
             {"invariant": "leak", "t": None, "message": leak, "times_seen": 1, "history": []}
         )
-    args.results_dir.mkdir(parents=True, exist_ok=True)
     name = "soak.json" if not args.plant else f"soak-plant-{args.plant}.json"
-    out = args.results_dir / name
+    out = args.json or args.results_dir / name
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print_summary(result)
     print(f"results: {out}")

@@ -12,7 +12,9 @@ workload action).  Over it:
   holder never comes with the old token, and no two pods bound to one node carry the same token;
 - **S3**: a lock whose holder has left the handoff (its pod gone, admitted, finished, or bound
   elsewhere) is not renewed any more once ``lease_s`` plus ``S3_SLACK_S`` have passed since it
-  left (it expires, so the next bind may take it over); at the end every lock is free
+  left (it expires, so the next bind may take it over); a lock is never taken over from a holder
+  still in handoff (the Lease records ``last-outcome: taken-over`` for a pod that a sample shows
+  bound there with that token, Pending and not admitted); at the end every lock is free
   (``check_locks_free``);
 - **L1** at the end: every GPU pod still there is Running or Succeeded, and a pod that Failed
   did so where a fault explains it (``blamed_fault``: a fault of its node's device plugin,
@@ -40,6 +42,7 @@ S3_SLACK_S = 5.0  # sampling period, the extender's observed-time rule and the w
 FAULT_BLAME_S = 30.0  # a pod failing this long after a fault healed is not blamed on it
 CONTEXT_S = 15.0
 HOLDER_UID = f"{DEFAULT_PREFIX}holder-uid"
+TAKEN_OVER = "taken-over"  # lockd.model.Outcome.TAKEN_OVER, as the Lease records it
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,11 @@ class LeaseView:
     token: int
     renew: str
     holder_uid: str = ""
+    # how the previous holder left (the Lease's last-* annotations), "" when none did
+    last_holder: str = ""
+    last_holder_uid: str = ""
+    last_token: int = 0
+    last_outcome: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,17 +148,27 @@ def minimal_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     for k in ("reason", "message"):
         if status.get(k):
             small["status"][k] = str(status[k])[:300]
+    if status.get("containerStatuses") or status.get("initContainerStatuses"):
+        small["status"]["hasStatuses"] = True  # kubelet writes them only for a pod it admitted
     return small
 
 
 def lease_view(lease: Mapping[str, Any]) -> LeaseView:
     spec = lease.get("spec") or {}
     notes = (lease.get("metadata") or {}).get("annotations") or {}
+    try:
+        last_token = int(notes.get(f"{DEFAULT_PREFIX}last-token") or 0)
+    except ValueError:
+        last_token = -1
     return LeaseView(
         holder=str(spec.get("holderIdentity") or ""),
         token=int(spec.get("leaseTransitions") or 0),
         renew=str(spec.get("renewTime") or ""),
         holder_uid=str(notes.get(HOLDER_UID, "")),
+        last_holder=str(notes.get(f"{DEFAULT_PREFIX}last-holder", "")),
+        last_holder_uid=str(notes.get(f"{DEFAULT_PREFIX}last-holder-uid", "")),
+        last_token=last_token,
+        last_outcome=str(notes.get(f"{DEFAULT_PREFIX}last-outcome", "")),
     )
 
 
@@ -170,6 +188,19 @@ def _node(pod: Mapping[str, Any]) -> str:
 def _admitted(pod: Mapping[str, Any]) -> bool:
     """kubelet has decided on the pod: it runs, finished or was refused."""
     return _phase(pod) in ("Running", "Succeeded", "Failed")
+
+
+def _in_handoff(pod: Mapping[str, Any], node: str) -> bool:
+    """Pending on ``node``, not being deleted, and not admitted: no record of devices from
+    kubelet and no container statuses (``handoff.holder``'s in-handoff, seen from a sample)."""
+    meta = pod.get("metadata") or {}
+    return (
+        _phase(pod) == "Pending"
+        and _node(pod) == node
+        and not meta.get("deletionTimestamp")
+        and sim_record(pod) is None
+        and not (pod.get("status") or {}).get("hasStatuses")
+    )
 
 
 @dataclass
@@ -207,6 +238,36 @@ class Checker:
         self._records_unchanged(sample, pods)
         self._fencing(sample, pods)
         self._s3(sample, pods)
+        self._takeovers(sample, pods)
+
+    def _takeovers(self, sample: Sample, pods: Sequence[Mapping[str, Any]]) -> None:
+        """S3's other half: a lock is never handed on while its holder is in handoff.  A lock
+        taken over from pod P, token T, while P (bound to the node with token T) is still
+        Pending there and not admitted, was handed on from under a holder kubelet may admit."""
+        by_key = {key_of(p): p for p in pods}
+        for node, view in sample.leases.items():
+            if view.last_outcome != TAKEN_OVER or not view.last_holder:
+                continue
+            pod = by_key.get(view.last_holder)
+            if pod is None or (view.holder, view.holder_uid) == (
+                view.last_holder,
+                view.last_holder_uid,
+            ):
+                continue
+            meta = pod["metadata"]
+            if view.last_holder_uid and str(meta.get("uid")) != view.last_holder_uid:
+                continue
+            if meta["annotations"].get(self.keys.token) != str(view.last_token):
+                continue
+            if _in_handoff(pod, node):
+                self._flag(
+                    "S3",
+                    sample.t,
+                    f"{node}'s lock (token {view.last_token}) was taken over from "
+                    f"{view.last_holder} while it was Pending there, bound with that token and "
+                    f"not admitted (now token {view.token}, {view.holder or 'free'})",
+                    [view.last_holder, node],
+                )
 
     def _records_unchanged(self, sample: Sample, pods: Sequence[Mapping[str, Any]]) -> None:
         for pod in pods:

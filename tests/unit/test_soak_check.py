@@ -234,3 +234,44 @@ def test_fault_windows_pair_each_fault_with_its_heal() -> None:
     assert blamed_fault(one, 3.0 + 29, "gpu-node-02") is None
     assert blamed_fault(events, 5.0 + 9, "gpu-node-02") is not None
     assert blamed_fault(events, 5.0 + 11, "gpu-node-02") is None
+
+
+def taken_over(holder: str, token: int, *, by: str = "ns/b") -> LeaseView:
+    return LeaseView(
+        holder=by,
+        token=token + 1,
+        renew="r1",
+        holder_uid=f"uid-{by.split('/')[1]}",
+        last_holder=holder,
+        last_holder_uid=f"uid-{holder.split('/')[1]}",
+        last_token=token,
+        last_outcome="taken-over",
+    )
+
+
+def test_a_lock_taken_over_from_a_holder_kubelet_may_still_admit_is_s3() -> None:
+    waiting = gpu_pod("a", None, assigned=["G0"], phase="Pending", token=4)
+    b = gpu_pod("b", None, assigned=["G1"], phase="Pending", token=5)
+    samples = [
+        Sample(1.0, [waiting], {NODE: lease("ns/a", 4, uid="uid-a")}),
+        Sample(2.0, [waiting, b], {NODE: taken_over("ns/a", 4)}),
+        Sample(3.0, [gpu_pod("a", ["G0"], token=4), gpu_pod("b", ["G1"], token=5)], {}),
+    ]
+    checker = run(samples)
+    assert invariants(checker) == ["S3"]
+    assert "taken over from ns/a" in checker.violations[0].message
+
+
+def test_a_takeover_from_a_holder_that_left_the_handoff_is_no_violation() -> None:
+    b = gpu_pod("b", ["G1"], token=5)
+    for holder in (
+        gpu_pod("a", ["G0"], token=4),  # admitted: kubelet's record is there
+        gpu_pod("a", None, assigned=["G0"], phase="Pending", token=4, node="gpu-node-02"),
+        gpu_pod("a", None, assigned=["G0"], phase="Pending", token=3),  # bound with another lock
+        gpu_pod("a", None, assigned=["G0"], phase="Failed", token=4, reason="Rejected"),
+    ):
+        samples = [Sample(2.0, [holder, b], {NODE: taken_over("ns/a", 4)})]
+        checker = Checker(lease_s=5)
+        for s in samples:
+            checker.add(s)
+        assert checker.violations == [], holder
