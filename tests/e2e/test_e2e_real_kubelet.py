@@ -36,10 +36,16 @@ from tests.e2e.kit import (
     RESOURCE,
     GPUCluster,
     assignment,
+    exited_at,
     for_one_test,
     gpu_cluster_of_its_own,
     gpu_pod,
+    log_count,
     plugin_registrations,
+    sleeping_at,
+    slow_admission,
+    wait_log,
+    wait_process_gone,
     wait_registrations,
 )
 
@@ -350,3 +356,73 @@ async def test_finished_pod_left_on_the_node(real: GPUCluster) -> None:
     assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
     audited = _audit(real)
     assert audited.returncode == 0, audited.stdout + audited.stderr
+
+
+@pytest.mark.parametrize("checkpoint", ["kept", "lost"])
+async def test_kubelet_killed_mid_handoff(real: GPUCluster, checkpoint: str) -> None:
+    """kubelet dies while it waits in Allocate for the second of a pod's two GPU containers (the
+    plugin takes 3 s over each call), and starts again with its device checkpoint (the first
+    container recorded) or without it (nothing recorded).  It admits the pod again and asks for
+    what it has no record of; the plugin's progress, confirmed by kubelet's checkpoint, answers
+    each container with its own assignment, the pod runs and the lock ends free."""
+    node = real.nodes[0]
+    plugin = f"deviceplugin-{node}"
+    line = sleeping_at("allocate.start")
+    path = _node(real, node).plugin_dir / "kubelet_internal_checkpoint"
+    async with slow_admission(real, node, seconds=3):
+        logged = log_count(real, plugin, line)
+        await real.create_pod("pair", [1, 1], node=node)
+        await wait_log(real, plugin, line, logged + 1)  # the second container's call waits
+        uid = (await real.pod("pair"))["metadata"]["uid"]
+        recorded = {e.container for e in read_checkpoint(path) if e.pod_uid == uid}
+        assert recorded == {"c0"}, recorded  # kubelet recorded the first, asks for the second
+        seen = plugin_registrations(real.cluster, node)
+        real.cluster.kill_component(f"kubelet-{node}")
+        if checkpoint == "lost":
+            path.unlink()
+        real.cluster.restart_component(f"kubelet-{node}")
+        await wait_registrations(real.cluster, node, seen, timeout_s=60)
+        pod = (await _run_all(real, ["pair"]))["pair"]
+    want = {c: sorted(ids) for c, ids in assignment(pod).items()}
+    assert _handed(real, pod) == want
+    assert _checkpointed(real, pod) == want
+    await real.wait_holder(node, None)
+    found = await _kubelet_findings(real, expected_pods=1)
+    assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
+
+
+async def test_takeover_after_a_holder_kubelet_rejected(real: GPUCluster) -> None:
+    """The plugin dies in the middle of a pod's first Allocate (after writing its progress):
+    kubelet rejects the pod, nothing of it is recorded or handed to the runtime, and the lock it
+    holds is taken over for the node's next pod, which runs with exactly its assignment."""
+    node = real.nodes[1]
+    plugin = f"deviceplugin-{node}"
+    line = exited_at("allocate.after-checkpoint")
+    seen = plugin_registrations(real.cluster, node)
+    proc = real.cluster.restart_component(
+        plugin, env={"NODELOCK_FAILPOINTS": "allocate.after-checkpoint"}
+    )
+    await wait_registrations(real.cluster, node, seen)
+    logged = log_count(real, plugin, line)
+    real.expect_unadmitted("crashed")
+    try:
+        await real.create_pod("crashed", [1, 1], node=node)
+        await wait_log(real, plugin, line, logged)
+        await wait_process_gone(proc)
+        pod = await real.wait_phase("crashed", ["Failed"], timeout_s=60)
+        assert pod["status"]["reason"] == "UnexpectedAdmissionError", pod["status"]
+        assert _checkpointed(real, pod) == {}
+        assert _handed(real, pod) == {}
+        lease = await real.wait_holder(node, real.key("crashed"))
+        token = int(lease["spec"]["leaseTransitions"])
+    finally:
+        seen = plugin_registrations(real.cluster, node)
+        real.cluster.restart_component(plugin, env={})
+        await wait_registrations(real.cluster, node, seen)
+    await real.create_pod("next", [2], node=node)
+    nxt = await real.wait_phase("next", ["Running"], timeout_s=LEASE_S + 60)
+    assert _handed(real, nxt)["c0"] == sorted(assignment(nxt)["c0"])
+    assert int(nxt["metadata"]["annotations"]["nodelock.io/token"]) > token
+    await real.wait_holder(node, None)
+    found = await _kubelet_findings(real, expected_pods=2)
+    assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
