@@ -674,9 +674,10 @@ def bystanders(
 
     This is never weaker than ``kubelet_admitting``: a pod counts here whenever ``List`` could
     list it with a GPU container without devices.  An admitted (Running) pod counts unless the
-    checkpoint records its devices, as kubelet calls Allocate again for a running pod whose
-    devices it has no record of (``GetDeviceRunContainerOptions``, after a restart that lost
-    its checkpoint); a pod this plugin served counts likewise (``served_pods`` is not trusted
+    checkpoint records its devices: kubelet admits it again after a restart that lost its
+    checkpoint, and the API server's view cannot tell whether it did so before the holder's
+    admission (``admitted_before`` needs kubelet's ``List``); a pod this plugin served counts
+    likewise (``served_pods`` is not trusted
     alone: kubelet may have died before recording what it was given).  ``recorded`` None
     (the checkpoint is unreadable) counts every such pod.  kubelet does not say which pod it
     admits; extender-bound pods never wait bound here beside the holder (the lock serializes
@@ -767,7 +768,7 @@ def admitted_before(sightings: KubeletSightings, holder: HolderKey) -> dict[str,
 
     kubelet adds a pod to its pod manager, then admits it, one pod after the other in its sync
     loop (``kubelet.go`` ``HandlePodAdditions``: ``podManager.AddPod`` then ``canAdmitPod``,
-    v1.33.13 lines 2661, 2698-2714; v1.37.2 line 2893), and ``List`` answers from the pod
+    v1.33.13 lines 2661, 2698-2714; v1.37.2 lines 2893, 2923), and ``List`` answers from the pod
     manager (``apis/podresources/server_v1.go``, v1.33.13 line 58, v1.37.2 lines 68-72).  A pod
     listed while the holder was not had been added, so its admission ended before the holder
     was added; it is not the pod in admission while the holder is listed.  Empty while the

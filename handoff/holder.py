@@ -20,11 +20,13 @@ The phases, decided in this order from the pod object alone:
   and it calls the device plugin for every container during admission, so the admitted pod has
   left *this handoff*: its lock may be taken over.  It is not a pod that asks for no more
   devices: a kubelet that restarts without its device checkpoint (it writes it only after the
-  plugin answered, cm/devicemanager/manager.go ``writeCheckpoint``) admits the pod again, or
-  its pod worker calls Allocate for a container it has no record of
-  (``GetDeviceRunContainerOptions``, v1.32.13-v1.37.2).  Whether such a pod may still ask is
-  kubelet's own record, not this classifier's: ``deviceplugin.decide`` counts a pod as done
-  with its devices only while kubelet's PodResources ``List`` or checkpoint records them.
+  plugin answered, cm/devicemanager/manager.go ``writeCheckpoint``) admits the pod again and
+  may call Allocate for it then; its pod worker would call Allocate for a container it has no
+  record of (``GetDeviceRunContainerOptions``, v1.33.13-v1.37.2) if nodelock's plugin did not
+  require ``PreStartContainer``.  Whether such a pod may still ask is kubelet's own record,
+  not this classifier's: ``deviceplugin.decide`` counts a pod as done with its devices only
+  while kubelet's PodResources ``List`` or checkpoint records them, or once kubelet admitted it
+  before the lock's holder (``deviceplugin.decide.admitted_before``).
 - ``UNKNOWN``: phase Unknown (kubelet lost contact): cannot tell, so it stays in handoff.
 - ``IN_HANDOFF``: bound here, Pending, no container status.  This holds also for a pod that is
   being deleted (``deletionTimestamp`` set): kubelet admits a pod it has not seen before it stops

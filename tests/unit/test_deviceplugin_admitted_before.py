@@ -2,7 +2,7 @@
 block the node (issue 30: kubelet restarted without its device checkpoint).
 
 kubelet adds a pod to its pod manager and then admits it, one pod at a time in its sync loop
-(``kubelet.go`` ``HandlePodAdditions``, v1.33.13 lines 2661-2714, v1.37.2 line 2893); ``List``
+(``kubelet.go`` ``HandlePodAdditions``, v1.33.13 lines 2661-2714, v1.37.2 lines 2893-2923); ``List``
 answers from that pod manager.  So a pod listed in a read that did not list the holder finished
 its admission before the holder's began.  With ``PreStartRequired`` kubelet's pod worker never
 calls Allocate for a container without a device record
