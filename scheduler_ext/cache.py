@@ -26,6 +26,7 @@ Non-guarantee: the cache lags the API server; bind proves its choice against tha
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -293,17 +294,27 @@ class ClusterCache:
             self._on_node.setdefault(pod.node, set()).add(pod.uid)
             self._stale.add(pod.node)
 
-    def _put_pod(self, obj: Mapping[str, Any]) -> None:
+    def _put_pod(self, obj: Mapping[str, Any]) -> bool:
+        """Keep the pod's state; False when it equals what was kept already but for its
+        resourceVersion (most of a running pod's updates: status conditions, the kubelet's
+        writes), so nothing is re-indexed."""
         try:
             state = pod_state(obj, keys=self.keys, resource=self.resource)
         except (BadObject, BadPod) as exc:
             log.warning("ignoring a pod without identity: %s", exc)
-            return
+            return False
         old = self._pods.get(state.uid)
+        if (
+            old is not None
+            and dataclasses.replace(state, resource_version=old.resource_version) == old
+        ):
+            self._pods[state.uid] = state  # the newer version, equal in every fact indexed
+            return False
         if old is not None:
             self._unindex(old)
         self._pods[state.uid] = state
         self._index(state)
+        return True
 
     def _drop_pod(self, uid: str) -> None:
         old = self._pods.pop(uid, None)
@@ -330,13 +341,16 @@ class ClusterCache:
         self._touch("pods")
 
     def apply_pod(self, kind: str, obj: Mapping[str, Any]) -> None:
-        """Take one pod watch event (ADDED, MODIFIED, DELETED)."""
+        """Take one pod watch event (ADDED, MODIFIED, DELETED).  An update that changes nothing
+        the cache keeps rebuilds no node picture and wakes no waiter (``wait_until``: nothing
+        it could test has changed); it only marks the stream alive."""
         if kind == "DELETED":
             uid = (obj.get("metadata") or {}).get("uid")
             if isinstance(uid, str):
                 self._drop_pod(uid)
-        else:
-            self._put_pod(obj)
+        elif not self._put_pod(obj):
+            self.mark_alive("pods")
+            return
         self._touch("pods")
 
     # ---- for metrics ------------------------------------------------------------------------
