@@ -62,15 +62,19 @@ cat "$OUT/machine.txt"
 
 if [ "$DRY" = 1 ]; then
   echo "==> NVML: skipped (--dry)"
-  pods=16 nodes=4 gpus=4
+  pods=16 nodes=4 gpus=4 rounds=1
 else
   step "NVML inventory" nvml-inventory.txt "$PY" -m deviceplugin.print_inventory
   step "NVML check" nvml-check.txt "$PY" -m deviceplugin.nvml --watch 5
-  pods=64 nodes=8 gpus=8
+  pods=64 nodes=8 gpus=8 rounds=3
 fi
 
+# nodelock against the stock GPU path and the default binder, as docs/performance.md reports
+# them: the results JSON has the headline figures (nodelock_vs_stock, own_cpu_ms_per_pod,
+# apiserver_extra_cpu_ms_per_pod) and the API server's cost per request kind
 step "bench.handoff" handoff.txt "$PY" -m bench.handoff --pods "$pods" --nodes "$nodes" \
-  --gpus "$gpus" --phases nodelock,default-binder --results-dir "$OUT/results"
+  --gpus "$gpus" --rounds "$rounds" --phases nodelock,stock-gpu,default-binder \
+  --results-dir "$OUT/results"
 # the one results file this run wrote (bench.handoff names it by scenario)
 for f in "$OUT"/results/handoff*.json; do [ -e "$f" ] && cp "$f" "$OUT/handoff.json"; done
 

@@ -65,6 +65,7 @@ from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.gpunodes import node_names, up_gpu_cluster
 from devcluster.namespaces import create_namespace
 from devcluster.processes import PROFILE_DIR_ENV
+from devcluster.realkubelet import KubeletKind
 from devcluster.stockplugin import use_nodelock_plugins, use_stock_plugins
 from kube.client import JSON, KubeClient, namespace_path, pod_path
 from kube.errors import NotFound
@@ -630,8 +631,17 @@ def main(argv: list[str] | None = None) -> int:
         "--profile",
         action="store_true",
         help="profile the extender and every device plugin (cProfile) in each burst: "
-        "<results-dir>/profiles/<round>-<phase>/<component>.pstats and top.txt; profiling "
-        "slows them, so the CPU figures of such a run are not comparable with a plain run's",
+        "<results-dir>/profiles/<kubelet>-<round>-<phase>/<component>.pstats and top.txt; "
+        "profiling slows them, so the CPU figures of such a run are not comparable with a "
+        "plain run's",
+    )
+    parser.add_argument(
+        "--kubelet",
+        choices=("sim", "real", "both"),
+        default="sim",
+        help="the nodes' kubelets: simulated (nodelock-simkubelet), real (the kubelet binary "
+        "against nodelock-cri), or both, one cluster after the other, compared at the end "
+        "(default: sim)",
     )
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -645,21 +655,106 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     phases = sorted(asked, key=PHASES.index)
     ensure_simkubelet()
-    rows = []
     profile_root = args.results_dir / "profiles"
     if args.profile:  # set before the cluster starts: its Python components start hooked
         raw = profile_root / "raw"
         raw.mkdir(parents=True, exist_ok=True)
         os.environ[PROFILE_DIR_ENV] = str(raw.resolve())
+    kinds = (
+        [KubeletKind.SIM, KubeletKind.REAL]
+        if args.kubelet == "both"
+        else [KubeletKind(args.kubelet)]
+    )
+    results: dict[KubeletKind, list[dict[str, Any]]] = {}
+    for kind in kinds:
+        rows = run_phases(
+            args, sizes, phases, kubelet=kind, profile_root=profile_root if args.profile else None
+        )
+        results[kind] = rows
+        print(
+            f"{len(sizes)} pods of {args.mix} GPU(s) on {args.nodes} nodes x {args.gpus} GPUs, "
+            f"{KUBELET_WORDS[kind]}"
+        )
+        print(table(rows))
+        write_results(args, mix, sizes, rows, kubelet=kind)
+    if len(results) > 1:
+        print()
+        print(kubelet_comparison(results))
+    return 0
+
+
+KUBELET_WORDS = {
+    KubeletKind.SIM: "simulated kubelets (kubelet's device manager in nodelock-simkubelet)",
+    KubeletKind.REAL: "real kubelets (the kubelet binary against nodelock-cri, no containers)",
+}
+
+
+def kubelet_comparison(results: Mapping[KubeletKind, Sequence[Mapping[str, Any]]]) -> str:
+    """The same bursts on simulated and on real kubelets, side by side: each phase's median
+    pods/s, creation->Running p99 and CPU per pod (and the kubelets' share of it), then the
+    headline figures; real less simulated where both have a figure."""
+    sim, real = results[KubeletKind.SIM], results[KubeletKind.REAL]
+    lines = [
+        "simulated vs real kubelets (medians over the rounds; CPU to a second after the burst)",
+        f"  {'phase':<16}{'pods/s sim':>12}{'real':>8}{'p99 ms sim':>12}{'real':>8}"
+        f"{'CPU/pod sim':>13}{'real':>8}{'kubelet sim':>13}{'real':>8}",
+    ]
+
+    def cpu(rows: Sequence[Mapping[str, Any]], phase: str, kind: str | None) -> float:
+        return float(
+            statistics.median(
+                sum(v for k, v in (r.get("cpu_ms_per_pod") or {}).items() if kind in (None, k))
+                for r in rows
+                if r["phase"] == phase
+            )
+        )
+
+    msim, mreal = medians(sim), medians(real)
+    for phase in msim:
+        if phase not in mreal:
+            continue
+        lines.append(
+            f"  {phase:<16}{msim[phase]['pods_per_s']:>12.1f}{mreal[phase]['pods_per_s']:>8.1f}"
+            f"{msim[phase]['to_running_p99_s'] * 1000:>12.0f}"
+            f"{mreal[phase]['to_running_p99_s'] * 1000:>8.0f}"
+            f"{cpu(sim, phase, None):>13.1f}{cpu(real, phase, None):>8.1f}"
+            f"{cpu(sim, phase, 'kubelet'):>13.1f}{cpu(real, phase, 'kubelet'):>8.1f}"
+        )
+    hsim, hreal = headline(sim), headline(real)
+    lines.append(f"  {'target figure':<32}{'sim':>8}{'real':>8}{'real - sim':>12}")
+    for key in TARGETS:
+        a, b = hsim.get(key), hreal.get(key)
+        cells = [("-" if v is None else f"{v:.2f}") for v in (a, b)]
+        diff = "-" if a is None or b is None else f"{b - a:+.2f}"
+        lines.append(f"  {key:<32}{cells[0]:>8}{cells[1]:>8}{diff:>12}")
+    return "\n".join(lines)
+
+
+def run_phases(
+    args: argparse.Namespace,
+    sizes: list[int],
+    phases: list[str],
+    *,
+    kubelet: KubeletKind,
+    profile_root: Path | None,
+) -> list[dict[str, Any]]:
+    """Every round of ``phases`` on a throwaway cluster of ``kubelet`` nodes; the rows."""
+    rows: list[dict[str, Any]] = []
 
     def profile_to(round_: int, phase: str) -> Path | None:
-        return profile_root / f"{round_}-{phase}" if args.profile else None
+        if profile_root is None:
+            return None
+        return profile_root / f"{kubelet.value}-{round_}-{phase}"
 
     # its own cluster, stopped and its state folder removed however the run ends (kept with
     # $NODELOCK_KEEP_STATE, to read the components' logs)
     with throwaway_cluster("nlb-") as cluster:
         up_gpu_cluster(
-            cluster, nodes=args.nodes, gpus_per_node=args.gpus, extender_tls=args.extender_tls
+            cluster,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus,
+            extender_tls=args.extender_tls,
+            kubelet=kubelet,
         )
         config = yaml.safe_load(cluster.scheduler_config.read_text())
         with_extender: dict[str, Any] = {"extenders": config["extenders"]}
@@ -693,10 +788,19 @@ def main(argv: list[str] | None = None) -> int:
                     row = asyncio.run(
                         burst(cluster, phase, sizes, profile_to=profile_to(round_, phase))
                     )
-                rows.append({**row, "round": round_})
-    print(f"{len(sizes)} pods of {args.mix} GPU(s) on {args.nodes} nodes x {args.gpus} GPUs")
-    print(table(rows))
-    RESULTS.mkdir(exist_ok=True)
+                rows.append({**row, "round": round_, "kubelet": kubelet.value})
+    return rows
+
+
+def write_results(
+    args: argparse.Namespace,
+    mix: list[int],
+    sizes: list[int],
+    rows: list[dict[str, Any]],
+    *,
+    kubelet: KubeletKind,
+) -> None:
+    """The results JSON of one kind of kubelet, named by scenario."""
     out = {
         "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
         "nodes": args.nodes,
@@ -704,6 +808,7 @@ def main(argv: list[str] | None = None) -> int:
         "mix": mix,
         "pod_max_backoff_s": args.pod_max_backoff,
         "extender_tls": args.extender_tls,
+        "kubelet": kubelet.value,
         "pods": len(sizes),
         "rounds": args.rounds,
         "profiled": args.profile,
@@ -721,10 +826,11 @@ def main(argv: list[str] | None = None) -> int:
         name = name.replace(".json", f"-backoff{args.pod_max_backoff}.json")
     if args.extender_tls:
         name = name.replace(".json", "-tls.json")
+    if kubelet is KubeletKind.REAL:
+        name = name.replace(".json", "-real.json")
     args.results_dir.mkdir(parents=True, exist_ok=True)
     (args.results_dir / name).write_text(json.dumps(out, indent=1))
     print(f"\nwrote {args.results_dir / name}")
-    return 0
 
 
 if __name__ == "__main__":

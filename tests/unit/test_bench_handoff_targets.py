@@ -4,7 +4,8 @@ GPU phase of the same round, its own processes' CPU, the API server's extra CPU.
 import math
 from typing import Any
 
-from bench.handoff import TARGETS, headline, table, target_lines
+from bench.handoff import TARGETS, headline, kubelet_comparison, table, target_lines
+from devcluster.realkubelet import KubeletKind
 
 
 def row(phase: str, round_: int, pods_per_s: float, cpu: dict[str, float]) -> dict[str, Any]:
@@ -58,3 +59,32 @@ def test_target_lines_say_met_or_missed_against_each_bound() -> None:
     assert "own_cpu_ms_per_pod              5.00  (target <= 6: met)" in text
     assert "contended_binds                 1.00  (target <= 0: missed)" in text
     assert "targets (nodelock; 3 round(s)" in table(ROWS, cores=2)
+
+
+def test_the_kubelet_comparison_sets_each_phase_and_figure_side_by_side() -> None:
+    real = [
+        {
+            **r,
+            "pods_per_s": r["pods_per_s"] / 2,
+            "cpu_ms_per_pod": {**r["cpu_ms_per_pod"], "kubelet": 9.0},
+        }
+        for r in ROWS
+    ]
+    text = kubelet_comparison({KubeletKind.SIM: ROWS, KubeletKind.REAL: real})
+    lines = text.splitlines()
+    nodelock = next(line for line in lines if line.strip().startswith("nodelock "))
+    assert nodelock.split() == [
+        "nodelock",
+        "40.0",
+        "20.0",
+        "1200",
+        "1200",
+        "25.0",
+        "34.0",
+        "0.0",
+        "9.0",
+    ]
+    vs_stock = next(line for line in lines if "nodelock_vs_stock" in line)
+    assert vs_stock.split() == ["nodelock_vs_stock", "0.75", "0.75", "+0.00"]
+    own = next(line for line in lines if "own_cpu_ms_per_pod" in line)
+    assert own.split() == ["own_cpu_ms_per_pod", "5.00", "5.00", "+0.00"]
