@@ -65,11 +65,13 @@ from devcluster.gpunodes import (
     NodeSpec,
     listing_of,
     node_names,
+    pod_resources_socket,
     start_extender,
     start_node,
     wait_nodes_ready,
     wait_ok,
 )
+from deviceplugin.kubeletview import KubeletViewError, list_pod_resources
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, Keys, parse_inventory
 from kube.client import JSON, KubeClient, lease_path, namespace_path, node_path, pod_path
 from nodelock.audit import audit, devcluster_sources
@@ -81,6 +83,8 @@ MIG_LAYOUT = "3g.40gb+4x1g.10gb"
 GPU_MIB = 81920
 SPLIT = 4
 SAMPLE_S = 1.0
+PODRESOURCES_EVERY = 5  # every 5th sample also reads each kubelet's PodResources List
+RESOURCE = "nvidia.com/gpu"
 L1_BOUND_S = 150.0  # every GPU pod left Running or Succeeded this long after the last heal
 PROBE_BOUND_S = 60.0
 PLANTS = ("edit-assignment", "no-pending-guard")
@@ -136,6 +140,7 @@ class Run:
     checker: Checker | None = None
     history_out: list[str] = dataclasses.field(default_factory=list)
     sample_errors: int = 0
+    samples_taken: int = 0
     sampling: bool = True
 
     def now(self) -> float:
@@ -155,15 +160,36 @@ class Run:
             self.sample_errors += 1
             return None
         assert self.checker is not None
+        t = self.now()
+        self.samples_taken += 1
+        listed = {}
+        if self.samples_taken % PODRESOURCES_EVERY == 0:
+            listed = await asyncio.to_thread(self.pod_resources)
         sample = Sample(
-            self.now(),
+            t,
             [minimal_pod(p) for p in pods if asks_for_devices(p)],
             {str(le["metadata"]["name"]): lease_view(le) for le in leases},
+            listed,
         )
         self.checker.add(sample)
         if self.args.history:
             self.history_out.append(json.dumps(_sample_json(sample)))
         return pods, leases
+
+    def pod_resources(self) -> dict[str, dict[str, dict[str, list[str]]]]:
+        """Every node's kubelet PodResources List (nvidia.com/gpu); a node whose kubelet does
+        not answer (a fault) is left out."""
+        out: dict[str, dict[str, dict[str, list[str]]]] = {}
+        for spec in self.specs:
+            socket_path = pod_resources_socket(self.cluster.state_dir, spec.name)
+            try:
+                listed = list_pod_resources(socket_path, resource=RESOURCE, timeout_s=2.0)
+            except KubeletViewError:
+                continue
+            out[spec.name] = {
+                p.key: {c: sorted(ids) for c, ids in p.containers.items()} for p in listed
+            }
+        return out
 
     async def sampler(self, kube: KubeClient) -> None:
         while self.sampling:
@@ -177,6 +203,7 @@ def _sample_json(s: Sample) -> JSON:
         "t": s.t,
         "pods": list(s.pods),
         "leases": {n: dataclasses.asdict(v) for n, v in s.leases.items()},
+        "listed": s.listed,
     }
 
 

@@ -68,6 +68,9 @@ class Sample:
     t: float
     pods: Sequence[Mapping[str, Any]]
     leases: Mapping[str, LeaseView]
+    # node -> pod key -> container -> device IDs of nvidia.com/gpu, as kubelet's PodResources
+    # List answered just after the pods were read (not every sample reads it)
+    listed: Mapping[str, Mapping[str, Mapping[str, Sequence[str]]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,7 @@ class Checker:
         for msg in found.s2:
             self._flag("S2", sample.t, msg, self._names_in(msg, pods))
         self._records_unchanged(sample, pods)
+        self._pod_resources(sample, pods)
         self._fencing(sample, pods)
         self._s3(sample, pods)
         self._takeovers(sample, pods)
@@ -288,6 +292,33 @@ class Checker:
                     f"(t={first[0]:.1f}s) to {text}",
                     [key_of(pod)],
                 )
+
+    def _pod_resources(self, sample: Sample, pods: Sequence[Mapping[str, Any]]) -> None:
+        """kubelet's PodResources List against its record of each pod's devices: a container
+        listed with devices has exactly the devices of ``nvidia.com/gpu`` its record names.  A
+        container listed without devices is left alone: kubelet restarted without its checkpoint
+        lists a running pod so (docs/simkubelet.md), and S1 still judges that pod from its
+        record."""
+        by_key = {key_of(p): p for p in pods}
+        for node, listing in sample.listed.items():
+            for key, containers in listing.items():
+                pod = by_key.get(key)
+                record = sim_record(pod) if pod is not None and _node(pod) == node else None
+                if record is None:
+                    continue
+                for container, ids in containers.items():
+                    if not ids:
+                        continue
+                    rec = record.get(container)
+                    had = sorted(rec.devices.get(RESOURCE, [])) if rec is not None else []
+                    if sorted(ids) != had:
+                        self._flag(
+                            "S2",
+                            sample.t,
+                            f"{key}/{container}: kubelet's PodResources on {node} lists "
+                            f"{sorted(ids)}, its record {had}",
+                            [key, node],
+                        )
 
     def _fencing(self, sample: Sample, pods: Sequence[Mapping[str, Any]]) -> None:
         for node, view in sample.leases.items():
@@ -478,7 +509,7 @@ def load_history(lines: Sequence[str]) -> tuple[list[Sample], list[Event], dict[
             inventories = dict(item["inventories"])
         elif "pods" in item:
             leases = {n: LeaseView(**v) for n, v in item["leases"].items()}
-            samples.append(Sample(float(item["t"]), item["pods"], leases))
+            samples.append(Sample(float(item["t"]), item["pods"], leases, item.get("listed") or {}))
         else:
             events.append(Event(**item))
     return samples, events, inventories

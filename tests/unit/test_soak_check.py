@@ -275,3 +275,14 @@ def test_a_takeover_from_a_holder_that_left_the_handoff_is_no_violation() -> Non
         for s in samples:
             checker.add(s)
         assert checker.violations == [], holder
+
+
+def test_kubelets_podresources_listing_other_devices_than_its_record_is_s2() -> None:
+    a = gpu_pod("a", ["G0"], token=2)
+    listed = {NODE: {"ns/a": {"c": ["G1"]}}}
+    checker = run([Sample(1.0, [a], {}, listed)])
+    assert invariants(checker) == ["S2"]
+    assert "PodResources" in checker.violations[0].message
+    # the same devices, or none at all (kubelet restarted without its checkpoint), pass
+    for same in ({NODE: {"ns/a": {"c": ["G0"]}}}, {NODE: {"ns/a": {"c": []}}}):
+        assert run([Sample(1.0, [a], {}, same)]).violations == []
