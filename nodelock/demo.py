@@ -1,9 +1,15 @@
 """``nodelock demo``: a local GPU cluster, a realistic GPU workload, live progress and a report.
 
 From nothing: builds or reuses the control plane, starts devcluster with the extender wired into
-kube-scheduler and simulated GPU nodes (kubelet's own device manager + our device plugin), submits
-Deployments and Jobs of 1-, 2-, 4- and 8-GPU pods plus a burst that contends for the same nodes,
-watches everything, and prints what happened and whether the invariants held.
+kube-scheduler and GPU nodes with our device plugin, submits Deployments and Jobs of 1-, 2-, 4-
+and 8-GPU pods plus a burst that contends for the same nodes, watches everything, and prints
+what happened and whether the invariants held.
+
+The nodes are simulated kubelets (kubelet's own device manager in a harness, ``--kubelet sim``,
+the default) or the real ``kubelet`` of the cluster's release against a fake container runtime
+(``--kubelet real``).  S1 and S2 are judged from the kubelets' own records: the simulated
+kubelets' annotations, or the real kubelets' device checkpoints and the container configs they
+handed the runtime (``devcluster.realkubelet.kubelet_records``).
 """
 
 from __future__ import annotations
@@ -16,16 +22,23 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devcluster.binaries import ensure_control_plane, ensure_simkubelet
+from devcluster.binaries import ensure_control_plane, ensure_cri, ensure_kubelet, ensure_simkubelet
 from devcluster.cluster import Cluster
 from devcluster.gpunodes import up_gpu_cluster
-from devcluster.invariants import allocated, check_locks_free, check_pods
+from devcluster.invariants import PodRecord, allocated, check_locks_free, check_pods
 from devcluster.namespaces import create_namespace
+from devcluster.realkubelet import (
+    KubeletKind,
+    RealNode,
+    kubelet_records,
+    read_checkpoint,
+    read_containers,
+)
 from handoff.sharing import FULL_CORES, GPUMEM, BadShare, Slice, container_slice, physical_of
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_RESOURCE, GPU, Keys, parse_inventory
 from kube.client import JSON, KubeClient
@@ -52,6 +65,26 @@ from nodelock.measure import (
 NAMESPACE = "demo"
 RUN_SECONDS = "sim.nodelock.io/run-seconds"
 WAVE_AT_S = (0.0, 2.0, 5.0)  # training Jobs, then Deployments, then the burst
+# pods -> (pod key -> what kubelet gave each container); None: the simulated kubelets' annotations
+Records = Callable[[Sequence[Mapping[str, Any]]], Mapping[str, PodRecord]]
+
+
+def real_kubelet_records(state_dir: Path) -> Records:
+    """What the real kubelets under ``state_dir`` gave the pods, read afresh at each call: their
+    device checkpoints and the container configs they handed the runtime."""
+
+    def read(pods: Sequence[Mapping[str, Any]]) -> dict[str, PodRecord]:
+        nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""}
+        checkpoints = {}
+        containers = {}
+        for node in sorted(nodes):
+            real = RealNode(state_dir / "nodes" / node)
+            path = real.plugin_dir / "kubelet_internal_checkpoint"
+            checkpoints[node] = read_checkpoint(path) if path.exists() else []
+            containers[node] = read_containers(real.containers_record)
+        return kubelet_records(pods, checkpoints=checkpoints, containers=containers)
+
+    return read
 
 
 @dataclass(frozen=True)
@@ -230,10 +263,14 @@ async def inventories(kube: KubeClient) -> dict[str, list[GPU]]:
 
 
 def node_view(
-    pods: Sequence[Mapping[str, Any]], gpus: Mapping[str, Sequence[GPU]]
+    pods: Sequence[Mapping[str, Any]],
+    gpus: Mapping[str, Sequence[GPU]],
+    *,
+    records: Mapping[str, PodRecord] | None = None,
 ) -> list[tuple[str, str]]:
     """Per GPU of the sharing nodes (split > 1): memory and cores committed against capacity
-    and the pods holding them, from the simulated kubelets' records (pods not Running or
+    and the pods holding them, from the kubelets' records (``records``: pod key -> what kubelet
+    gave each container; by default the simulated kubelets' annotations; pods not Running or
     Pending, or admitted without devices, hold nothing), as (node and GPUs, what) rows."""
     held: dict[tuple[str, str], dict[str, Slice]] = {}
     for pod in pods:
@@ -246,12 +283,17 @@ def node_view(
             for c in [*spec.get("initContainers", []), *spec.get("containers", [])]
         }
         name = str(pod.get("metadata", {}).get("name"))
-        for container, seen in allocated(pod).items():
+        if records is None:
+            given = {c: list(seen.get("deviceIDs", [])) for c, seen in allocated(pod).items()}
+        else:
+            record = records.get(pod_key(pod), {})
+            given = {c: list(r.devices.get(DEFAULT_RESOURCE, ())) for c, r in record.items()}
+        for container, ids in given.items():
             try:
                 claim = container_slice(containers.get(container, {}))
             except BadShare:
                 claim = None
-            for dev in {physical_of(str(d)) for d in seen.get("deviceIDs", [])}:
+            for dev in {physical_of(str(d)) for d in ids}:
                 # a container without a slice has its GPU whole
                 held.setdefault((node, dev), {})[name] = claim or Slice(exclusive=True)
     rows: list[tuple[str, str]] = []
@@ -343,8 +385,10 @@ async def run_workload(
     timeout_s: float,
     extender_metrics: str,
     out: Any = sys.stdout,
+    records: Records | None = None,
 ) -> tuple[Timeline, dict[str, Any]]:
-    """Submit the workload, show progress, and collect what the report needs."""
+    """Submit the workload, show progress, and collect what the report needs; S1 and S2 are
+    checked as the run goes from ``records`` (default: the simulated kubelets' annotations)."""
     async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
         await create_namespace(kube, NAMESPACE)
         background = await background_requests(kube, seconds=BACKGROUND_S)
@@ -378,7 +422,13 @@ async def run_workload(
                         sent.add(wave)
                 await asyncio.sleep(0.5)
                 # S1/S2 as the run goes (pods still being created: the count is judged at the end)
-                snapshot = check_pods(_gpu_pods(tl), expected_pods=0, require_admitted=False)
+                pods = _gpu_pods(tl)
+                snapshot = check_pods(
+                    pods,
+                    expected_pods=0,
+                    require_admitted=False,
+                    records=None if records is None else records(pods),
+                )
                 for kind in ("s1", "s2"):
                     for v in getattr(snapshot, kind):
                         if v not in getattr(tl.violations, kind):
@@ -414,6 +464,8 @@ async def run_workload(
         "extender_metrics": metric_samples(extender_text),
         "leases_text": leases_text,
         "inventories": gpus,
+        "records": None if records is None else records(_gpu_pods(tl)),
+        "kubelet": "simulated kubelets'" if records is None else "real kubelets'",
     }
     return tl, extra
 
@@ -462,7 +514,10 @@ def report(
     """The end-of-demo report, as text and as summary rows for the HTML page."""
     pods = _gpu_pods(tl)
     gpus: Mapping[str, Sequence[GPU]] = extra.get("inventories", {})
-    final = check_pods(pods, expected_pods=_expected_pods(workloads), inventories=gpus)
+    records: Mapping[str, PodRecord] | None = extra.get("records")
+    final = check_pods(
+        pods, expected_pods=_expected_pods(workloads), inventories=gpus, records=records
+    )
     final.s1 = sorted(set(final.s1) | set(tl.violations.s1))
     final.s2 = sorted(set(final.s2) | set(tl.violations.s2))
     handed_off = {str(p["spec"]["nodeName"]) for p in pods if p.get("spec", {}).get("nodeName")}
@@ -529,14 +584,13 @@ def report(
     )
     top = ", ".join(f"{v} {r} {c / n:.2f}" for (v, r), c in requests.most_common(8))
     lines.append(f"  most frequent requests per GPU pod: {top}")
-    lines.append(
-        'invariants (docs/design.md, "Invariants"), checked from the simulated kubelets\' records:'
-    )
+    whose = extra.get("kubelet", "simulated kubelets'")
+    lines.append(f'invariants (docs/design.md, "Invariants"), checked from the {whose} records:')
     for name, desc, found in checks:
         verdict = "PASS" if not found else f"FAIL ({len(found)})"
         lines.append(f"  {name} {desc:<45} {verdict}")
         lines.extend(f"      {v}" for v in found[:5])
-    shared = node_view(pods, gpus)
+    shared = node_view(pods, gpus, records=records)
     if shared:
         lines.append("node view: the sharing nodes' GPUs at the end (slices, memory, cores, pods)")
         lines.extend(f"  {where}: {what}" for where, what in shared)
@@ -560,10 +614,36 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--gpu-split", type=int, default=4, help="virtual devices per GPU on the sharing nodes"
     )
+    p.add_argument(
+        "--kubelet",
+        choices=[k.value for k in KubeletKind],
+        default=KubeletKind.SIM.value,
+        help="what runs the GPU nodes: sim, the simulated kubelet (kubelet's device manager in "
+        "a harness), or real, the kubelet binary of the cluster's release against a fake "
+        "container runtime; the invariants are then checked from the real kubelets' device "
+        "checkpoints and the container configs they handed the runtime (default sim)",
+    )
     p.add_argument("--state-dir", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="leave the cluster running at the end")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the workload")
     p.set_defaults(func=_main)
+
+
+def gpu_cluster_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``up_gpu_cluster``'s arguments from the demo's command line."""
+    return {
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "gpu_split": args.gpu_split,
+        "shared_nodes": args.shared_nodes,
+        "kubelet": KubeletKind(args.kubelet),
+    }
+
+
+def _kubelets(kind: KubeletKind) -> str:
+    if kind is KubeletKind.REAL:
+        return "real kubelets, containers faked"
+    return "simulated kubelets"
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -573,7 +653,12 @@ def _main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     print("nodelock demo: building or reusing the Kubernetes binaries and the node harness")
     binaries = ensure_control_plane()
-    ensure_simkubelet()
+    kubelet = KubeletKind(args.kubelet)
+    if kubelet is KubeletKind.REAL:
+        ensure_cri()
+        ensure_kubelet(version=binaries.kubernetes_version)
+    else:
+        ensure_simkubelet()
     cluster = Cluster(state, binaries=binaries)
     if cluster.running():
         print(f"stopping the previous demo cluster in {state}")
@@ -585,15 +670,9 @@ def _main(args: argparse.Namespace) -> int:
     try:
         print(
             f"control plane up ({time.monotonic() - t0:.1f}s); starting the extender and "
-            f"{args.nodes} simulated GPU nodes x {args.gpus_per_node} GPUs"
+            f"{args.nodes} GPU nodes x {args.gpus_per_node} GPUs ({_kubelets(kubelet)})"
         )
-        up_gpu_cluster(
-            cluster,
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            gpu_split=args.gpu_split,
-            shared_nodes=args.shared_nodes,
-        )
+        up_gpu_cluster(cluster, **gpu_cluster_options(args))
         print(
             f"GPU cluster ready ({time.monotonic() - t0:.1f}s): "
             f"{args.nodes * args.gpus_per_node} GPUs"
@@ -603,7 +682,13 @@ def _main(args: argparse.Namespace) -> int:
         ext_url = cluster.settings()["extender"]["metrics"][0]  # the plain-HTTP metrics port
         tl, extra = asyncio.run(
             run_workload(
-                cluster, workloads, timeout_s=args.timeout, extender_metrics=f"{ext_url}/metrics"
+                cluster,
+                workloads,
+                timeout_s=args.timeout,
+                extender_metrics=f"{ext_url}/metrics",
+                records=real_kubelet_records(cluster.state_dir)
+                if kubelet is KubeletKind.REAL
+                else None,
             )
         )
         text, summary = report(tl, workloads, extra)
