@@ -444,7 +444,12 @@ class Checker:
                 if _phase(pod) == "Failed" and asks_for_devices(pod) and key_of(pod) not in out:
                     status = pod.get("status") or {}
                     reason = str(status.get("reason") or "no reason")
-                    out[key_of(pod)] = (sample.t, reason, _node(pod))
+                    cause = failure_cause(str(status.get("message") or ""))
+                    out[key_of(pod)] = (
+                        sample.t,
+                        f"{reason}: {cause}" if cause else reason,
+                        _node(pod),
+                    )
         return out
 
     def history_of(self, v: Violation, events: Sequence[Event]) -> list[str]:
@@ -493,6 +498,21 @@ class Checker:
         v = Violation(invariant, t, msg, names)
         self._seen[(invariant, msg)] = v
         self.violations.append(v)
+
+
+def failure_cause(message: str) -> str:
+    """The gist of kubelet's rejection message: what came after ``Allocate failed due to``, up
+    to its first detail (``no healthy devices present``, ``rpc error: code = Unavailable``, the
+    plugin's refusal), without pod names, UIDs or device IDs."""
+    _, found, rest = message.partition("Allocate failed due to ")
+    if not found:
+        return message[:60]
+    rest = rest.removesuffix(", which is unexpected")
+    if rest.startswith("rpc error: code = "):
+        code, _, detail = rest.removeprefix("rpc error: code = ").partition(" desc = ")
+        detail = detail.split(": ", 1)[1] if detail.startswith("node ") else detail
+        return f"rpc error {code}: {detail.split(' (')[0].split(' soak-')[0][:70]}"
+    return rest.split(";")[0].split(" with err")[0][:70]
 
 
 def load_history(lines: Sequence[str]) -> tuple[list[Sample], list[Event], dict[str, str]]:

@@ -6,7 +6,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bench.soak_check import Checker, Event, LeaseView, Sample, blamed_fault, fault_windows
+from bench.soak_check import (
+    Checker,
+    Event,
+    LeaseView,
+    Sample,
+    blamed_fault,
+    failure_cause,
+    fault_windows,
+)
 
 NODE = "gpu-node-01"
 
@@ -284,5 +292,22 @@ def test_kubelets_podresources_listing_other_devices_than_its_record_is_s2() -> 
     assert invariants(checker) == ["S2"]
     assert "PodResources" in checker.violations[0].message
     # the same devices, or none at all (kubelet restarted without its checkpoint), pass
-    for same in ({NODE: {"ns/a": {"c": ["G0"]}}}, {NODE: {"ns/a": {"c": []}}}):
+    for ids in (["G0"], []):
+        same = {NODE: {"ns/a": {"c": ids}}}
         assert run([Sample(1.0, [a], {}, same)]).violations == []
+
+
+def test_a_failure_is_summed_up_without_names() -> None:
+    refused = (
+        "Pod was rejected: Allocate failed due to rpc error: code = FailedPrecondition desc = node "
+        "gpu-node-03: kubelet is admitting another pod than the node lock's holder soak-1/p (uid "
+        "930f), which is unexpected"
+    )
+    assert failure_cause(refused) == (
+        "rpc error FailedPrecondition: kubelet is admitting another pod than the node lock's holder"
+    )
+    gone = (
+        "Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate "
+        "unhealthy devices nvidia.com/gpu, which is unexpected"
+    )
+    assert failure_cause(gone) == "no healthy devices present"
