@@ -224,7 +224,9 @@ async def burst(
             asyncio.create_task(watch_leases(kube, tl)),
         ]
         idle_first = await api_snapshot(kube)
+        idle_cpu0, idle_t0 = cpu_seconds(cluster), time.monotonic()
         await asyncio.sleep(BACKGROUND_S)
+        idle_cpu1, idle_s = cpu_seconds(cluster), time.monotonic() - idle_t0
         background = await api_snapshot(kube) - idle_first
         before_api = await api_snapshot(kube)
         started = time.monotonic()
@@ -247,6 +249,7 @@ async def burst(
         await asyncio.sleep(1.0)  # the last releases
         # the CPU before the scrape: serving and parsing /metrics is the benchmark's work
         cpu_after = cpu_seconds(cluster)
+        cpu_window_s = tl.now() - t0
         after_api = await api_snapshot(kube)
         elapsed = time.monotonic() - started
         if profile_to is not None:
@@ -274,6 +277,14 @@ async def burst(
         "handoff_p99_s": quantile(holds, 0.99) if holds else math.nan,
         "cpu_ms_per_pod": cpu_ms_per_pod(cpu_before, cpu_after, n),
         "cpu_ms_per_pod_burst": cpu_ms_per_pod(cpu_before, cpu_burst, n),
+        # what each component uses idle, per second (the 5 s before the burst): a cost of time,
+        # not of pods, which a slower burst spreads over fewer pods
+        "idle_cpu_ms_per_s": {
+            k: (idle_cpu1.get(k, 0.0) - v) * 1000 / idle_s
+            for k, v in idle_cpu0.items()
+            if idle_cpu1.get(k, 0.0) > v
+        },
+        "cpu_window_s": cpu_window_s,
         "stages_p50_s": {k: quantile(v, 0.5) for k, v in parts.items() if v},
         "stages_p99_s": {k: quantile(v, 0.99) for k, v in parts.items() if v},
         "requests_per_pod": {f"{v} {r}": c / n for (v, r), c in sorted(req.items())},
@@ -477,8 +488,9 @@ def table(rows: list[dict[str, Any]], *, cores: int | None = None) -> str:
     lines.append("")
     lines.append(
         "CPU per pod, ms, by component: during the burst (first create to last Running), and to "
-        "a second after it (work left behind: Events, controllers); the machine has "
-        f"{cores} cores"
+        "a second after it (work left behind: Events, controllers); idle: what the components "
+        "used per second in the 5 s before the burst, times the +1 s window, per pod (a cost of "
+        f"time, not of pods); the machine has {cores} cores"
     )
     for r in rows:
         for key, what in (("cpu_ms_per_pod_burst", "burst"), ("cpu_ms_per_pod", "+1 s")):
@@ -487,6 +499,13 @@ def table(rows: list[dict[str, Any]], *, cores: int | None = None) -> str:
             cells = "  ".join(f"{k} {v:.0f}" for k, v in cpu if v >= 0.5)
             name = label(r) if what == "burst" else ""
             lines.append(f"  {name:<22}{what:<6}total {total:.0f}: {cells}")
+        idle = sorted((r.get("idle_cpu_ms_per_s") or {}).items(), key=lambda kv: -kv[1])
+        if idle and r.get("cpu_window_s"):
+            window = r["cpu_window_s"]
+            cells = "  ".join(
+                f"{k} {v * window / r['pods']:.1f}" for k, v in idle if v * window >= r["pods"] / 2
+            )
+            lines.append(f"  {'':<22}idle  the same seconds idle would cost: {cells}")
     if any(r.get("apiserver") for r in rows):
         lines.append("")
         lines.append(

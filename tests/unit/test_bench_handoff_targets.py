@@ -88,3 +88,15 @@ def test_the_kubelet_comparison_sets_each_phase_and_figure_side_by_side() -> Non
     assert vs_stock.split() == ["nodelock_vs_stock", "0.75", "0.75", "+0.00"]
     own = next(line for line in lines if "own_cpu_ms_per_pod" in line)
     assert own.split() == ["own_cpu_ms_per_pod", "5.00", "5.00", "+0.00"]
+
+
+def test_the_idle_cost_is_shown_per_pod_over_the_bursts_window() -> None:
+    r = {
+        **ROWS[0],
+        "pods": 64,
+        "cpu_window_s": 4.0,
+        "idle_cpu_ms_per_s": {"deviceplugin": 24.0, "extender": 0.1},
+    }
+    text = table([r], cores=2)
+    idle = next(line for line in text.splitlines() if "idle  the same seconds" in line)
+    assert idle.split(": ", 1)[1] == "deviceplugin 1.5"  # 24 ms/s x 4 s / 64; extender too small
