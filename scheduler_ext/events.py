@@ -16,7 +16,10 @@ from scheduler_ext.protocol import BindingArgs
 WAITING = "WaitingForNodeLock"
 REFUSED = "BindRefused"
 TAKEOVER = "NodeLockTakenOver"
-NOTICE_AFTER_S = 1.0  # a bind still waiting this long says so on its pod (shorter: no Event)
+# a bind still waiting this long says so on its pod (shorter: no Event): half the default wait
+# budget.  In a burst on a busy machine a bind's turn comes after 1-2 s; an Event for each such
+# wait was a fourth to a half of an API write per pod that nobody would read in time.
+NOTICE_AFTER_S = 2.0
 
 
 def waiting_message(
@@ -45,8 +48,8 @@ class BindEvents:
 
     def still_waiting(self, args: BindingArgs, view: NodeLockView | None, waited_s: float) -> None:
         """A bind is still waiting ``notice_after_s`` after it arrived: say so on the pod when
-        another pod holds the node's lock.  The waits of a burst that the nodes serve within a
-        second write no Event: each would be an API write per pod for a wait nobody notices."""
+        another pod holds the node's lock.  The waits of a burst that the nodes serve sooner
+        write no Event: each would be an API write per pod for a wait nobody notices."""
         if view is None:
             return
         message = waiting_message(args, view, self.budget_s, waited_s)

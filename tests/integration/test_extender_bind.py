@@ -512,7 +512,7 @@ async def test_a_bind_says_it_waits_only_once_it_has_waited_a_noticeable_while(
         await asyncio.sleep(seconds)
         await release_as_device_plugin(locks, node)
 
-    # b waits 1.5 s for a's release: long enough to be noticed
+    # b waits half a second past NOTICE_AFTER_S for a's release: long enough to be noticed
     _, error = await asyncio.gather(
         release_after(NOTICE_AFTER_S + 0.5), post_bind(extender, binding_args(b, node))
     )
