@@ -452,9 +452,10 @@ class Admission:
     async def run_sightings(self, period_s: float = SIGHTING_PERIOD_S) -> None:
         """Read kubelet's List every ``period_s`` until cancelled, so that the pods it admitted
         before the next holder are known as such when that holder's Allocate comes
-        (``decide.admitted_before``); without a PodResources socket, nothing to do."""
+        (``decide.admitted_before``); without a PodResources socket there is nothing to read,
+        and it only waits to be cancelled (the plugin's tasks run for its whole life)."""
         if self._kubelet is None:
-            return
+            await asyncio.Event().wait()
         while True:
             try:
                 await self._sight(self._resource)
