@@ -284,15 +284,15 @@ def test_fit_keys_and_a_picture_per_key_follow_every_write() -> None:
 def test_a_pod_event_that_changes_nothing_the_extender_keeps_rebuilds_no_picture() -> None:
     bound = pod_obj("a", node="n1", assignment={"c": ["GPU-0"]}, phase="Running")
     cache = cache_with(bound)
-    before = cache.pictures()["n1"]
+    before = cache.pictures()[NodeName("n1")]
     again = json.loads(json.dumps(bound))
     again["metadata"]["resourceVersion"] = "7"  # a status write: new version, same facts
     again["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
     cache.apply_pod("MODIFIED", again)
-    assert cache.pictures()["n1"] is before  # not rebuilt
+    assert cache.pictures()[NodeName("n1")] is before  # not rebuilt
     assert taken(cache) == {"GPU-0"}
     freed = json.loads(json.dumps(again))
     freed["status"]["phase"] = "Succeeded"  # a change the extender keeps: rebuilt, GPU freed
     cache.apply_pod("MODIFIED", freed)
-    assert cache.pictures()["n1"] is not before
+    assert cache.pictures()[NodeName("n1")] is not before
     assert taken(cache) == set()
