@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from deviceplugin.kubeletview import (
     list_pod_resources,
     pods_from_list,
     read_checkpoint,
+    socket_identity,
 )
 from handoff.audit import PluginAnswer
 from proto import deviceplugin_v1beta1_pb2 as dp_pb
@@ -138,3 +140,19 @@ def test_socket_nobody_answers_is_a_one_line_error(tmp_path: Path) -> None:
             list_pod_resources(path, resource=GPU, timeout_s=2)
     finally:
         s.close()
+
+
+def test_a_socket_made_anew_is_another_kubelet(tmp_path: Path) -> None:
+    """kubelet removes its PodResources socket and makes a new one when it starts: the plugin
+    tells the kubelet that answered a List by that file."""
+    sock = tmp_path / "kubelet.sock"
+    assert socket_identity(sock) == ""
+    sock.write_bytes(b"")
+    first = socket_identity(sock)
+    assert first
+    assert socket_identity(sock) == first
+    keep = tmp_path / "held"  # keeps the old inode in use, so the new file cannot reuse it
+    os.link(sock, keep)
+    sock.unlink()
+    sock.write_bytes(b"")
+    assert socket_identity(sock) not in ("", first)
