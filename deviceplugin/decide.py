@@ -786,8 +786,9 @@ def _calls_no_more(spec: PodJSON, uid: str | None) -> bool:
     Allocate calls: the same pod (UID) and a spec never changed since its creation
     (``metadata.generation`` 1, which the API server counts up on every spec change,
     ``pkg/registry/core/pod/strategy.go`` ``updatePodGeneration``, v1.33.13 line 1042,
-    v1.37.2 line 1033), so kubelet has no resize of it to admit (an in-place resize is admitted through the admit
-    handlers again, device plugin Allocate included, from the pod worker: ``kubelet.go``
+    v1.37.2 line 1033), so kubelet has no resize of it to admit (an in-place resize is
+    admitted through the admit handlers again, device plugin Allocate included, from the pod
+    worker: ``kubelet.go``
     ``canResizePod``, v1.33.13 line 2912; from 1.37 the device manager ignores it,
     ``cm/devicemanager/manager.go`` ``Allocate``, v1.37.2 line 394).  kubelet's pod worker does
     not call Allocate either: the plugin registers with ``PreStartRequired`` and kubelet then
