@@ -788,8 +788,8 @@ def _calls_no_more(spec: PodJSON, uid: str | None) -> bool:
     ``pkg/registry/core/pod/strategy.go`` ``updatePodGeneration``, v1.33.13 line 1042,
     v1.37.2 line 1033), so kubelet has no resize of it to admit (an in-place resize is
     admitted through the admit handlers again, device plugin Allocate included, from the pod
-    worker: ``kubelet.go``
-    ``canResizePod``, v1.33.13 line 2912; from 1.37 the device manager ignores it,
+    worker: ``kubelet.go`` ``canResizePod``, v1.33.13 line 2912; from 1.37 the device manager
+    ignores it,
     ``cm/devicemanager/manager.go`` ``Allocate``, v1.37.2 line 394).  kubelet's pod worker does
     not call Allocate either: the plugin registers with ``PreStartRequired`` and kubelet then
     fails the start of a container without a device record before it would call Allocate
