@@ -64,6 +64,8 @@ pytestmark = [pytest.mark.e2e]
 
 RUN_SECONDS = "sim.nodelock.io/run-seconds"
 ALLOCATIONS = "nodelock_deviceplugin_allocations_total"
+# how long the restarted pod's container runs: longer than two kubelet restarts take
+KEEP_RUN_S = 45
 
 
 @pytest.fixture(scope="module", params=[KubeletKind.SIM, KubeletKind.REAL], ids=["sim", "real"])
@@ -164,9 +166,10 @@ async def test_restarts_with_and_without_checkpoint_then_container_restart(
     of calling Allocate, and the pod stays Running with the container waiting."""
     c = parity
     node = c.nodes[0]
-    pod = gpu_pod("keep", [1], node=node, annotations={RUN_SECONDS: "30"})
+    pod = gpu_pod("keep", [1], node=node, annotations={RUN_SECONDS: str(KEEP_RUN_S)})
     await c.kube.create(pod_path(c.namespace), pod)
     running = await c.wait_phase("keep", ["Running"], timeout_s=90)
+    started = time.monotonic()
     devices = frozenset(assignment(running)["c0"])
     assert await _wait_listed(c, ("keep", "c0")) == devices
     before = await _settled_allocations(c)
@@ -177,8 +180,10 @@ async def test_restarts_with_and_without_checkpoint_then_container_restart(
     assert await _wait_listed(c, ("keep", "c0")) == frozenset()  # running, no devices
     assert (await c.pod("keep"))["status"]["phase"] == "Running"
     assert await _allocations(c) == before  # admitted again twice without any Allocate
+    elapsed = time.monotonic() - started
+    assert elapsed < KEEP_RUN_S - 2, f"premise: both restarts took {elapsed:.0f}s, too slow"
 
-    # the container exits 30 s after it started; kubelet creates it again at once (no back-off
+    # the container exits KEEP_RUN_S after it started; kubelet creates it again at once (no back-off
     # before a first restart) and fails for want of a device record
     deadline = time.monotonic() + 60
     while True:
