@@ -39,6 +39,13 @@ class Hole(StrEnum):
     LISTED_REJECTED_POD = "listed-rejected-pod"  # #29.1: List returns rejected/finished pods
     SERVED_AFTER_CHECKPOINT_LOSS = "served-after-checkpoint-loss"  # #31.1
     PROGRESS_AHEAD_OF_KUBELET = "progress-ahead-of-kubelet"  # found by this model (#31.1's kin)
+    ABANDONED_BIND_WRITES = "abandoned-bind-writes"  # #31.2: a caller that left still writes
+    QUEUE_ORDER = "queue-order"  # decision 0003: a node's binds take their turns in FIFO order
+    ABANDONED_RETRY = "abandoned-retry"  # found by this model: a retry's caller cannot abandon it
+    BINDING_PAST_DEADLINE = "binding-past-deadline"  # found by this model: #31.2's deadline
+    # releases a lock whose binding may still land
+    HOLDER_SLICE = "holder-slice"  # #31.6: filter ignored a lock holder's slice
+    SLICE_CAPACITY = "slice-capacity"  # sharing: a GPU's slices within its memory
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -88,6 +95,36 @@ AVOIDED_BY: dict[Hole, str] = {
         "(new) the same as served-after-checkpoint-loss: the plugin's progress of a handoff "
         "counts a container kubelet has no record of only if kubelet never loses one"
     ),
+    Hole.ABANDONED_BIND_WRITES: (
+        "(#31.2) kube-scheduler stops waiting for a bind only while it is queued or after its "
+        "binding was sent, never between its turn and its binding"
+    ),
+    Hole.QUEUE_ORDER: (
+        "kube-scheduler never sends a replica a second bind to a node while one to that node is "
+        "under way there, so no queue holds two binds"
+    ),
+    Hole.HOLDER_SLICE: (
+        "(#31.6) no pod takes a slice of a sharing node's GPU while a lock holder of that node "
+        "is not yet seen bound: no slice pods are created"
+    ),
+    Hole.SLICE_CAPACITY: "no slice pods are created (every pod asks for whole GPUs)",
+    Hole.ABANDONED_RETRY: (
+        "(new) a bind call for a pod arriving while an earlier call for that pod and node is "
+        "still under way on the same replica is not in Binder._deadlines (only the first call's "
+        "deadline is), so when kube-scheduler stops waiting for it after the first call ended, "
+        "abandon() reaches nothing and the bind goes on to write the Lease and send its "
+        "binding.  Avoided: kube-scheduler never sends a replica a bind for a pod and node "
+        "while an earlier one for them is under way there"
+    ),
+    Hole.BINDING_PAST_DEADLINE: (
+        "(new) a binding sent when the bind's deadline is nearer than the end of its binding "
+        "window gets the deadline as its timeout; when its answer does not come, the GET that "
+        "checks whether it landed (Binder._bound_anyway) is past the deadline, its "
+        "BindCancelled is not caught there, and keep_lock_after releases the lock while the "
+        "binding may still land (the API server applies it up to its request timeout later).  "
+        "Avoided: a bind never takes the lock after its wait's end (a head that is ready only "
+        "after its wait ended gives up instead), so its binding window ends before its deadline"
+    ),
 }
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
@@ -111,6 +148,13 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     # devices, on the List path and the fallback path alike
     Hole.PROGRESS_AHEAD_OF_KUBELET,  # fixed: the holder's progress counts a container as served
     # only while kubelet's checkpoint records it (decide.kubelet_confirmed)
+    Hole.ABANDONED_BIND_WRITES,  # fixed: the bind's deadline is cancelled with its caller and
+    # checked before every write (BindDeadline.check)
+    Hole.QUEUE_ORDER,  # never a hole: only the head of a node's queue takes its turn
+    Hole.HOLDER_SLICE,  # fixed: each of the holder's GPUs counts as held whole on a sharing node,
+    # also one with known slices (scheduler_ext.verbs.with_holder)
+    Hole.SLICE_CAPACITY,  # never a hole: room_for keeps a GPU's slices within its memory
+    # still open: ABANDONED_RETRY, BINDING_PAST_DEADLINE
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -128,6 +172,12 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.LISTED_REJECTED_POD: frozenset({"L1"}),
     Hole.SERVED_AFTER_CHECKPOINT_LOSS: frozenset({"S1", "S2"}),
     Hole.PROGRESS_AHEAD_OF_KUBELET: frozenset({"S2"}),
+    Hole.ABANDONED_BIND_WRITES: frozenset({"W2"}),
+    Hole.QUEUE_ORDER: frozenset({"W1"}),
+    Hole.HOLDER_SLICE: frozenset({"F1"}),
+    Hole.SLICE_CAPACITY: frozenset({"S1"}),
+    Hole.ABANDONED_RETRY: frozenset({"W2"}),
+    Hole.BINDING_PAST_DEADLINE: frozenset({"S1", "S3", "S4"}),
 }
 
 
@@ -168,5 +218,21 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
     # the holder's progress trusted as it stands, whatever kubelet recorded of its containers
     Hole.PROGRESS_AHEAD_OF_KUBELET: _patched(
         {"deviceplugin.decide.kubelet_confirmed": reverted.kubelet_confirmed}
+    ),
+    # a bind's deadline checked for time alone, its caller's leaving ignored (before #31.2, a
+    # caller that left was noticed only while its bind waited in the queue)
+    Hole.ABANDONED_BIND_WRITES: _patched(
+        {"scheduler_ext.deadline.BindDeadline.check": reverted.deadline_check}
+    ),
+    # the head check deleted: every waiter takes itself for its queue's head
+    Hole.QUEUE_ORDER: _patched({"scheduler_ext.waiting.BindQueues.position": reverted.position}),
+    # with_holder's early return when the holder's GPUs are taken already, before #31.6
+    Hole.HOLDER_SLICE: _patched({"scheduler_ext.verbs.with_holder": reverted.with_holder}),
+    # the memory check deleted from the room a GPU has for a slice
+    Hole.SLICE_CAPACITY: _patched(
+        {
+            "handoff.sharing.room_for": reverted.room_for,
+            "scheduler_ext.sharing.room_for": reverted.room_for,
+        }
     ),
 }

@@ -81,6 +81,8 @@ class LockClient:
         # set by a fault: the next write never reaches the API server (ApiUnavailable)
         self.fail_next_write = False
         self.newest: dict[NodeName, int] = {}  # node -> highest resourceVersion taken in
+        # a bind's deadline check before each request (``DeadlineClient``): (what, write)
+        self.guard: Callable[[str, bool], None] | None = None
 
     def _saw(self, lease: JSON) -> None:
         node = NodeName(str(lease["metadata"]["name"]))
@@ -121,7 +123,12 @@ class LockClient:
             if node not in present and (only is None or node == only):
                 self.obs.forget(node)
 
+    def _send(self, what: str, *, write: bool) -> None:
+        if self.guard is not None:
+            self.guard(what, write)
+
     def read(self, node: NodeName) -> Seen | None:
+        self._send(f"GET lease {node}", write=False)
         try:
             lease = self.store.get_lease(node)
         except NotFound:
@@ -182,6 +189,7 @@ class LockClient:
                 token = seen.record.token if seen is not None else 0
                 raise LockHeld(node, "(another holder: lost the race twice)", 0.0, token)
             writes += 1
+            self._send(f"write lease {node}", write=True)
             try:
                 if isinstance(action, Create):
                     lease = self.store.create_lease(action.body, writer=self.name)
@@ -239,6 +247,7 @@ class LockClient:
             if writes == MAX_WRITES:
                 raise LockLost(lock.node, "the Lease kept changing under the write")
             writes += 1
+            self._send(f"write lease {lock.node}", write=True)
             if self.fail_next_write:
                 self.fail_next_write = False
                 raise ApiUnavailable(f"{self.name}: the API server cannot be reached")

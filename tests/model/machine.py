@@ -27,7 +27,7 @@ action: step, time, actor, what happened, the Lease versions).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -37,27 +37,42 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from handoff.holder import holder_status
-from handoff.wire import Assignment, DeviceID, parse_assignment, parse_token
+from handoff.sharing import WHOLE, BadShare, Slice, container_slice, physical_of
+from handoff.wire import (
+    GPU,
+    LEASE_ASSIGNMENT,
+    Assignment,
+    ContainerName,
+    DeviceID,
+    parse_assignment,
+    parse_token,
+)
 from lockd.model import NodeName
 from scheduler_ext.binder import keep_lock_after
+from scheduler_ext.deadline import BindCancelled
 from scheduler_ext.state import pod_state
-from scheduler_ext.takeover import judge
+from scheduler_ext.takeover import holder_accounted, judge
 from tests.model.extender import BindFailed, BindTask, Replica, Stage
 from tests.model.holes import KNOWN_HOLES, Hole
 from tests.model.locks import DURATION_S, FMT, Clock, LockClient
 from tests.model.node import Kubelet, Listing, Plugin
 from tests.model.world import (
+    GPU_MEMORY_MIB,
     JSON,
     KEYS,
     POD_NAMESPACE,
     RESOURCE,
+    SLICE_TEMPLATES,
+    SPLIT,
     TEMPLATES,
     BindingRequest,
     Store,
+    gpu_id,
     pod_object,
 )
 
 REPLICAS = ("E0", "E1")
+_A_GPU = GPU(gpu_id(NodeName("n"), 0), 0, "model-a", GPU_MEMORY_MIB, 0, healthy=True)
 PROCESSES = frozenset({*REPLICAS, "kubelet", "plugin"})
 
 
@@ -81,6 +96,7 @@ class Fault(StrEnum):
     REJECT_AFTER_ALLOCATE = "kubelet-rejects-after-allocate"
     CHECKPOINT_LOST = "kubelet-checkpoint-lost"
     PODRESOURCES_DOWN = "podresources-list-fails"
+    SLOW_API = "api-answers-slowly"
 
 
 TICKS = (1.0, 4.0, float(DURATION_S + 1))
@@ -117,7 +133,10 @@ class ModelConfig:
     fault_kinds: frozenset[Fault] = frozenset(Fault)
     swarm: bool = True
     # the pod shapes users create (a subset of ``world.TEMPLATES``; a focused search uses few)
-    templates: tuple[str, ...] = tuple(sorted(TEMPLATES))
+    templates: tuple[str, ...] = (
+        *sorted(set(TEMPLATES) - SLICE_TEMPLATES),
+        *sorted(SLICE_TEMPLATES),
+    )
     # a search for one hole: once found, every later run ends at once with the same violation
     stop_after_first: bool = False
     # processes ("E0", "E1", "kubelet", "plugin") whose watches never lag: delivered before and
@@ -125,6 +144,8 @@ class ModelConfig:
     prompt: frozenset[str] = frozenset()
     # what kubelet's PodResources List returns; each run draws one (``node.Listing``)
     listings: tuple[Listing, ...] = (Listing.ACTIVE_PODS, Listing.ALL_PODS)
+    # nodes that share their GPUs (``--gpu-split SPLIT``): slice pods fit only there
+    shared: frozenset[str] = frozenset({"n2"})
 
 
 @dataclass
@@ -154,7 +175,7 @@ class HandoffModel(RuleBasedStateMachine):
         self.broken = False
         self.nodes = [NodeName(n) for n, _ in self.config.nodes]
         for n, gpus in self.config.nodes:
-            self.store.add_node(NodeName(n), gpus)
+            self.store.add_node(NodeName(n), gpus, self.split_of(NodeName(n)))
         self.store.on_binding = self._binding_landed
         self.store.on_lease_write = self._lease_written
         self.store.late_bindings = not self.avoids(Hole.LATE_BINDING)
@@ -186,6 +207,9 @@ class HandoffModel(RuleBasedStateMachine):
 
     def avoids(self, hole: Hole) -> bool:
         return hole in self.config.avoid
+
+    def split_of(self, node: NodeName) -> int:
+        return SPLIT if node in self.config.shared else 1
 
     def lease_line(self, node: NodeName) -> str:
         lease = self.store.leases.get(node)
@@ -270,6 +294,18 @@ class HandoffModel(RuleBasedStateMachine):
             if t.stage is not Stage.DONE and (not stages or t.stage in stages)
         ]
         return sorted(out, key=lambda t: t.tid)
+
+    def steppable(self, *stages: Stage) -> list[BindTask]:
+        """Binds that can take a step now (a parked wait only once woken or past its end)."""
+        return [t for t in self.active_tasks(*stages) if self.replicas[t.replica].resumable(t)]
+
+    def new_bind(self, replica: str, key: str, uid: str, node: NodeName) -> BindTask:
+        """kube-scheduler's Bind call arrives at ``replica``; kube-scheduler waits for it."""
+        task = BindTask(len(self.tasks) + 1, replica, key, uid, node)
+        self.tasks[task.tid] = task
+        self.replicas[replica].arrive(task)
+        self.waiting[uid] = task.tid
+        return task
 
     # -- hooks: S4 at the moment a write lands -------------------------------------------------
 
@@ -372,10 +408,14 @@ class HandoffModel(RuleBasedStateMachine):
         self.listing = listings[listing % len(listings)]
         for i, name in enumerate(REPLICAS):
             self.replicas[name] = Replica(name, self.store, self.clock, skews[i % 2])
+            self.replicas[name].late_turns = not self.avoids(Hole.BINDING_PAST_DEADLINE)
         for n, gpus in self.config.nodes:
             node = NodeName(n)
-            self.plugins[node] = Plugin(node, self.store, self.clock, skews[1], gpus)
-            self.kubelets[node] = Kubelet(node, self.store, gpus, listing_mode=self.listing)
+            split = self.split_of(node)
+            self.plugins[node] = Plugin(node, self.store, self.clock, skews[1], gpus, split)
+            self.kubelets[node] = Kubelet(
+                node, self.store, gpus, listing_mode=self.listing, split=split
+            )
             self.plugins[node].kubelet_view = self.kubelets[node].listing
             self.plugins[node].kubelet_records = self.kubelets[node].records
             self.kubelets[node].lose_only_final = self.avoids(Hole.PROGRESS_AHEAD_OF_KUBELET)
@@ -394,6 +434,8 @@ class HandoffModel(RuleBasedStateMachine):
     def create_pod(self, template: int) -> None:
         self.begin_step()
         shapes = self.config.templates
+        if self.avoids(Hole.HOLDER_SLICE) or self.avoids(Hole.SLICE_CAPACITY):
+            shapes = tuple(s for s in shapes if s not in SLICE_TEMPLATES) or ("one",)
         shape = shapes[template % len(shapes)]
         self.created += 1
         name = f"{shape}-{self.created}"
@@ -415,11 +457,24 @@ class HandoffModel(RuleBasedStateMachine):
             self.log("scheduler", f"{key}: no node fits (per {replica})")
             return
         node = self.pick_node(uid, nodes, choice)
-        task = BindTask(len(self.tasks) + 1, replica, key, uid, node)
-        self.tasks[task.tid] = task
-        rep.tasks.append(task)
-        self.waiting[uid] = task.tid
+        if self.bind_under_way(replica, uid, node):
+            self.log("scheduler", f"{key}: a bind to {node} is under way on {replica}; later")
+            return
+        task = self.new_bind(replica, key, uid, node)
         self.log("scheduler", f"Bind {key} -> {node} on {replica}: {task}")
+
+    def bind_under_way(self, replica: str, uid: str, node: NodeName) -> bool:
+        """Whether kube-scheduler holds back a bind to ``node`` on ``replica``: avoiding
+        ``Hole.QUEUE_ORDER``, any bind to that node under way there; avoiding
+        ``Hole.ABANDONED_RETRY``, one for the same pod."""
+        for t in self.replicas[replica].tasks:
+            if t.stage is Stage.DONE or t.node != node:
+                continue
+            if self.avoids(Hole.QUEUE_ORDER) or (
+                self.avoids(Hole.ABANDONED_RETRY) and t.uid == uid
+            ):
+                return True
+        return False
 
     def pick_node(self, uid: str, nodes: list[NodeName], choice: int) -> NodeName:
         """kube-scheduler's pick among the nodes that passed (see ``Hole.ORPHANED_LOCK``)."""
@@ -432,14 +487,18 @@ class HandoffModel(RuleBasedStateMachine):
 
     def _finish(self, task: BindTask, result: str) -> None:
         task.stage, task.result = Stage.DONE, result
+        self.replicas[task.replica].leave(task)
         if self.waiting.get(task.uid) == task.tid:
             del self.waiting[task.uid]
 
     def run_step(self, task: BindTask) -> str:
         rep = self.replicas[task.replica]
+        stage = task.stage
         try:
             if task.stage is Stage.NEW:
                 return rep.begin(task, hand_edits=self.hand_edits[task.node])
+            if task.stage is Stage.WAITING:
+                return rep.resume(task, hand_edits=self.hand_edits[task.node])
             if task.stage is Stage.ACQUIRED:
                 return rep.confirm(task)
             if task.stage is Stage.CONFIRMED:
@@ -451,16 +510,36 @@ class HandoffModel(RuleBasedStateMachine):
             released = f"; {rep.release(task)}" if exc.release else ""
             self._finish(task, str(exc))
             return f"failed: {exc}{released}"
+        except BindCancelled as exc:
+            # ``_bind_holding``: a lock taken is released unless the binding may land
+            keep = keep_lock_after(exc, binding_sent=stage is Stage.SENT)
+            released = f"; {rep.release(task)}" if task.held is not None and not keep else ""
+            task.kept_lock = task.held is not None and keep
+            self._finish(task, f"cancelled: {exc}")
+            return f"failed: {exc}{released}"
 
-    @precondition(lambda self: bool(self.active_tasks()))
+    @precondition(lambda self: bool(self.steppable()))
     @rule(task=st.integers(0, 3))
     def extender_step(self, task: int) -> None:
-        """One step of one bind in flight (choose+acquire, confirm, send, answer)."""
+        """One step of one bind in flight (queue, wait, choose+acquire, confirm, send, answer)."""
         self.begin_step()
-        tasks = self.active_tasks()
+        tasks = self.steppable()
         t = tasks[task % len(tasks)]
         before = str(t)
         self.log(t.replica, f"{before}: {self.run_step(t)}")
+
+    @precondition(lambda self: self.may(Fault.SLOW_API) and bool(self.steppable()))
+    @rule(task=st.integers(0, 3), dt=st.sampled_from(TICKS[:2]))
+    def slow_extender_step(self, task: int, dt: float) -> None:
+        """One step of one bind whose first request is answered ``dt`` seconds late: time
+        passes (locks may expire, binding requests time out), then the step runs."""
+        self.begin_step()
+        tasks = self.steppable()
+        t = tasks[task % len(tasks)]
+        self.clock.now += dt
+        self.store.expire_requests(self.clock.now)
+        before = str(t)
+        self.fault(t.replica, f"the API server answers {dt:g}s late; {before}: {self.run_step(t)}")
 
     @precondition(lambda self: bool(self.store.live_requests(self.clock.now)))
     @rule(request=st.integers(0, 3))
@@ -602,7 +681,7 @@ class HandoffModel(RuleBasedStateMachine):
 
     def cancellable(self) -> list[BindTask]:
         if self.avoids(Hole.CANCEL_AFTER_WRITE):
-            return self.active_tasks(Stage.NEW, Stage.ACQUIRED, Stage.CONFIRMED)
+            return self.active_tasks(Stage.NEW, Stage.WAITING, Stage.ACQUIRED, Stage.CONFIRMED)
         return self.active_tasks()
 
     @precondition(lambda self: self.may(Fault.CANCEL) and bool(self.cancellable()))
@@ -622,7 +701,10 @@ class HandoffModel(RuleBasedStateMachine):
         self.fault(t.replica, text)
 
     def waited_tasks(self) -> list[BindTask]:
-        return [t for t in self.active_tasks() if self.waiting.get(t.uid) == t.tid]
+        tasks = [t for t in self.active_tasks() if self.waiting.get(t.uid) == t.tid]
+        if self.avoids(Hole.ABANDONED_BIND_WRITES):
+            tasks = [t for t in tasks if t.stage in (Stage.NEW, Stage.WAITING, Stage.SENT)]
+        return tasks
 
     @precondition(
         lambda self: (
@@ -631,13 +713,28 @@ class HandoffModel(RuleBasedStateMachine):
             and bool(self.waited_tasks())
         )
     )
-    @rule(task=st.integers(0, 3))
-    def scheduler_gives_up(self, task: int) -> None:
-        """kube-scheduler's extender call times out; the bind goes on; the pod is retried."""
+    @rule(task=st.integers(0, 3), mid_acquire=st.booleans())
+    def scheduler_gives_up(self, task: int, mid_acquire: bool) -> None:
+        """kube-scheduler's extender call times out and it disconnects: the bind is abandoned
+        (``Binder.abandon``: it leaves its queue, sends no further Lease write or binding, and
+        releases a lock it took); the pod is retried.  ``mid_acquire``: for a bind about to
+        take its turn, the disconnect comes while its reads before the Lease write are in
+        flight (the bind takes its step now)."""
         self.begin_step()
         tasks = self.waited_tasks()
         t = tasks[task % len(tasks)]
         del self.waiting[t.uid]
+        rep = self.replicas[t.replica]
+        mid_acquire = mid_acquire and not self.avoids(Hole.ABANDONED_BIND_WRITES)
+        if mid_acquire and t.stage in (Stage.NEW, Stage.WAITING) and rep.resumable(t):
+            t.abandon_at_write = True
+            text = self.run_step(t)
+            if t.abandon_at_write:  # no write came: the disconnect after the step
+                t.abandon_at_write = False
+                rep.abandon(t)
+            self.fault("scheduler", f"gives up on {t} as it takes its turn: {text}; retried later")
+            return
+        rep.abandon(t)
         self.fault("scheduler", f"gives up waiting for {t}; {t.pod_key} may be scheduled again")
 
     @precondition(lambda self: self.may(Fault.ANSWER_LOST) and bool(self.active_tasks(Stage.SENT)))
@@ -662,12 +759,14 @@ class HandoffModel(RuleBasedStateMachine):
             t.replica, f"answer lost: {t} (applied={applied}, GET fails={get_fails}): {text}"
         )
 
-    @precondition(lambda self: self.may(Fault.ANSWER_LOST) and bool(self.active_tasks(Stage.NEW)))
+    @precondition(
+        lambda self: self.may(Fault.ANSWER_LOST) and bool(self.steppable(Stage.NEW, Stage.WAITING))
+    )
     @rule(task=st.integers(0, 3))
     def acquire_answer_lost(self, task: int) -> None:
         """The bind's Lease write lands but its answer is lost."""
         self.begin_step()
-        tasks = self.active_tasks(Stage.NEW)
+        tasks = self.steppable(Stage.NEW, Stage.WAITING)
         t = tasks[task % len(tasks)]
         rep = self.replicas[t.replica]
         rep.locks.lose_next_answer = True
@@ -989,34 +1088,78 @@ class HandoffModel(RuleBasedStateMachine):
 
     # -- invariants ----------------------------------------------------------------------------
 
+    def claim_of(self, pod: JSON, container: str) -> Slice:
+        """Ground truth: what ``container`` asks of each of its GPUs (``WHOLE``: all of it)."""
+        for group in ("initContainers", "containers"):
+            for c in pod["spec"].get(group) or []:
+                if c.get("name") == container:
+                    try:
+                        return container_slice(c) or WHOLE
+                    except BadShare:
+                        return WHOLE
+        return WHOLE
+
+    def on_gpus(
+        self, node: NodeName, per_pod: Mapping[str, Mapping[ContainerName, Sequence[DeviceID]]]
+    ) -> dict[DeviceID, dict[str, Slice]]:
+        """Physical GPU -> live pod UID -> its claim there (the larger of its containers')."""
+        live = self.live_pods()
+        out: dict[DeviceID, dict[str, Slice]] = {}
+        for uid, per in sorted(per_pod.items()):
+            pod = live.get(uid)
+            if pod is None:
+                continue
+            for container, ids in per.items():
+                claim = self.claim_of(pod, container)
+                for d in ids:
+                    gpu = physical_of(d)
+                    prev = out.setdefault(gpu, {}).get(uid)
+                    if prev is None or _bigger(claim, prev):
+                        out[gpu][uid] = claim
+        return out
+
+    def over_committed(
+        self, node: NodeName, holders: dict[DeviceID, dict[str, Slice]], verb: str
+    ) -> str | None:
+        """Why a GPU of ``node`` holds more than it may (None: nothing does): two pods on a
+        GPU of a node that does not share or on a GPU one of them holds whole; more slices
+        than the split count, more memory or more cores than the GPU has."""
+        split = self.split_of(node)
+        for gpu, claims in sorted(holders.items()):
+            if len(claims) < 2:
+                continue
+            names = " and ".join(self.key_of(u) for u in sorted(claims))
+            if split <= 1 or any(c.exclusive for c in claims.values()):
+                return f"{gpu} {verb} {names}"
+            if len(claims) > split:
+                return f"{gpu} holds {len(claims)} slices ({names}), more than its {split}"
+            memory = sum(_memory(c) for c in claims.values())
+            if memory > GPU_MEMORY_MIB:
+                return (
+                    f"{gpu} holds {memory} MiB of slices ({names}), more than its {GPU_MEMORY_MIB}"
+                )
+            cores = sum(c.cores for c in claims.values())
+            if cores > 100:
+                return f"{gpu} holds {cores}% cores of slices ({names})"
+        return None
+
     @invariant()
     def s1_no_device_twice(self) -> None:
         live = self.live_pods()
-        given: dict[DeviceID, str] = {}
         for n in self.nodes:
-            for uid, per in self.kubelets[n].given.items():
-                if uid not in live:
-                    continue
-                for d in {d for ids in per.values() for d in ids}:
-                    if d in given and given[d] != uid:
-                        self.violate(
-                            "S1",
-                            f"{d} was given to {self.key_of(given[d])} and {self.key_of(uid)}",
-                        )
-                    given[d] = uid
-        owner: dict[DeviceID, str] = {}
-        for uid, assignment in sorted(self.assigned.items()):
-            pod = live.get(uid)
-            if pod is None or not pod["spec"].get("nodeName"):
-                continue
-            for d in {d for ids in assignment.values() for d in ids}:
-                if d in owner:
-                    self.violate(
-                        "S1",
-                        f"{d} is assigned to live pods {self.key_of(owner[d])} and "
-                        f"{self.key_of(uid)}",
-                    )
-                owner[d] = uid
+            given = self.on_gpus(n, self.kubelets[n].given)
+            why = self.over_committed(n, given, "was given to")
+            if why is not None:
+                self.violate("S1", why)
+        for n in self.nodes:
+            bound = {
+                uid: dict(a)
+                for uid, a in self.assigned.items()
+                if uid in live and live[uid]["spec"].get("nodeName") == n
+            }
+            why = self.over_committed(n, self.on_gpus(n, bound), "is assigned to live pods")
+            if why is not None:
+                self.violate("S1", why)
 
     @invariant()
     def s2_containers_get_their_assignment(self) -> None:
@@ -1086,12 +1229,61 @@ class HandoffModel(RuleBasedStateMachine):
                         f"rv{newest}",
                     )
 
+    @invariant()
+    def f1_holder_counted(self) -> None:
+        """Filter's and Bind's picture of a node counts each GPU of the lock holder's
+        assignment (the Lease's copy) as taken -- held whole on a sharing node, where the copy
+        names GPUs and not the size of the holder's slice -- until the replica's cache counts
+        the holder's own binding (``holder_accounted``)."""
+        for name, rep in sorted(self.replicas.items()):
+            for node in self.nodes:
+                view = rep.locks.view(node)
+                holder = view.record.holder if view is not None else None
+                if holder is None or holder_accounted(rep.cache, view)(holder.uid):
+                    continue
+                raw = holder.data.get(LEASE_ASSIGNMENT)
+                if raw is None:
+                    continue
+                picture = rep.picture(node)
+                if picture is None:
+                    continue
+                devices = {d for ids in parse_assignment(raw).values() for d in ids}
+                held = {d for d, claim in picture.held if claim.exclusive}
+                for d in sorted(devices):
+                    whole = self.split_of(node) <= 1 or d in held
+                    if d not in picture.taken or not whole:
+                        self.violate(
+                            "F1",
+                            f"{name}'s picture of {node} leaves {d} of the lock holder "
+                            f"{holder.key} (not yet counted by its cache) "
+                            + ("free" if d not in picture.taken else "open to other slices"),
+                        )
+
+    @invariant()
+    def w1_turns_in_order(self) -> None:
+        for task in self.tasks.values():
+            if task.out_of_turn:
+                self.violate("W1", task.out_of_turn)
+
+    @invariant()
+    def w2_abandoned_binds_write_nothing(self) -> None:
+        for task in self.tasks.values():
+            if task.late_writes:
+                self.violate(
+                    "W2",
+                    f"{task} sent {'; '.join(task.late_writes)} after kube-scheduler stopped "
+                    "waiting for it",
+                )
+
     def check_safety(self) -> None:
         """Every safety invariant now (Hypothesis does this after each rule; replays call it)."""
         self.s1_no_device_twice()
         self.s2_containers_get_their_assignment()
         self.s3_left_holders_are_takeable()
         self.v1_lease_views_never_go_back()
+        self.f1_holder_counted()
+        self.w1_turns_in_order()
+        self.w2_abandoned_binds_write_nothing()
 
     # -- liveness ------------------------------------------------------------------------------
 
@@ -1122,9 +1314,8 @@ class HandoffModel(RuleBasedStateMachine):
                     self.log(f"plugin/{n}", "; ".join(self.plugins[n].retry_releases()))
                     moved = True
             for t in self.active_tasks():
-                while t.stage is not Stage.DONE:
-                    self.log(t.replica, f"{t}: {self.run_step(t)}")
-                moved = True
+                if self.run_bind(t):
+                    moved = True
             for n in self.nodes:
                 for _step in range(12):
                     if self.kubelets[n].next_pod() is None:
@@ -1143,13 +1334,11 @@ class HandoffModel(RuleBasedStateMachine):
                     continue
                 key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
                 node = self.pick_node(uid, nodes, 0)
-                task = BindTask(len(self.tasks) + 1, "E0", key, uid, node)
-                self.tasks[task.tid] = task
-                self.replicas["E0"].tasks.append(task)
-                self.waiting[uid] = task.tid
+                if self.bind_under_way("E0", uid, node):
+                    continue
+                task = self.new_bind("E0", key, uid, node)
                 self.log("scheduler", f"Bind {key} -> {node} on E0: {task}")
-                while task.stage is not Stage.DONE:
-                    self.log("E0", f"{task}: {self.run_step(task)}")
+                self.run_bind(task)
                 moved = moved or task.result == "ok"
             if not moved:
                 if idle_ticks >= SETTLE_IDLE_TICKS:
@@ -1160,6 +1349,16 @@ class HandoffModel(RuleBasedStateMachine):
                 self.log("clock", f"+{DURATION_S + 1}s (settling)")
             else:
                 idle_ticks = 0
+
+    def run_bind(self, task: BindTask) -> bool:
+        """Settling: run ``task`` until it is done or waits (parked, not woken); whether it
+        took a step."""
+        rep = self.replicas[task.replica]
+        steps = 0
+        while task.stage is not Stage.DONE and rep.resumable(task) and steps < 40:
+            self.log(task.replica, f"{task}: {self.run_step(task)}")
+            steps += 1
+        return steps > 0
 
     def free_on(self, node: NodeName) -> int:
         """Ground truth: GPUs of ``node`` no live pod holds (assigned, given or unattributed)."""
@@ -1178,6 +1377,47 @@ class HandoffModel(RuleBasedStateMachine):
                 held |= {d for ids in per.values() for d in ids}
         return dict(self.config.nodes)[node] - len(held) - unattributed
 
+    def fits(self, node: NodeName, pod: JSON, total: int) -> bool:
+        """Ground truth: whether ``pod`` (``total`` GPUs) fits ``node`` as it is now.  Slices fit
+        only a sharing node, on a GPU with a slice free, its memory and cores; whole GPUs are
+        GPUs nothing holds.  A sharing node with a pod bound to it without an assignment is
+        not judged (False)."""
+        claims = [
+            self.claim_of(pod, c["name"])
+            for group in ("initContainers", "containers")
+            for c in pod["spec"].get(group) or []
+        ]
+        if all(c.exclusive for c in claims):
+            return self.free_on(node) >= total
+        split = self.split_of(node)
+        if split <= 1 or len(claims) != 1 or total != 1:
+            return False
+        live = self.live_pods()
+        if any(
+            p["spec"].get("nodeName") == node and uid not in self.assigned
+            for uid, p in live.items()
+        ):
+            return False
+        held = self.on_gpus(node, self.kubelets[node].given)
+        bound = {
+            uid: dict(a)
+            for uid, a in self.assigned.items()
+            if uid in live and live[uid]["spec"].get("nodeName") == node
+        }
+        for gpu, on in self.on_gpus(node, bound).items():
+            held.setdefault(gpu, {}).update(on)
+        claim = claims[0]
+        for i in range(dict(self.config.nodes)[node]):
+            on = held.get(gpu_id(node, i), {})
+            if (
+                not any(c.exclusive for c in on.values())
+                and len(on) < split
+                and sum(_memory(c) for c in on.values()) + _memory(claim) <= GPU_MEMORY_MIB
+                and sum(c.cores for c in on.values()) + claim.cores <= 100
+            ):
+                return True
+        return False
+
     def check_liveness(self) -> None:
         if self.faults == 0:
             for n in self.nodes:
@@ -1192,7 +1432,7 @@ class HandoffModel(RuleBasedStateMachine):
                 continue
             state = pod_state(p, keys=KEYS, resource=RESOURCE)
             assert state.need is not None
-            fits = [n for n in self.nodes if self.free_on(n) >= state.need.total]
+            fits = [n for n in self.nodes if self.fits(n, p, state.need.total)]
             if fits:
                 seen = self.replicas["E0"].picture(fits[0], exclude_uid=uid)
                 taken = sorted(seen.taken) if seen is not None else "unknown node"
@@ -1220,6 +1460,14 @@ class HandoffModel(RuleBasedStateMachine):
     def teardown(self) -> None:
         if self.started and not self.broken:
             self.settle()
+
+
+def _memory(claim: Slice) -> int:
+    return claim.memory_on(_A_GPU)
+
+
+def _bigger(a: Slice, b: Slice) -> bool:
+    return (a.exclusive, _memory(a), a.cores) > (b.exclusive, _memory(b), b.cores)
 
 
 def machine(config: ModelConfig, name: str) -> type[HandoffModel]:

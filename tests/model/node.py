@@ -48,13 +48,14 @@ from deviceplugin.decide import (
     gpu_containers,
 )
 from deviceplugin.kubeletview import KubeletViewError
+from deviceplugin.sharing import fold, physical_request, virtual_choice
 from handoff.audit import KubeletPod
 from handoff.wire import ContainerName, DeviceID
 from kube.errors import ApiUnavailable
 from lockd.errors import LockLost, StaleToken
 from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView, NodeName, Outcome
 from tests.model.locks import Clock, LockClient
-from tests.model.world import JSON, KEYS, RESOURCE, Event, Kind, Store, Watch, gpu_id
+from tests.model.world import JSON, KEYS, RESOURCE, Event, Kind, Store, Watch, gpu_id, kubelet_ids
 
 
 class PluginCrashed(Exception):
@@ -70,6 +71,7 @@ class Plugin:
     clock: Clock
     skew: float
     gpus: int
+    split: int = 1  # > 1: a sharing node; kubelet's IDs are virtual (``deviceplugin.sharing``)
     cp: Checkpoint = field(init=False)
     locks: LockClient = field(init=False)
     leases: Watch = field(init=False)
@@ -164,6 +166,19 @@ class Plugin:
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> Preference:
+        """``GetPreferredAllocation``; on a sharing node kubelet's virtual IDs are folded to
+        their GPUs and the answer is one of kubelet's virtual IDs of each GPU chosen
+        (``SharingServicer``: ``fold`` and ``virtual_choice``)."""
+        if self.split <= 1:
+            return self._preferred(available, must_include, size)
+        pref = self._preferred(fold(available), fold(must_include), size)
+        return Preference(
+            tuple(virtual_choice(pref.devices, available, must_include)), pref.hit, pref.reason
+        )
+
+    def _preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> Preference:
         ctx = self.context()
         pref = Preference((), hit=False)
         for fresh in (False, True):
@@ -198,6 +213,11 @@ class Plugin:
     # -- Allocate ------------------------------------------------------------------------------
 
     def allocate(self, ids: Sequence[str]) -> Allocation | Refusal:
+        if self.split > 1:  # ``SharingServicer``: kubelet's virtual IDs folded to their GPUs
+            physical = physical_request([ids])
+            if isinstance(physical, Refusal):
+                return physical
+            ids = physical[0]
         ctx = self.context()
         checked = decide.check_request([ids], ctx)
         if isinstance(checked, Refusal):
@@ -366,6 +386,7 @@ class Kubelet:
     store: Store
     gpus: int
     listing_mode: Listing = Listing.ACTIVE_PODS
+    split: int = 1  # > 1: kubelet sees ``split`` virtual devices per GPU
     pods: Watch = field(init=False)
     seen: dict[str, JSON] = field(default_factory=dict)  # uid -> pod as kubelet last saw it
     # the admission queue: uids in arrival order, each arriving batch sorted by creation
@@ -397,7 +418,7 @@ class Kubelet:
 
     @property
     def healthy(self) -> list[DeviceID]:
-        return [gpu_id(self.node, i) for i in range(self.gpus)]
+        return kubelet_ids(self.node, self.gpus, self.split)
 
     def start(self, *, lose_last_record: bool = False) -> None:
         """(Re)start: LIST the node's pods (one batch); device accounting is kept (kubelet's

@@ -9,11 +9,17 @@ off) counted as a pod that may await devices; a pod this plugin served skipped e
 kubelet had lost its record and asks Allocate for it again; and a container of the holder
 counted as served although kubelet lost its record and asks for it again.  Kept verbatim (the
 project's own code at that time); nothing else imports it.
+
+The extender's rules that a plant deletes or reverts (``deadline_check``, ``position``,
+``with_holder``, ``room_for``) are written from the project's functions with the one check
+taken out that the plant is about; each docstring names it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
 from deviceplugin.decide import (
     Context,
@@ -24,7 +30,19 @@ from deviceplugin.decide import (
 )
 from handoff.audit import KubeletPod
 from handoff.holder import holder_status as handoff_status
-from lockd.model import HolderKey
+from handoff.sharing import FULL_CORES, WHOLE, Slice, Use
+from handoff.wire import (
+    GPU,
+    LEASE_ASSIGNMENT,
+    Keys,
+    MalformedAnnotation,
+    parse_assignment,
+)
+from lockd.model import Holder, HolderKey, NodeName
+from scheduler_ext.choose import NodeGPUs, devices_of
+from scheduler_ext.deadline import BindCancelled, BindDeadline
+from scheduler_ext.sharing import sharing_node
+from scheduler_ext.verbs import DEFAULT_KEYS
 
 
 def kubelet_admitting(
@@ -100,3 +118,64 @@ def kubelet_confirmed(progress: HandoffProgress, *_later: object) -> HandoffProg
     """``deviceplugin.decide.kubelet_confirmed`` before its fix: the plugin's progress of the
     holder's handoff stood as it was, whatever kubelet recorded."""
     return progress
+
+
+def deadline_check(self: BindDeadline, step: str, *, write: bool = True) -> float:
+    """``BindDeadline.check`` without #31.2's cancellation: the deadline alone counts, so a bind
+    whose caller left goes on writing once its wait is over (``write`` ignored)."""
+    left = self.left_s()
+    if left <= 0:
+        raise BindCancelled(step, "past its deadline")
+    return left
+
+
+def position(self: Any, node: NodeName, waiter: Any) -> int:
+    """``BindQueues.position`` with the queue's order deleted: every waiter is the head."""
+    return 0
+
+
+def with_holder(
+    gpus: NodeGPUs,
+    holder: Holder | None,
+    *,
+    pod_uid: str | None = None,
+    keys: Keys = DEFAULT_KEYS,
+    finished: Callable[[str], bool] | None = None,
+) -> NodeGPUs:
+    """``scheduler_ext.verbs.with_holder`` before #31.6: the holder's GPUs already taken (by
+    known slices, on a sharing node) return the picture as it was, so the holder's own slice
+    is not counted there."""
+    if holder is None:
+        return gpus
+    if pod_uid is not None and holder.uid == pod_uid:
+        return gpus
+    if finished is not None and finished(holder.uid):
+        return gpus
+    raw = holder.data.get(LEASE_ASSIGNMENT)
+    if raw is None:
+        return gpus
+    try:
+        devices = devices_of(parse_assignment(raw, key=keys.assignment))
+    except MalformedAnnotation:
+        return gpus
+    if devices <= gpus.taken:
+        return gpus
+    if sharing_node(gpus.devices):
+        extra = tuple((d, WHOLE) for d in sorted(devices))
+        return replace(gpus, taken=gpus.taken | devices, held=(*gpus.held, *extra))
+    return replace(gpus, taken=gpus.taken | devices)
+
+
+def room_for(gpu: GPU, use: Use, claim: Slice, split: int) -> str | None:
+    """``handoff.sharing.room_for`` with its memory check deleted."""
+    if not gpu.healthy:
+        return "unhealthy"
+    if use.exclusive:
+        return "held whole by another pod"
+    if claim.exclusive:
+        return None if use.empty else f"shared by {use.slices} pods"
+    if use.slices >= split:
+        return f"all {split} slices in use"
+    if use.cores + claim.cores > FULL_CORES:
+        return f"{FULL_CORES - use.cores}% cores free"
+    return None

@@ -108,6 +108,53 @@ FOCUS: dict[Hole, ModelConfig] = {
         max_pods=3,
         prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
     ),
+    Hole.ABANDONED_BIND_WRITES: ModelConfig(
+        fault_kinds=frozenset({Fault.GIVE_UP}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=3,
+        prompt=frozenset({"kubelet", "plugin"}),
+    ),
+    Hole.HOLDER_SLICE: ModelConfig(
+        fault_kinds=frozenset(),
+        nodes=ONE_NODE,
+        shared=frozenset({"n1"}),
+        templates=("half",),
+        max_pods=3,
+        prompt=frozenset({"kubelet", "plugin"}),
+    ),
+    Hole.SLICE_CAPACITY: ModelConfig(
+        fault_kinds=frozenset(),
+        nodes=ONE_NODE,
+        shared=frozenset({"n1"}),
+        templates=("half", "large"),
+        max_pods=3,
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+    ),
+    Hole.ABANDONED_RETRY: ModelConfig(
+        fault_kinds=frozenset({Fault.GIVE_UP}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=2,
+        prompt=frozenset({"kubelet", "plugin"}),
+    ),
+    Hole.BINDING_PAST_DEADLINE: ModelConfig(
+        fault_kinds=frozenset({Fault.SLOW_API}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=2,
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+    ),
+    Hole.QUEUE_ORDER: ModelConfig(
+        fault_kinds=frozenset(),
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=3,
+        prompt=frozenset({"kubelet", "plugin"}),
+    ),
 }
 
 
@@ -137,11 +184,17 @@ SEARCH_SEEDS: dict[Hole, int] = {
     Hole.DOUBLE_BIND: 2,
     Hole.ORPHANED_LOCK: 3,
     Hole.LATE_READ: 1,
-    Hole.LATE_BINDING: 1,
+    Hole.LATE_BINDING: 2,
     Hole.REJECTED_MID_HANDOFF: 1,
     Hole.LISTED_REJECTED_POD: 1,
-    Hole.SERVED_AFTER_CHECKPOINT_LOSS: 1,
+    Hole.SERVED_AFTER_CHECKPOINT_LOSS: 2,
     Hole.PROGRESS_AHEAD_OF_KUBELET: 1,
+    Hole.ABANDONED_BIND_WRITES: 1,
+    Hole.QUEUE_ORDER: 1,
+    Hole.HOLDER_SLICE: 1,
+    Hole.SLICE_CAPACITY: 1,
+    Hole.ABANDONED_RETRY: 1,
+    Hole.BINDING_PAST_DEADLINE: 3,
 }
 
 

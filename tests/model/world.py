@@ -8,7 +8,9 @@ What is modelled, and nothing more:
 - Pods: create (a fresh UID; creation order is what kubelet sorts by), ``pods/binding`` with the
   UID as precondition (409 on another UID or an already bound pod, 404 when gone) whose
   ``metadata.annotations`` are merged onto the pod, status writes, owner edits, delete;
-- Nodes: static, each with its GPU inventory annotation and ``status.allocatable``;
+- Nodes: static, each with its GPU inventory annotation and ``status.allocatable``; a sharing
+  node's inventory rows carry its split count S (``SPLIT``) and kubelet sees S virtual devices
+  per GPU (``handoff.sharing``);
 - watches: one ordered log of every change; each subscriber reads it through its own cursor, so
   events arrive in order but as late as the model likes (``Watch.deliver``);
 - a binding request in flight: sent at one step, applied by the server at a later one, answered
@@ -28,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from handoff.sharing import GPUMEM, virtual_id
 from handoff.wire import GPU, DeviceID, Keys, format_inventory
 from kube.errors import Conflict, NotFound
 from lockd.model import NodeName
@@ -40,6 +43,8 @@ RESOURCE = "nvidia.com/gpu"
 LEASE_NAMESPACE = "nodelock-system"
 POD_NAMESPACE = "team"
 REQUEST_TIMEOUT_S = DEFAULT_REQUEST_TIMEOUT_S  # kube-apiserver's --request-timeout default
+GPU_MEMORY_MIB = 81_920
+SPLIT = 2  # a sharing node's --gpu-split
 
 
 class Kind:
@@ -91,13 +96,23 @@ def gpu_id(node: NodeName, index: int) -> DeviceID:
     return DeviceID(f"{node}-g{index}")
 
 
-def node_object(node: NodeName, gpus: int) -> JSON:
-    inventory = [GPU(gpu_id(node, i), i, "model-a", 81_920, 0, healthy=True) for i in range(gpus)]
+def kubelet_ids(node: NodeName, gpus: int, split: int) -> list[DeviceID]:
+    """The device IDs kubelet sees: the GPUs, or ``split`` virtual devices of each."""
+    if split <= 1:
+        return [gpu_id(node, i) for i in range(gpus)]
+    return [virtual_id(gpu_id(node, i), k) for i in range(gpus) for k in range(split)]
+
+
+def node_object(node: NodeName, gpus: int, split: int = 1) -> JSON:
+    inventory = [
+        GPU(gpu_id(node, i), i, "model-a", GPU_MEMORY_MIB, 0, healthy=True, split=split)
+        for i in range(gpus)
+    ]
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": node, "annotations": {KEYS.gpus: format_inventory(inventory)}},
-        "status": {"allocatable": {RESOURCE: str(gpus)}},
+        "status": {"allocatable": {RESOURCE: str(gpus * max(split, 1))}},
     }
 
 
@@ -106,6 +121,7 @@ class ContainerSpec:
     name: str
     gpus: int
     init: bool = False
+    memory_mib: int | None = None  # a slice of each GPU (``nvidia.com/gpumem``)
 
 
 # The pod shapes the model creates: name prefix -> containers (init containers first).
@@ -116,16 +132,23 @@ TEMPLATES: dict[str, tuple[ContainerSpec, ...]] = {
     # an init container with 2 GPUs and an app container with 1: kubelet hands the app container
     # one of the init container's devices, picked in arbitrary order (no GetPreferredAllocation)
     "init": (ContainerSpec("setup", 2, init=True), ContainerSpec("main", 1)),
+    # slices of one GPU (sharing nodes only): two halves fit a GPU, two large ones do not
+    "half": (ContainerSpec("main", 1, memory_mib=GPU_MEMORY_MIB // 2),),
+    "large": (ContainerSpec("main", 1, memory_mib=GPU_MEMORY_MIB * 3 // 4),),
 }
+SLICE_TEMPLATES = frozenset({"half", "large"})
 
 
 def pod_object(name: str, template: str, *, node: NodeName | None = None) -> JSON:
     """A pod of ``template``; ``node`` set means created bound (it bypasses the scheduler)."""
     spec: JSON = {"containers": [], "schedulerName": "default-scheduler"}
     for c in TEMPLATES[template]:
+        amounts = {RESOURCE: str(c.gpus)}
+        if c.memory_mib is not None:
+            amounts[GPUMEM] = str(c.memory_mib)
         container = {
             "name": c.name,
-            "resources": {"limits": {RESOURCE: str(c.gpus)}, "requests": {RESOURCE: str(c.gpus)}},
+            "resources": {"limits": dict(amounts), "requests": dict(amounts)},
         }
         spec.setdefault("initContainers" if c.init else "containers", []).append(container)
     if node is not None:
@@ -170,8 +193,8 @@ class Store:
 
     # -- nodes -------------------------------------------------------------------------------
 
-    def add_node(self, node: NodeName, gpus: int) -> None:
-        obj = node_object(node, gpus)
+    def add_node(self, node: NodeName, gpus: int, split: int = 1) -> None:
+        obj = node_object(node, gpus, split)
         self.nodes[node] = obj
         self._commit(Kind.NODE, "ADDED", node, obj)
 

@@ -56,8 +56,12 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.LISTED_REJECTED_POD: 100,
     Hole.SERVED_AFTER_CHECKPOINT_LOSS: 1_200,
     Hole.PROGRESS_AHEAD_OF_KUBELET: 300,
+    Hole.ABANDONED_BIND_WRITES: 100,
+    Hole.QUEUE_ORDER: 300,
+    Hole.HOLDER_SLICE: 100,
+    Hole.SLICE_CAPACITY: 200,
 }
-INVARIANT = r"(S[1-4]|V1|L1)"
+INVARIANT = r"(S[1-4]|V1|F1|W[12]|L1)"
 
 
 def search(hole: Hole, examples: int, *, planted: bool = False) -> tuple[int, str]:
@@ -286,11 +290,11 @@ def test_replay_second_bind_on_a_lagging_replica() -> None:
         m.schedule(0, "E1", 0)  # Bind team/init-1 -> n1 on E1
         m.extender_step(0)  # acquired n1 token 1
         m.extender_step(0)  # confirmed
-        m.scheduler_gives_up(0)
         m.extender_step(0)  # sent binding request #1 (token 1)
+        m.scheduler_gives_up(0, False)  # the binding is on its way; the pod may be retried
         m.schedule(0, "E0", 0)  # retried on E0, whose watches have delivered nothing
-        m.extender_step(1)  # bind#2: was "acquired n1 token 2"; now refused (held by the pod)
-        did(m, "bind#2", "failed: ")
+        m.extender_step(1)  # bind#2: was "acquired n1 token 2"; now its acquire is refused
+        did(m, "bind#2", "lost the race", "waits again")
         m.check_safety()
         m.server_applies(0)  # binding #1 lands with token 1
 
@@ -333,7 +337,7 @@ def late_binding_steps(m: HandoffModel, *, check: bool = True) -> None:
     m.schedule(0, "E0", 0)  # kube-scheduler retries one-1
     m.extender_step(0)  # bind#2 asks to take the expired lock over
     if check:  # not bound, but its first binding may still land: was "took over n1 token 2"
-        did(m, "bind#2", "failed: contended")
+        did(m, "bind#2", "lost the race", "waits again")
     m.check_safety()
     m.server_applies(0)  # one-1's first binding lands after its client gave up
     if check:
@@ -436,3 +440,117 @@ def test_replay_progress_ahead_of_kubelet_with_the_old_rule_breaks() -> None:
         lambda m: progress_ahead_of_kubelet_steps(m, check=False),
         planted=True,
     )
+
+
+def abandoned_bind_steps(m: HandoffModel, *, check: bool = True) -> None:
+    """kube-scheduler stops waiting for a bind as its reads before the Lease write are in
+    flight, and for another once it holds the lock: neither writes the Lease again nor sends a
+    binding; the one holding the lock releases it."""
+    m.create_pod(0)  # team/one-1
+    m.create_pod(0)  # team/one-2
+    m.deliver_to("E0")
+    m.schedule(0, "E0", 0)  # bind#1: team/one-1
+    m.scheduler_gives_up(0, True)  # the disconnect comes as bind#1 is about to write the Lease
+    if check:
+        did(m, "bind#1", "the scheduler stopped waiting for this bind; stopped before write lease")
+    m.check_safety()  # planted: bind#1 wrote the Lease after its caller left (W2)
+    m.schedule(0, "E0", 0)  # bind#2
+    m.extender_step(0)  # bind#2 acquired n1 token 1
+    did(m, "bind#2", "acquired n1 token 1")
+    m.scheduler_gives_up(0, False)  # abandoned with the lock held
+    m.extender_step(0)  # stops before confirming and releases the lock
+    did(m, "bind#2", "the scheduler stopped waiting", "released token 1 bind-failed")
+
+
+def test_replay_abandoned_binds_write_nothing() -> None:
+    """#31.2: a bind whose caller left sends no Lease write and no binding, and releases a lock
+    it took (``Binder.abandon`` cancels its deadline; every write checks it)."""
+    replay(Hole.ABANDONED_BIND_WRITES, frozenset({Fault.GIVE_UP}), abandoned_bind_steps)
+
+
+def test_replay_abandoned_binds_with_the_old_check_break() -> None:
+    """The same steps with the deadline checked for time alone: the bind that holds the lock
+    goes on to send its binding after its caller left (W2)."""
+    replay(
+        Hole.ABANDONED_BIND_WRITES,
+        frozenset({Fault.GIVE_UP}),
+        lambda m: abandoned_bind_steps(m, check=False),
+        planted=True,
+    )
+
+
+def queue_order_steps(m: HandoffModel, *, check: bool = True) -> None:
+    """Two binds to n1 on E0: the first holds the expired lock (its bind still under way), the
+    second joins the queue behind it."""
+    m.create_pod(0)  # team/one-1
+    m.create_pod(0)  # team/one-2
+    m.deliver_to("E0")
+    m.schedule(0, "E0", 0)  # bind#1: team/one-1
+    m.extender_step(0)  # bind#1 acquired n1 token 1 (and stays at its queue's head)
+    m.tick(16.0)  # the lock expires; bind#1 is still under way
+    m.schedule(0, "E0", 0)  # bind#2: team/one-2
+    m.extender_step(1)  # bind#2 queued behind bind#1; planted: takes its turn (W1)
+    if check:  # expected to wait the holder's age again: more than its budget
+        did(m, "bind#2", "1 ahead of this one", "cannot be served")
+
+
+def test_replay_queue_order() -> None:
+    """Decision 0003: only a node queue's head takes its turn; the one behind it, expecting to
+    wait longer than its budget, fails fast."""
+    replay(Hole.QUEUE_ORDER, frozenset(), queue_order_steps)
+
+
+def test_replay_queue_order_without_the_head_check_breaks() -> None:
+    """The same steps with every waiter taken for its queue's head: the second bind takes its
+    turn while the first is still under way (W1)."""
+    replay(
+        Hole.QUEUE_ORDER,
+        frozenset(),
+        lambda m: queue_order_steps(m, check=False),
+        planted=True,
+    )
+
+
+def test_replay_binding_past_deadline_releases_a_lock_whose_binding_may_land() -> None:
+    """Found by the model (an open hole): a bind that takes the lock late in its deadline (a
+    slow API server) sends its binding with the deadline, nearer than the end of its binding
+    window, as the timeout; no answer comes; the GET that checks whether it landed is past the
+    deadline, and its ``BindCancelled`` releases the lock while the binding may still land,
+    which it then does with a token nobody holds (S4)."""
+
+    def steps(m: HandoffModel) -> None:
+        m.create_pod(0)  # team/one-1
+        m.schedule(0, "E0", 0)  # arrives at t=0: deadline t=9.75
+        m.tick(4.0)
+        m.slow_extender_step(0, 1.0)  # t=5: queued; acquired n1 token 1
+        did(m, "bind#1", "acquired n1 token 1")
+        m.extender_step(0)  # confirmed
+        m.extender_step(0)  # sent with 4.75 s left of the deadline (5 s of the window)
+        did(m, "bind#1", "sent binding request #1")
+        m.tick(16.0)
+        m.extender_step(0)  # no answer by 9.75; the GET then is past the deadline: released
+        did(m, "bind#1", "past its deadline", "released token 1 bind-failed")
+        m.check_safety()
+        m.server_applies(0)  # binding #1 lands with token 1 on a free lock (S4)
+
+    replay(Hole.BINDING_PAST_DEADLINE, frozenset({Fault.SLOW_API}), steps)
+
+
+def test_replay_abandoned_retry_goes_on_writing() -> None:
+    """Found by the model (an open hole): kube-scheduler stops waiting for a bind before it
+    began and retries the pod on the same replica and node while that first call is still under
+    way; the retry's deadline is not the one ``Binder._deadlines`` keeps, so once the first
+    call ended, abandoning the retry reaches nothing, and it takes the lock (W2)."""
+
+    def steps(m: HandoffModel) -> None:
+        m.create_pod(0)  # team/one-1
+        m.deliver_to("E1")
+        m.schedule(0, "E1", 0)  # bind#1
+        m.scheduler_gives_up(0, False)  # bind#1 abandoned before it began
+        m.schedule(0, "E1", 0)  # bind#2 for the same pod and node: its deadline not kept
+        m.extender_step(0)  # bind#1 stops before taking the lock; its deadline forgotten
+        did(m, "bind#1", "the scheduler stopped waiting for this bind")
+        m.scheduler_gives_up(0, False)  # bind#2 abandoned: nothing reached
+        m.extender_step(0)  # bind#2 acquires n1 (W2)
+
+    replay(Hole.ABANDONED_RETRY, frozenset({Fault.GIVE_UP}), steps)
