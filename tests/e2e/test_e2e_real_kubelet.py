@@ -12,6 +12,7 @@ import asyncio
 import os
 import subprocess
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from tests.e2e.kit import (
     wait_registrations,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.core]
+pytestmark = [pytest.mark.e2e]  # each test but the slowest is also `core`
 
 NODES = 2
 GPUS = 4
@@ -154,6 +155,7 @@ async def _run_all(c: GPUCluster, names: list[str]) -> dict[str, JSON]:
     return {p["metadata"]["name"]: p for p in pods}
 
 
+@pytest.mark.core
 async def test_nodes_are_real_kubelets_and_ready(real: GPUCluster) -> None:
     nodes = {n["metadata"]["name"]: n for n in (await real.kube.list(node_path()))["items"]}
     assert sorted(nodes) == sorted(real.nodes)
@@ -171,6 +173,7 @@ async def test_nodes_are_real_kubelets_and_ready(real: GPUCluster) -> None:
         assert "nodelock.io/simulated" not in node["metadata"].get("labels", {})
 
 
+@pytest.mark.core
 async def test_eight_pods_then_init_reuse_pod_match_kubelets_records(real: GPUCluster) -> None:
     """Eight single-GPU pods fill the two nodes; each container got exactly its assignment in
     kubelet's checkpoint, in what kubelet handed the runtime and in its PodResources List;
@@ -207,6 +210,7 @@ async def test_eight_pods_then_init_reuse_pod_match_kubelets_records(real: GPUCl
     assert audited.returncode == 0, audited.stdout + audited.stderr
 
 
+@pytest.mark.core
 async def test_kubelet_records_catch_a_wrong_handoff(real: GPUCluster) -> None:
     """The judge can fail: a record where kubelet handed the runtime other devices than the
     assignment is an S2 finding."""
@@ -232,6 +236,7 @@ async def test_kubelet_records_catch_a_wrong_handoff(real: GPUCluster) -> None:
     assert found.s2, "a forged runtime config passed"
 
 
+@pytest.mark.core
 async def test_plugin_and_kubelet_restarts(real: GPUCluster) -> None:
     """A plugin restart, then a kubelet restart with its checkpoint: the running pod keeps its
     devices in kubelet's checkpoint, the plugin registers again and a new pod is admitted with
@@ -260,6 +265,7 @@ async def test_plugin_and_kubelet_restarts(real: GPUCluster) -> None:
     assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
 
 
+@pytest.mark.core
 async def test_bypass_pod_gets_no_device_from_a_real_kubelet(real: GPUCluster) -> None:
     """A GPU pod placed by hand is refused by the admission policy; with the administrator's
     bypass label it reaches kubelet, which holds no lock for it: kubelet rejects it at
@@ -281,6 +287,7 @@ async def test_bypass_pod_gets_no_device_from_a_real_kubelet(real: GPUCluster) -
     assert _handed(real, honest)["c0"] == sorted(assignment(honest)["c0"])
 
 
+@pytest.mark.core
 async def test_kubelet_restart_without_its_checkpoint(real: GPUCluster) -> None:
     """kubelet restarted with its device checkpoint gone: the running pod keeps running and its
     devices are no longer in kubelet's records (kubelet lists it without devices); the next pod
@@ -337,6 +344,7 @@ async def test_kubelet_restart_without_its_checkpoint(real: GPUCluster) -> None:
         await real.wait_holder(node, None)
 
 
+@pytest.mark.core
 async def test_finished_pod_left_on_the_node(real: GPUCluster) -> None:
     """A pod whose container exits (``sim.nodelock.io/run-seconds``, restartPolicy Never) ends
     Succeeded and stays on the node (kubelet 1.33 still lists it in PodResources); the node's next
@@ -358,6 +366,7 @@ async def test_finished_pod_left_on_the_node(real: GPUCluster) -> None:
     assert audited.returncode == 0, audited.stdout + audited.stderr
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("checkpoint", ["kept", "lost"])
 async def test_kubelet_killed_mid_handoff(real: GPUCluster, checkpoint: str) -> None:
     """kubelet dies while it waits in Allocate for the second of a pod's two GPU containers (the
@@ -391,6 +400,7 @@ async def test_kubelet_killed_mid_handoff(real: GPUCluster, checkpoint: str) -> 
     assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
 
 
+@pytest.mark.core
 async def test_takeover_after_a_holder_kubelet_rejected(real: GPUCluster) -> None:
     """The plugin dies in the middle of a pod's first Allocate (after writing its progress):
     kubelet rejects the pod, nothing of it is recorded or handed to the runtime, and the lock it
@@ -426,3 +436,59 @@ async def test_takeover_after_a_holder_kubelet_rejected(real: GPUCluster) -> Non
     await real.wait_holder(node, None)
     found = await _kubelet_findings(real, expected_pods=2)
     assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
+
+
+async def test_a_container_of_the_pod_kubelet_lost_the_devices_of_restarts_mid_handoff(
+    real: GPUCluster,
+) -> None:
+    """kubelet restarted without its checkpoint; the pod that ran before ("before", its
+    container exits 40 s after it started, restartPolicy Always) is listed without devices.
+    Its container exits while the next pod ("after") is in its handoff (the plugin takes 30 s
+    over each call, and "after" asks 15 s before the exit).  kubelet does not call Allocate to
+    create it again: it fails that creation for want of a device record (the plugin requires
+    PreStartContainer), so "before" is never handed "after"'s devices, and "after" runs with
+    its assignment."""
+    node = real.nodes[1]
+    pod = gpu_pod("before", [1], node=node, annotations={"sim.nodelock.io/run-seconds": "40"})
+    await real.kube.create(pod_path(real.namespace), pod)
+    before = (await _run_all(real, ["before"]))["before"]
+    first = _handed(real, before)["c0"]
+    path = _node(real, node).plugin_dir / "kubelet_internal_checkpoint"
+    seen = plugin_registrations(real.cluster, node)
+    real.cluster.kill_component(f"kubelet-{node}")
+    path.unlink()
+    real.cluster.restart_component(f"kubelet-{node}")
+    await wait_registrations(real.cluster, node, seen, timeout_s=60)
+    started = _time(before["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])
+    async with slow_admission(real, node, seconds=30):
+        await asyncio.sleep(3 * SIGHTING_PERIOD_S)  # the restarted plugin reads List again
+        exits_in = (started - datetime.now(UTC)).total_seconds() + 40
+        assert exits_in > 15, f"the restarts took too long: the container exits in {exits_in} s"
+        await asyncio.sleep(exits_in - 15)
+        await real.create_pod("after", [1], node=node)
+        after = (await _run_all(real, ["after"]))["after"]
+    deadline = asyncio.get_running_loop().time() + 60
+    while True:
+        status = (await real.pod("before"))["status"]
+        waiting = status["containerStatuses"][0]["state"].get("waiting") or {}
+        if waiting.get("reason") == "CreateContainerConfigError":
+            break
+        assert asyncio.get_running_loop().time() < deadline, status
+        await asyncio.sleep(0.2)
+    assert "no devices found allocated in local cache" in waiting["message"]
+    # the premise: "before"'s container exited while "after" was in its handoff
+    exited = _time(status["containerStatuses"][0]["lastState"]["terminated"]["finishedAt"])
+    asked = _time(after["metadata"]["creationTimestamp"])
+    ran = _time(after["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])
+    assert asked <= exited <= ran, (asked, exited, ran)
+    assert _handed(real, after)["c0"] == sorted(assignment(after)["c0"])
+    assert not set(_handed(real, after)["c0"]) & set(first)
+    assert _handed(real, await real.pod("before"))["c0"] == first  # no config handed since
+    assert _checkpointed(real, before) == {}
+    assert status["phase"] == "Running"
+    await real.wait_holder(node, None)
+
+
+def _time(stamp: str) -> datetime:
+    """An API timestamp (RFC 3339, UTC)."""
+    return datetime.fromisoformat(stamp)
