@@ -6,7 +6,9 @@ invariants are checked; the ``settle`` rule (and the end of every run) stops all
 every actor run to quiescence with time passing, and checks bounded liveness.
 
 - S1: no device is in two live pods' kubelet allocations (what their containers were given), nor
-  in two live bound pods' assignments (as the binding wrote them).
+  in two live bound pods' assignments (as the binding wrote them); on a sharing node, per GPU:
+  none held whole holds another pod, and its slices stay within its split count, memory and
+  cores.
 - S2: every container kubelet admitted was served for its own pod, with its pod's assignment
   for that container (an app container that reused init containers' devices: within the pod's
   assignment).
@@ -16,6 +18,10 @@ every actor run to quiescence with time passing, and checks bounded liveness.
 - S4: no write with a stale token lands: a Lease's token never goes down except by hand, and a
   binding carrying token T lands only while the node's Lease is held by that pod with token T
   (unless the Lease was edited by hand since the bind took it).
+- F1: each replica's picture of a node (what filter and Bind choose from) counts the lock
+  holder's GPUs as taken, held whole on a sharing node, until its cache counts the holder.
+- W1: a node's binds on one replica take their turns in the order they joined its queue.
+- W2: a bind whose caller left (kube-scheduler gave up) sends no Lease write and no binding.
 - L1 (at ``settle``): in a run with no fault, no pod that went through the extender is refused
   at admission; after settling, every pending GPU pod that fits some node is bound and
   admitted, every bound pod is admitted or failed, and every held lock is takeable.
@@ -108,7 +114,7 @@ SETTLE_IDLE_TICKS = 6
 
 
 class Violation(AssertionError):
-    """An invariant broke; ``invariant`` is its name (S1..S4, V1, L1)."""
+    """An invariant broke; ``invariant`` is its name (S1..S4, V1, F1, W1, W2, L1)."""
 
     def __init__(self, invariant: str, message: str, trace: list[str]) -> None:
         lines = "\n".join(trace[-150:])

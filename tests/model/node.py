@@ -13,7 +13,10 @@ first (the Lease watch, the node pod watch's copy of the holder, else the pod re
 holder and token before), then fresh reads; a ``TAKEN_OVER`` refusal reads the interrupted pod
 and drops its progress; serving writes the checkpoint before answering and then releases after
 the last container; a refusal that names a lock releases it ``rejected``; a release that fails
-stays pending in the checkpoint and is retried.
+stays pending in the checkpoint and is retried.  GLUE (``deviceplugin.sharing.SharingServicer``):
+on a sharing node kubelet's virtual IDs are folded to their GPUs before the decisions
+(``physical_request``, ``fold``) and GetPreferredAllocation's answer is mapped back to one of
+kubelet's virtual IDs per GPU (``virtual_choice``).
 
 ``Kubelet`` is the part of kubelet that the handoff depends on (docs/model.md, "kubelet", names
 the source of each fact): pods admitted one at a time, batches in arrival order and each batch
