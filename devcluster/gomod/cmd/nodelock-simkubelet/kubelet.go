@@ -185,7 +185,7 @@ func (s *simKubelet) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list pods: %w", err)
 	}
-	containers, running := runningContainers(pods)
+	containers, running := runningContainers(pods, time.Now())
 	if err := s.dm.Start(logger, s.activePods, sourcesReady, containers, running); err != nil {
 		return fmt.Errorf("start device manager: %w", err)
 	}
@@ -242,8 +242,10 @@ func (s *simKubelet) arrivalOf(uid types.UID) uint64 {
 
 // runningContainers is what kubelet's container manager gives the device manager at start from
 // the runtime: every container of the pods with its ID, and the IDs of those running. The
-// simulated runtime's containers are the ones the pods' statuses show.
-func runningContainers(pods []*v1.Pod) (containermap.ContainerMap, sets.Set[string]) {
+// simulated runtime's containers are the ones the pods' statuses show; an app container whose
+// run time (runSecondsAnnotation) ended by now exited while no kubelet ran, as the runtime would
+// report it, so it is not running.
+func runningContainers(pods []*v1.Pod, now time.Time) (containermap.ContainerMap, sets.Set[string]) {
 	cm := containermap.NewContainerMap()
 	running := sets.New[string]()
 	for _, pod := range pods {
@@ -253,12 +255,25 @@ func runningContainers(pods []*v1.Pod) (containermap.ContainerMap, sets.Set[stri
 				continue
 			}
 			cm.Add(string(pod.UID), cs.Name, cs.ContainerID)
-			if cs.State.Running != nil {
+			if cs.State.Running != nil && !exitedBy(pod, cs, now) {
 				running.Insert(cs.ContainerID)
 			}
 		}
 	}
 	return cm, running
+}
+
+// exitedBy says whether an app container shown running has reached the end of its run time.
+func exitedBy(pod *v1.Pod, cs v1.ContainerStatus, now time.Time) bool {
+	app := false
+	for _, c := range pod.Spec.Containers {
+		app = app || c.Name == cs.Name
+	}
+	d, ok, err := runDuration(pod)
+	if !app || !ok || err != nil {
+		return false
+	}
+	return !now.Before(cs.State.Running.StartedAt.Add(d))
 }
 
 // kick wakes the pod loop.

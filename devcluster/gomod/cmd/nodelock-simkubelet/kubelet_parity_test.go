@@ -117,7 +117,8 @@ func TestRunningContainersFromPodStatuses(t *testing.T) {
 			{Name: "waiting"},
 		},
 	}}
-	cm, running := runningContainers([]*v1.Pod{pod})
+	pod.Spec.Containers = []v1.Container{{Name: "main"}, {Name: "waiting"}}
+	cm, running := runningContainers([]*v1.Pod{pod}, time.Now())
 	if id, err := cm.GetContainerID("u1", "main"); err != nil || id != "sim://u1/main" {
 		t.Fatalf("main: %q %v", id, err)
 	}
@@ -129,5 +130,15 @@ func TestRunningContainersFromPodStatuses(t *testing.T) {
 	}
 	if running.Len() != 1 || !running.Has("sim://u1/main") {
 		t.Fatalf("running set %v", running.UnsortedList())
+	}
+	// a container whose run time ended while no kubelet ran has exited
+	started := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	pod.Annotations = map[string]string{runSecondsAnnotation: "4"}
+	pod.Status.ContainerStatuses[0].State.Running.StartedAt = metav1.NewTime(started)
+	if _, running := runningContainers([]*v1.Pod{pod}, started.Add(3*time.Second)); !running.Has("sim://u1/main") {
+		t.Fatal("a container within its run time is not running")
+	}
+	if _, running := runningContainers([]*v1.Pod{pod}, started.Add(4*time.Second)); running.Len() != 0 {
+		t.Fatalf("a container past its run time is running: %v", running.UnsortedList())
 	}
 }
