@@ -607,12 +607,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.nodes < 3:
         parser.error("--minutes must be positive and --nodes at least 3")
-    with throwaway_cluster("nlsoak-") as cluster:
-        specs = specs_for(args.nodes, cluster.settings().get("kubernetes_version"))
-        start_gpu_side(cluster, specs, extender_env(args.plant))
-        ports = dict(cluster.settings()["ports"])
-        state_dir = cluster.state_dir
-        result = asyncio.run(campaign(cluster, specs, args))
+    try:
+        with throwaway_cluster("nlsoak-") as cluster:
+            specs = specs_for(args.nodes, cluster.settings().get("kubernetes_version"))
+            start_gpu_side(cluster, specs, extender_env(args.plant))
+            ports = dict(cluster.settings()["ports"])
+            state_dir = cluster.state_dir
+            result = asyncio.run(campaign(cluster, specs, args))
+    except Exception as exc:  # the run could not be made: say why in one line, exit 2
+        print(
+            f"soak: the campaign could not run: {type(exc).__name__}: {exc} "
+            "(NODELOCK_KEEP_STATE=1 keeps the cluster's logs)",
+            file=sys.stderr,
+        )
+        return 2
     result["leaks"] = leaks(state_dir, ports)
     for leak in result["leaks"]:
         result["violations"].append(
