@@ -61,7 +61,13 @@ from lockd.model import HeldLock, Holder, HolderKey, LockRecord, NodeName, Outco
 from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import Fit, NodeGPUs, NoFit, choose, conflicts, fit
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, BindPath
-from scheduler_ext.deadline import BindCancelled, BindDeadline, bind_deadline, unguarded
+from scheduler_ext.deadline import (
+    BindCancelled,
+    BindDeadline,
+    CallDeadlines,
+    bind_deadline,
+    unguarded,
+)
 from scheduler_ext.metrics import ExtenderMetrics, Result
 from scheduler_ext.need import PodNeed
 from scheduler_ext.protocol import BindingArgs
@@ -150,7 +156,7 @@ class Binder:
         self._http_timeout_s = http_timeout_s
         self._path = BindPath(wait_budget_s, duration_s)
         # (node, pod UID) -> the deadline of that bind under way here
-        self._deadlines: dict[tuple[NodeName, str], BindDeadline] = {}
+        self._deadlines = CallDeadlines()
         self.queues = BindQueues(budget_s=wait_budget_s, clock=clock, on_refused=metrics.refused)
         metrics.follow_queues(self.queues.depths)
 
@@ -264,10 +270,7 @@ class Binder:
         deadline = BindDeadline.from_arrival(
             arrived, http_timeout_s=self._http_timeout_s, clock=self._clock
         )
-        key = (args.node, args.pod_uid)
-        mine = key not in self._deadlines  # a second call for the same pod and node is refused
-        if mine:
-            self._deadlines[key] = deadline
+        self._deadlines.begin(args.node, args.pod_uid, deadline)
         try:
             with bind_deadline(deadline):
                 return await self._bind(args, deadline)
@@ -276,21 +279,15 @@ class Binder:
         except BindCancelled as exc:
             return BindOutcome(Result.ERROR, f"bind of {args.key} to {args.node}: {exc}")
         finally:
-            if mine:
-                del self._deadlines[key]
+            self._deadlines.end(args.node, args.pod_uid, deadline)
 
     def abandon(self, node: NodeName, uid: str) -> None:
         """The caller of ``uid``'s bind stopped waiting (kube-scheduler's timeout, a disconnect):
         a queued bind leaves its queue, and from now on the bind sends no Lease write and no
-        binding; a lock it took is released."""
-        deadline = self._deadlines.get((node, uid))
-        if deadline is not None:
-            deadline.cancel()
+        binding; a lock it took is released.  Every call under way for the pod and node is
+        cancelled, also a retry that arrived while an earlier call still ran."""
+        self._deadlines.cancel(node, uid)
         self.queues.abandon(node, uid)
-
-    def deadline_of(self, node: NodeName, uid: str) -> BindDeadline | None:
-        """The deadline of ``uid``'s bind to ``node`` under way here (None: none)."""
-        return self._deadlines.get((node, uid))
 
     async def _pod(self, args: BindingArgs) -> PodState:
         pod = self._cache.pod(args.pod_uid)
@@ -622,10 +619,12 @@ class Binder:
             raise BindFailed(Result.ERROR, f"binding {args.key} refused: {exc}") from exc
 
     async def _bound_anyway(self, args: BindingArgs, annotations: dict[str, str]) -> bool:
-        """Whether the pod is bound to the node with exactly our annotations (a lost answer)."""
+        """Whether the pod is bound to the node with exactly our annotations (a lost answer).
+        False also when the check cannot be made, past the bind's deadline included: the caller
+        then keeps a lock whose binding may still land (an unknown outcome)."""
         try:
             obj = await self._kube.get(pod_path(args.pod_namespace, args.pod_name))
-        except (ApiError, ApiUnavailable):
+        except (ApiError, ApiUnavailable, BindCancelled):
             return False
         meta = obj.get("metadata") or {}
         on_pod = meta.get("annotations") or {}

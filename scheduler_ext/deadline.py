@@ -87,6 +87,38 @@ class BindDeadline:
         return left
 
 
+class CallDeadlines:
+    """The deadlines of the bind calls under way, per (node, pod UID): every call, also a
+    second call for a pod and node whose first is still under way (kube-scheduler gave up on the
+    first and tried again before it ended).
+
+    Guarantee: ``cancel`` reaches every call under way for the pod and node, so a caller that
+    left never has a bind of its that goes on to write; a call's deadline is forgotten only when
+    that call ends (``end``), never when another one does.
+    """
+
+    def __init__(self) -> None:
+        self._calls: dict[tuple[str, str], list[BindDeadline]] = {}
+
+    def begin(self, node: str, uid: str, deadline: BindDeadline) -> None:
+        self._calls.setdefault((node, uid), []).append(deadline)
+
+    def end(self, node: str, uid: str, deadline: BindDeadline) -> None:
+        calls = self._calls.get((node, uid), [])
+        if deadline in calls:
+            calls.remove(deadline)
+        if not calls:
+            self._calls.pop((node, uid), None)
+
+    def cancel(self, node: str, uid: str) -> int:
+        """The caller of the pod's bind to the node left: cancel every call under way for them;
+        returns how many."""
+        calls = self._calls.get((node, uid), [])
+        for deadline in calls:
+            deadline.cancel()
+        return len(calls)
+
+
 _CURRENT: contextvars.ContextVar[BindDeadline | None] = contextvars.ContextVar(
     "nodelock_bind_deadline", default=None
 )

@@ -32,12 +32,12 @@ GLUE (replicated from ``scheduler_ext/binder.py``, which mixes these reads into 
 ``_complete_view``/``_listed_view`` (a LIST decides which view the choice is proven against),
 ``_post_binding``/``_bound_anyway`` (a GET decides success), ``_bind``'s loop around the queue
 (``Turn.ready``, the checks after it, ``acquire``, ``Turn.lost``), ``Binder.bind``/``abandon``
-(one deadline per (node, pod) under way), ``DeadlineClient.request`` (``_request``), and
+(each call's deadline in a ``CallDeadlines``), ``DeadlineClient.request`` (``_request``), and
 ``BindQueues.sleep`` (``ModelQueues``: the wait parked, resumed by the model).
 The decisions are the project's: ``choose``, ``conflicts``, ``fit``, ``with_lock_holder``,
 ``judge``, ``pod_state``, ``node_gpus``, ``ClusterCache``, ``BindQueues`` and ``Turn`` (the
 queue, ``ready``'s loop, ``give_up_reason``, ``expected_wait_s``, ``lock_changed``),
-``BindDeadline``, ``BindPath``.
+``BindDeadline``, ``CallDeadlines``, ``BindPath``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S, MIN_BINDING_BUDGET_S, PR
 from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import Fit, NodeGPUs, NoFit, Policy, choose, conflicts, fit
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, BindPath
-from scheduler_ext.deadline import BindDeadline
+from scheduler_ext.deadline import BindCancelled, BindDeadline, CallDeadlines
 from scheduler_ext.need import PodNeed
 from scheduler_ext.state import PodState, pod_state
 from scheduler_ext.takeover import holder_accounted, judge
@@ -74,6 +74,10 @@ from tests.model.world import (
     Store,
     Watch,
 )
+
+# ``Binder._bound_anyway``'s exceptions that answer "not bound" besides a failed GET (the model's
+# GET fails by ``get_fails``): a plant of ``Hole.BINDING_PAST_DEADLINE`` empties it
+UNKNOWN_WHEN: tuple[type[Exception], ...] = (BindCancelled,)
 
 WAIT_BUDGET_S = DEFAULT_WAIT_BUDGET_S  # --bind-wait-budget
 HTTP_TIMEOUT_S = DEFAULT_HTTP_TIMEOUT_S  # kube-scheduler's httpTimeout for the extender
@@ -179,8 +183,8 @@ class Replica:
     leases: Watch = field(init=False)
     tasks: list[BindTask] = field(default_factory=list)
     queues: ModelQueues = field(init=False)
-    # ``Binder._deadlines``: (node, pod UID) -> the deadline of the first call under way
-    deadlines: dict[tuple[NodeName, str], BindDeadline] = field(default_factory=dict)
+    # ``Binder._deadlines``: every call under way, per (node, pod UID)
+    deadlines: CallDeadlines = field(default_factory=lambda: CallDeadlines())
     # the model's record of each node's queue (task ids in the order they joined), for W1
     order: dict[NodeName, list[int]] = field(default_factory=dict)
     # False while the model avoids ``Hole.BINDING_PAST_DEADLINE``: a head ready only after its
@@ -201,7 +205,7 @@ class Replica:
         self.cache = ClusterCache(keys=KEYS, resource=RESOURCE, clock=lambda: self.clock.now)
         self.locks = LockClient(self.store, self.clock, name=self.name, skew=self.skew)
         self.queues = ModelQueues(budget_s=WAIT_BUDGET_S, clock=lambda: self.clock.now)
-        self.deadlines = {}
+        self.deadlines = CallDeadlines()
         self.order = {}
         self.cache.replace_nodes([n for _, n in sorted(self.store.nodes.items())])
         self.cache.replace_pods(self.store.list_pods())
@@ -305,12 +309,12 @@ class Replica:
     # -- the call: its deadline, its caller leaving ------------------------------------------
 
     def arrive(self, task: BindTask) -> None:
-        """``Binder.bind``: the call's deadline from its arrival; only the first call for a
-        (node, pod) under way is the one ``abandon`` reaches."""
+        """``Binder.bind``: the call's deadline from its arrival, kept with every other call
+        under way for the same (node, pod), all of which ``abandon`` reaches."""
         task.deadline = BindDeadline.from_arrival(
             self.clock.now, http_timeout_s=HTTP_TIMEOUT_S, clock=self._now
         )
-        self.deadlines.setdefault((task.node, task.uid), task.deadline)
+        self.deadlines.begin(task.node, task.uid, task.deadline)
         self.tasks.append(task)
 
     def _now(self) -> float:
@@ -320,9 +324,7 @@ class Replica:
         """kube-scheduler stopped waiting for ``task``'s call (it disconnected):
         ``Binder.abandon``."""
         task.abandoned = True
-        deadline = self.deadlines.get((task.node, task.uid))
-        if deadline is not None:
-            deadline.cancel()
+        self.deadlines.cancel(task.node, task.uid)
         self.queues.abandon(task.node, task.uid)
 
     def leave(self, task: BindTask) -> None:
@@ -337,8 +339,8 @@ class Replica:
             queue = self.order.get(task.node, [])
             if task.tid in queue:
                 queue.remove(task.tid)
-        if task.deadline is not None and self.deadlines.get((task.node, task.uid)) is task.deadline:
-            del self.deadlines[(task.node, task.uid)]
+        if task.deadline is not None:
+            self.deadlines.end(task.node, task.uid, task.deadline)
 
     def _request(self, task: BindTask, what: str, *, write: bool) -> None:
         """``DeadlineClient.request``'s check before each request a bind sends (its own and
@@ -575,9 +577,14 @@ class Replica:
         return f"sent binding request #{task.request.rid} (token {task.held.token})"
 
     def _bound_anyway(self, task: BindTask, *, get_fails: bool) -> bool:
-        """The GET after a 409 or a lost answer, through the bind's deadline check (a
-        ``BindCancelled`` from it is not caught here, as in ``Binder._bound_anyway``)."""
-        self._request(task, f"GET pod {task.pod_key}", write=False)
+        """The GET after a 409 or a lost answer, through the bind's deadline check; a GET
+        that cannot be sent (past the deadline: ``BindCancelled``, caught as in
+        ``Binder._bound_anyway``; ``UNKNOWN_WHEN`` is what a plant narrows) answers "not
+        bound"."""
+        try:
+            self._request(task, f"GET pod {task.pod_key}", write=False)
+        except UNKNOWN_WHEN:
+            return False
         if get_fails:
             return False
         assert task.request is not None

@@ -154,7 +154,10 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     Hole.HOLDER_SLICE,  # fixed: each of the holder's GPUs counts as held whole on a sharing node,
     # also one with known slices (scheduler_ext.verbs.with_holder)
     Hole.SLICE_CAPACITY,  # never a hole: room_for keeps a GPU's slices within its memory
-    # still open: ABANDONED_RETRY, BINDING_PAST_DEADLINE
+    Hole.ABANDONED_RETRY,  # fixed: abandon cancels every call under way for the pod and
+    # node (scheduler_ext.deadline.CallDeadlines)
+    Hole.BINDING_PAST_DEADLINE,  # fixed: Binder._bound_anyway answers "not bound" when its GET
+    # is past the deadline, so the lock is kept as for any unknown outcome
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -235,4 +238,10 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
             "scheduler_ext.sharing.room_for": reverted.room_for,
         }
     ),
+    # only the first call under way for a pod and node kept, so abandon misses a retry
+    Hole.ABANDONED_RETRY: _patched(
+        {"scheduler_ext.deadline.CallDeadlines.begin": reverted.first_call_begin}
+    ),
+    # the GET past the deadline in _bound_anyway not caught: the lock is released
+    Hole.BINDING_PAST_DEADLINE: _patched({"tests.model.extender.UNKNOWN_WHEN": ()}),
 }

@@ -11,8 +11,8 @@ counted as served although kubelet lost its record and asks for it again.  Kept 
 project's own code at that time); nothing else imports it.
 
 The extender's rules that a plant deletes or reverts (``deadline_check``, ``position``,
-``with_holder``, ``room_for``) are written from the project's functions with the one check
-taken out that the plant is about; each docstring names it.
+``with_holder``, ``room_for``, ``first_call_begin``) are written from the project's functions
+with the one check taken out that the plant is about; each docstring names it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from handoff.wire import (
 )
 from lockd.model import Holder, HolderKey, NodeName
 from scheduler_ext.choose import NodeGPUs, devices_of
-from scheduler_ext.deadline import BindCancelled, BindDeadline
+from scheduler_ext.deadline import BindCancelled, BindDeadline, CallDeadlines
 from scheduler_ext.sharing import sharing_node
 from scheduler_ext.verbs import DEFAULT_KEYS
 
@@ -179,3 +179,12 @@ def room_for(gpu: GPU, use: Use, claim: Slice, split: int) -> str | None:
     if use.cores + claim.cores > FULL_CORES:
         return f"{FULL_CORES - use.cores}% cores free"
     return None
+
+
+def first_call_begin(self: CallDeadlines, node: str, uid: str, deadline: BindDeadline) -> None:
+    """``CallDeadlines.begin`` before ``abandoned-retry`` was fixed: only the first call under
+    way for a pod and node is kept, so a retry that arrives while it runs is out of
+    ``cancel``'s reach once the first call ended."""
+    calls = self._calls.setdefault((node, uid), [])
+    if not calls:
+        calls.append(deadline)

@@ -19,6 +19,7 @@ from scheduler_ext.config import (
 from scheduler_ext.deadline import (
     BindCancelled,
     BindDeadline,
+    CallDeadlines,
     DeadlineClient,
     bind_deadline,
     current,
@@ -87,6 +88,34 @@ def test_a_gone_caller_stops_every_write_but_not_the_reads() -> None:
     assert deadline.check("GET /api/v1/pods", write=False) > 0
     with pytest.raises(BindCancelled, match="the scheduler stopped waiting"):
         deadline.check("the Lease write")
+
+
+def test_a_caller_leaving_reaches_a_retry_that_arrived_while_the_first_call_ran() -> None:
+    """kube-scheduler gave up on a bind and tried the pod again on the same node before the
+    first call ended: the caller of the retry leaving cancels the retry, also once the first
+    call ended (found by the model: ``abandoned-retry``)."""
+    clock = Clock()
+    calls = CallDeadlines()
+    first = BindDeadline.from_arrival(clock.t, http_timeout_s=10.0, clock=clock)
+    retry = BindDeadline.from_arrival(clock.t + 1, http_timeout_s=10.0, clock=clock)
+    calls.begin("n1", "uid-1", first)
+    calls.begin("n1", "uid-1", retry)
+    calls.end("n1", "uid-1", first)
+    assert calls.cancel("n1", "uid-1") == 1
+    assert retry.cancelled
+    assert not first.cancelled
+    with pytest.raises(BindCancelled, match="the scheduler stopped waiting"):
+        retry.check("the Lease write")
+
+
+def test_call_deadlines_forget_a_call_when_it_ends() -> None:
+    clock = Clock()
+    calls = CallDeadlines()
+    deadline = BindDeadline.from_arrival(clock.t, http_timeout_s=10.0, clock=clock)
+    calls.begin("n1", "uid-1", deadline)
+    calls.end("n1", "uid-1", deadline)
+    assert calls.cancel("n1", "uid-1") == 0
+    assert not deadline.cancelled
 
 
 async def test_the_client_refuses_a_bind_request_before_sending_it() -> None:

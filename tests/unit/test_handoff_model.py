@@ -60,6 +60,8 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.QUEUE_ORDER: 200,
     Hole.HOLDER_SLICE: 100,
     Hole.SLICE_CAPACITY: 200,
+    Hole.ABANDONED_RETRY: 200,
+    Hole.BINDING_PAST_DEADLINE: 400,
 }
 INVARIANT = r"(S[1-4]|V1|F1|W[12]|L1)"
 
@@ -511,46 +513,74 @@ def test_replay_queue_order_without_the_head_check_breaks() -> None:
     )
 
 
-def test_replay_binding_past_deadline_releases_a_lock_whose_binding_may_land() -> None:
-    """Found by the model (an open hole): a bind that takes the lock late in its deadline (a
-    slow API server) sends its binding with the deadline, nearer than the end of its binding
-    window, as the timeout; no answer comes; the GET that checks whether it landed is past the
-    deadline, and its ``BindCancelled`` releases the lock while the binding may still land,
-    which it then does with a token nobody holds (S4)."""
-
-    def steps(m: HandoffModel) -> None:
-        m.create_pod(0)  # team/one-1
-        m.schedule(0, "E0", 0)  # arrives at t=0: deadline t=9.75
-        m.tick(4.0)
-        m.slow_extender_step(0, 1.0)  # t=5: queued; acquired n1 token 1
-        did(m, "bind#1", "acquired n1 token 1")
-        m.extender_step(0)  # confirmed
-        m.extender_step(0)  # sent with 4.75 s left of the deadline (5 s of the window)
-        did(m, "bind#1", "sent binding request #1")
-        m.tick(16.0)
-        m.extender_step(0)  # no answer by 9.75; the GET then is past the deadline: released
+def binding_past_deadline_steps(m: HandoffModel, *, fixed: bool = True) -> None:
+    """A bind takes the lock late in its deadline (a slow API server) and sends its binding
+    with the deadline, nearer than the end of its binding window, as the timeout; no answer
+    comes, and the GET that checks whether it landed would be past the deadline."""
+    m.create_pod(0)  # team/one-1
+    m.schedule(0, "E0", 0)  # arrives at t=0: deadline t=9.75
+    m.tick(4.0)
+    m.slow_extender_step(0, 1.0)  # t=5: queued; acquired n1 token 1
+    did(m, "bind#1", "acquired n1 token 1")
+    m.extender_step(0)  # confirmed
+    m.extender_step(0)  # sent with 4.75 s left of the deadline (5 s of the window)
+    did(m, "bind#1", "sent binding request #1")
+    m.tick(16.0)
+    m.extender_step(0)  # no answer by 9.75, no GET past it
+    if fixed:  # an unknown outcome: the lock is kept
+        did(m, "bind#1", "keeping the lock")
+    else:  # planted: the GET's BindCancelled releases it
         did(m, "bind#1", "past its deadline", "released token 1 bind-failed")
-        m.check_safety()
-        m.server_applies(0)  # binding #1 lands with token 1 on a free lock (S4)
-
-    replay(Hole.BINDING_PAST_DEADLINE, frozenset({Fault.SLOW_API}), steps)
+    m.check_safety()
+    m.server_applies(0)  # binding #1 lands with token 1; planted: on a free lock (S4)
 
 
-def test_replay_abandoned_retry_goes_on_writing() -> None:
-    """Found by the model (an open hole): kube-scheduler stops waiting for a bind before it
-    began and retries the pod on the same replica and node while that first call is still under
-    way; the retry's deadline is not the one ``Binder._deadlines`` keeps, so once the first
-    call ended, abandoning the retry reaches nothing, and it takes the lock (W2)."""
+def test_replay_binding_past_deadline_keeps_the_lock() -> None:
+    """Found by the model, then fixed: a binding whose answer did not come by the bind's
+    deadline leaves the lock held (its outcome unknown), so it lands on a lock still held."""
+    replay(Hole.BINDING_PAST_DEADLINE, frozenset({Fault.SLOW_API}), binding_past_deadline_steps)
 
-    def steps(m: HandoffModel) -> None:
-        m.create_pod(0)  # team/one-1
-        m.deliver_to("E1")
-        m.schedule(0, "E1", 0)  # bind#1
-        m.scheduler_gives_up(0, False)  # bind#1 abandoned before it began
-        m.schedule(0, "E1", 0)  # bind#2 for the same pod and node: its deadline not kept
-        m.extender_step(0)  # bind#1 stops before taking the lock; its deadline forgotten
-        did(m, "bind#1", "the scheduler stopped waiting for this bind")
-        m.scheduler_gives_up(0, False)  # bind#2 abandoned: nothing reached
-        m.extender_step(0)  # bind#2 acquires n1 (W2)
 
-    replay(Hole.ABANDONED_RETRY, frozenset({Fault.GIVE_UP}), steps)
+def test_replay_binding_past_deadline_planted_releases_a_lock_whose_binding_may_land() -> None:
+    """The same steps with ``BindCancelled`` not caught in ``_bound_anyway``: the lock is
+    released while the binding may still land, which it then does with a token nobody holds."""
+    replay(
+        Hole.BINDING_PAST_DEADLINE,
+        frozenset({Fault.SLOW_API}),
+        lambda m: binding_past_deadline_steps(m, fixed=False),
+        planted=True,
+    )
+
+
+def abandoned_retry_steps(m: HandoffModel, *, fixed: bool = True) -> None:
+    """kube-scheduler stops waiting for a bind before it began and retries the pod on the same
+    replica and node while that first call is still under way, then stops waiting for the
+    retry too, after the first call ended."""
+    m.create_pod(0)  # team/one-1
+    m.deliver_to("E1")
+    m.schedule(0, "E1", 0)  # bind#1
+    m.scheduler_gives_up(0, False)  # bind#1 abandoned before it began
+    m.schedule(0, "E1", 0)  # bind#2 for the same pod and node
+    m.extender_step(0)  # bind#1 stops before taking the lock
+    did(m, "bind#1", "the scheduler stopped waiting for this bind")
+    m.scheduler_gives_up(0, False)  # bind#2 abandoned
+    m.extender_step(0)  # fixed: bind#2 stops too; planted: it acquires n1 (W2)
+    if fixed:
+        did(m, "bind#2", "the scheduler stopped waiting for this bind")
+
+
+def test_replay_abandoned_retry_stops() -> None:
+    """Found by the model, then fixed: abandoning a retry that arrived while an earlier call
+    for the same pod and node still ran reaches the retry, which then writes nothing."""
+    replay(Hole.ABANDONED_RETRY, frozenset({Fault.GIVE_UP}), abandoned_retry_steps)
+
+
+def test_replay_abandoned_retry_planted_goes_on_writing() -> None:
+    """The same steps keeping only the first call's deadline: once the first call ended,
+    abandoning the retry reaches nothing, and it takes the lock (W2)."""
+    replay(
+        Hole.ABANDONED_RETRY,
+        frozenset({Fault.GIVE_UP}),
+        lambda m: abandoned_retry_steps(m, fixed=False),
+        planted=True,
+    )
