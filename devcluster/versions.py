@@ -37,8 +37,10 @@ RELEASES: dict[int, str] = {
 
 # minors in the chart's range that cannot be built from served modules, and why
 UNBUILDABLE: dict[int, str] = {
-    31: "the Go module proxy serves k8s.io/kubernetes v1.31.14 but not kube-scheduler, "
-    "kube-controller-manager or kube-proxy at v0.31.14 (and no other 1.31 patch has them all)",
+    31: "the Go module proxy serves no 1.31 patch release with every staging module at its own "
+    "version: v1.31.8 lacks k8s.io/cloud-provider v0.31.8 (a build mixing patch versions is "
+    "not the release's own module set), v1.31.14 lacks endpointslice, kube-controller-manager, "
+    "kube-proxy and kube-scheduler at v0.31.14",
     32: "the Go module proxy serves k8s.io/kubernetes v1.32.13 but not cli-runtime, cri-api, "
     "endpointslice, kubectl or metrics at v0.32.13",
 }

@@ -30,6 +30,7 @@ def test_no_version_is_the_default_release_built_from_the_harness_module() -> No
 @pytest.mark.parametrize(
     ("spec", "reason"),
     [
+        ("1.31", "cloud-provider"),
         ("1.31", "kube-scheduler"),
         ("1.32", "endpointslice"),
         ("1.30", "not supported"),
