@@ -188,7 +188,9 @@ async def test_restarts_with_and_without_checkpoint_then_container_restart(
     deadline = time.monotonic() + 60
     while True:
         status = (await c.pod("keep"))["status"]
-        waiting = status["containerStatuses"][0]["state"].get("waiting") or {}
+        # a status written while kubelet restarts the container may have no containerStatuses yet
+        statuses = status.get("containerStatuses") or [{}]
+        waiting = (statuses[0].get("state") or {}).get("waiting") or {}
         if waiting.get("reason") == "CreateContainerConfigError":
             break
         assert time.monotonic() < deadline, status
