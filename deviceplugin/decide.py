@@ -794,9 +794,33 @@ def _calls_no_more(spec: PodJSON, uid: str | None) -> bool:
     not call Allocate either: the plugin registers with ``PreStartRequired`` and kubelet then
     fails the start of a container without a device record before it would call Allocate
     (``GetDeviceRunContainerOptions``: ``callPreStartContainerIfNeeded`` before
-    ``needsReAllocate``, v1.33.13 lines 949, 963, 994; v1.37.2 lines 990, 1004, 1037)."""
+    ``needsReAllocate``, v1.33.13 lines 949, 963, 994; v1.37.2 lines 990, 1004, 1037).
+
+    A pod without ``metadata.generation`` (an API server before 1.33 sets none:
+    ``strategy.go`` at v1.32.9 has no ``Generation``) counts as unchanged only while kubelet
+    shows it admits no resize (``_kubelet_resizes_nothing``)."""
     meta = spec.get("metadata") or {}
-    return bool(uid) and str(meta.get("uid") or "") == uid and meta.get("generation") == 1
+    if not uid or str(meta.get("uid") or "") != uid:
+        return False
+    generation = meta.get("generation")
+    if generation is None:
+        return _kubelet_resizes_nothing(spec)
+    return bool(generation == 1)
+
+
+def _kubelet_resizes_nothing(pod: PodJSON) -> bool:
+    """Whether the kubelet that reported ``pod``'s container statuses admits no in-place resize:
+    it reports every container's ``resources`` in its status exactly when its
+    ``InPlacePodVerticalScaling`` gate is on (``kubelet_pods.go``
+    ``convertToAPIContainerStatuses``, v1.32.9 lines 2346-2347), and with the gate off it never
+    resizes a pod (``kubelet.go`` ``SyncPod``, v1.32.9 line 1881, through
+    ``kuberuntime.IsInPlacePodVerticalScalingAllowed``, ``kuberuntime_manager.go`` line 551).
+    The gate is alpha and off by default up to 1.32 (``pkg/features/versioned_kube_features.go``,
+    v1.32.9 line 409).  False without container statuses (nothing reported yet)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and all(
+        isinstance(status, dict) and "resources" not in status for status in statuses
+    )
 
 
 # How long a pod kubelet lists but the API server does not know (a static pod without a mirror

@@ -154,6 +154,29 @@ def test_without_knowing_it_was_admitted_before_the_pod_still_counts() -> None:
 def test_a_pod_whose_spec_changed_counts() -> None:
     """generation 2: a resize kubelet may admit through Allocate again (before 1.37)."""
     assert admitting(running(generation=2), {"ns/before": "uid-b"}).others == ("ns/before",)
+
+
+def with_statuses(pod: Any, *statuses: dict[str, Any]) -> Any:
+    pod["status"]["containerStatuses"] = list(statuses)
+    return pod
+
+
+def test_without_a_generation_a_pod_counts_unchanged_while_kubelet_resizes_nothing() -> None:
+    """An API server before 1.33 sets no generation: the pod is left out while its kubelet
+    reports no container's resources (its InPlacePodVerticalScaling gate off: no resize)."""
+    pod = with_statuses(running(generation=None), {"name": "c0", "ready": True})
+    answer = admitting(pod, {"ns/before": "uid-b"})
+    assert answer.others == ()
+    assert answer.admitted_before == ("ns/before",)
+
+
+def test_without_a_generation_a_kubelet_that_may_resize_keeps_the_pod_counted() -> None:
+    """The same pod whose kubelet reports its containers' resources (the gate on: a resize may
+    be admitted through Allocate), or that has no container status yet, still counts."""
+    resized = with_statuses(
+        running(generation=None), {"name": "c0", "resources": {"limits": {"cpu": "1"}}}
+    )
+    assert admitting(resized, {"ns/before": "uid-b"}).others == ("ns/before",)
     assert admitting(running(generation=None), {"ns/before": "uid-b"}).others == ("ns/before",)
 
 
