@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bench.soak import leaks
@@ -18,6 +19,12 @@ def test_a_left_process_socket_port_and_folder_are_reported(tmp_path: Path) -> N
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)", str(state)],
     )
+    # until the child has exec'd, /proc shows the parent's command line
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    for _ in range(500):
+        if str(state).encode() in cmdline.read_bytes():
+            break
+        time.sleep(0.01)
     unix = socket.socket(socket.AF_UNIX)
     unix.bind(str(state / "kubelet.sock"))
     unix.listen()
