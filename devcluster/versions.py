@@ -25,9 +25,12 @@ DEVCLUSTER_DIR = Path(__file__).resolve().parent
 DEFAULT_VERSION = "v1.37.2"
 
 # minor -> the patch release built for it. Checked with `go list -m -versions k8s.io/<module>`
-# against the Go module proxy on 2026-12-01: the newest patch of each minor whose staging
-# modules are all served.
+# and `go mod download` against the Go module proxy on 2026-12-01: the newest patch of each
+# minor whose staging modules are all served. 1.32: v1.32.13 lacks endpointslice v0.32.13 (403
+# on its zip), v1.32.12 is not served, v1.32.11 lacks csi-translation-lib and kms, v1.32.10
+# lacks several; v1.32.9 has every module.
 RELEASES: dict[int, str] = {
+    32: "v1.32.9",
     33: "v1.33.13",
     34: "v1.34.4",
     35: "v1.35.4",
@@ -41,8 +44,6 @@ UNBUILDABLE: dict[int, str] = {
     "version: v1.31.8 lacks k8s.io/cloud-provider v0.31.8 (a build mixing patch versions is "
     "not the release's own module set), v1.31.14 lacks endpointslice, kube-controller-manager, "
     "kube-proxy and kube-scheduler at v0.31.14",
-    32: "the Go module proxy serves k8s.io/kubernetes v1.32.13 but not cli-runtime, cri-api, "
-    "endpointslice, kubectl or metrics at v0.32.13",
 }
 
 

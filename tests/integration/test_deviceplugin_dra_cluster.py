@@ -213,7 +213,7 @@ async def test_the_command_exits_with_the_reason(
     assert "Moving a node between nodelock and DRA" in done.stderr
 
 
-@pytest.mark.core  # runs where it applies: in `make test`'s second run, on Kubernetes 1.33
+@pytest.mark.core  # runs where it applies: in `make test`'s second run, on the oldest release
 async def test_without_resource_v1_the_check_says_so_and_the_plugin_starts(
     kube: KubeClient, node: Node, no_dra: None
 ) -> None:

@@ -32,7 +32,7 @@ def test_no_version_is_the_default_release_built_from_the_harness_module() -> No
     [
         ("1.31", "cloud-provider"),
         ("1.31", "kube-scheduler"),
-        ("1.32", "endpointslice"),
+        ("v1.32.13", "not the pinned 1.32 release"),
         ("1.30", "not supported"),
         ("1.38", "not supported"),
         ("v1.33.6", "not the pinned 1.33 release"),
@@ -75,7 +75,13 @@ def test_no_minor_is_both_buildable_and_refused() -> None:
 
 @pytest.mark.parametrize(
     ("version", "listing"),
-    [("v1.33.13", "all"), ("v1.34.4", "active"), ("v1.37.2", "active"), (None, "active")],
+    [
+        ("v1.32.9", "all"),
+        ("v1.33.13", "all"),
+        ("v1.34.4", "active"),
+        ("v1.37.2", "active"),
+        (None, "active"),
+    ],
 )
 def test_simulated_kubelets_list_pods_as_kubelet_of_the_clusters_release(
     version: str | None, listing: str
