@@ -46,6 +46,8 @@ class Hole(StrEnum):
     # releases a lock whose binding may still land
     HOLDER_SLICE = "holder-slice"  # #31.6: filter ignored a lock holder's slice
     SLICE_CAPACITY = "slice-capacity"  # sharing: a GPU's slices within its memory
+    MIG_RELEASE = "mig-release"  # MIG: the lock released after the last call of every resource
+    MIG_HOLDER = "mig-holder"  # MIG: filter counts a lock holder's instances as taken
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -108,6 +110,11 @@ AVOIDED_BY: dict[Hole, str] = {
         "is not yet seen bound: no slice pods are created"
     ),
     Hole.SLICE_CAPACITY: "no slice pods are created (every pod asks for whole GPUs)",
+    Hole.MIG_RELEASE: (
+        "no pod asks for more than one resource (whole GPUs and MIG instances, or two MIG "
+        "profiles): no mixed pods are created"
+    ),
+    Hole.MIG_HOLDER: "no MIG pods are created (every pod asks for whole GPUs or slices)",
     Hole.ABANDONED_RETRY: (
         "(new) a bind call for a pod arriving while an earlier call for that pod and node is "
         "still under way on the same replica is not in Binder._deadlines (only the first call's "
@@ -158,6 +165,10 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     # node (scheduler_ext.deadline.CallDeadlines)
     Hole.BINDING_PAST_DEADLINE,  # fixed: Binder._bound_anyway answers "not bound" when its GET
     # is past the deadline, so the lock is kept as for any unknown outcome
+    Hole.MIG_RELEASE,  # never a hole: the lock is released after the last container of every
+    # resource the pod asks for (deviceplugin.decide._all_served)
+    Hole.MIG_HOLDER,  # never a hole: the holder's instances are devices of its assignment,
+    # taken like its GPUs (scheduler_ext.verbs.with_holder)
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -181,6 +192,8 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.SLICE_CAPACITY: frozenset({"S1"}),
     Hole.ABANDONED_RETRY: frozenset({"W2"}),
     Hole.BINDING_PAST_DEADLINE: frozenset({"S1", "S3", "S4"}),
+    Hole.MIG_RELEASE: frozenset({"S1", "S2", "L1"}),
+    Hole.MIG_HOLDER: frozenset({"F1", "S1"}),
 }
 
 
@@ -244,4 +257,10 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
     ),
     # the GET past the deadline in _bound_anyway not caught: the lock is released
     Hole.BINDING_PAST_DEADLINE: _patched({"tests.model.extender.UNKNOWN_WHEN": ()}),
+    # the release after the last container of the resource asked for, not of every resource
+    Hole.MIG_RELEASE: _patched(
+        {"deviceplugin.decide._all_served": reverted.all_served_one_resource}
+    ),
+    # the holder's MIG instances left out of what filter and Bind count as taken
+    Hole.MIG_HOLDER: _patched({"scheduler_ext.verbs.with_holder": reverted.with_holder_gpus_only}),
 }

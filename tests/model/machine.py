@@ -48,7 +48,6 @@ from handoff.wire import (
     GPU,
     LEASE_ASSIGNMENT,
     Assignment,
-    ContainerName,
     DeviceID,
     parse_assignment,
     parse_token,
@@ -61,11 +60,13 @@ from scheduler_ext.takeover import holder_accounted, judge
 from tests.model.extender import BindFailed, BindTask, Replica, Stage
 from tests.model.holes import KNOWN_HOLES, Hole
 from tests.model.locks import DURATION_S, FMT, Clock, LockClient
-from tests.model.node import Kubelet, Listing, Plugin
+from tests.model.node import Kubelet, Listing, Plugin, slot_text
 from tests.model.world import (
     GPU_MEMORY_MIB,
     JSON,
     KEYS,
+    MIG_RESOURCES,
+    MIG_TEMPLATES,
     POD_NAMESPACE,
     RESOURCE,
     SLICE_TEMPLATES,
@@ -74,7 +75,9 @@ from tests.model.world import (
     BindingRequest,
     Store,
     gpu_id,
+    mig_instances,
     pod_object,
+    resource_of_device,
 )
 
 REPLICAS = ("E0", "E1")
@@ -152,6 +155,8 @@ class ModelConfig:
     listings: tuple[Listing, ...] = (Listing.ACTIVE_PODS, Listing.ALL_PODS)
     # nodes that share their GPUs (``--gpu-split SPLIT``): slice pods fit only there
     shared: frozenset[str] = frozenset({"n2"})
+    # nodes with one more GPU, in MIG mode (``world.MIG_LAYOUT``): MIG pods fit only there
+    mig: frozenset[str] = frozenset({"n1"})
 
 
 @dataclass
@@ -181,7 +186,9 @@ class HandoffModel(RuleBasedStateMachine):
         self.broken = False
         self.nodes = [NodeName(n) for n, _ in self.config.nodes]
         for n, gpus in self.config.nodes:
-            self.store.add_node(NodeName(n), gpus, self.split_of(NodeName(n)))
+            self.store.add_node(
+                NodeName(n), gpus, self.split_of(NodeName(n)), mig=self.has_mig(NodeName(n))
+            )
         self.store.on_binding = self._binding_landed
         self.store.on_lease_write = self._lease_written
         self.store.late_bindings = not self.avoids(Hole.LATE_BINDING)
@@ -216,6 +223,9 @@ class HandoffModel(RuleBasedStateMachine):
 
     def split_of(self, node: NodeName) -> int:
         return SPLIT if node in self.config.shared else 1
+
+    def has_mig(self, node: NodeName) -> bool:
+        return node in self.config.mig and node not in self.config.shared
 
     def lease_line(self, node: NodeName) -> str:
         lease = self.store.leases.get(node)
@@ -418,9 +428,12 @@ class HandoffModel(RuleBasedStateMachine):
         for n, gpus in self.config.nodes:
             node = NodeName(n)
             split = self.split_of(node)
-            self.plugins[node] = Plugin(node, self.store, self.clock, skews[1], gpus, split)
+            mig = self.has_mig(node)
+            self.plugins[node] = Plugin(
+                node, self.store, self.clock, skews[1], gpus, split, mig=mig
+            )
             self.kubelets[node] = Kubelet(
-                node, self.store, gpus, listing_mode=self.listing, split=split
+                node, self.store, gpus, listing_mode=self.listing, split=split, mig=mig
             )
             self.plugins[node].kubelet_view = self.kubelets[node].listing
             self.plugins[node].kubelet_records = self.kubelets[node].records
@@ -442,6 +455,10 @@ class HandoffModel(RuleBasedStateMachine):
         shapes = self.config.templates
         if self.avoids(Hole.HOLDER_SLICE) or self.avoids(Hole.SLICE_CAPACITY):
             shapes = tuple(s for s in shapes if s not in SLICE_TEMPLATES) or ("one",)
+        if self.avoids(Hole.MIG_RELEASE):
+            shapes = tuple(s for s in shapes if s != "mixed") or ("one",)
+        if self.avoids(Hole.MIG_HOLDER) or not any(self.has_mig(n) for n in self.nodes):
+            shapes = tuple(s for s in shapes if s not in MIG_TEMPLATES) or ("one",)
         shape = shapes[template % len(shapes)]
         self.created += 1
         name = f"{shape}-{self.created}"
@@ -929,7 +946,11 @@ class HandoffModel(RuleBasedStateMachine):
         last = kubelet.last_record
         kubelet.start(lose_last_record=True)
         gone = last is not None and last[1] not in kubelet.allocated.get(last[0], {})
-        lost = f"{self.key_of(last[0])} {last[1]}" if last is not None and gone else "nothing"
+        lost = (
+            f"{self.key_of(last[0])} {slot_text(last[1])}"
+            if last is not None and gone
+            else "nothing"
+        )
         self.fault(f"kubelet/{n}", f"restart: relisted its pods; its checkpoint lost {lost}")
 
     def unrecorded(self) -> list[NodeName]:
@@ -1106,16 +1127,19 @@ class HandoffModel(RuleBasedStateMachine):
         return WHOLE
 
     def on_gpus(
-        self, node: NodeName, per_pod: Mapping[str, Mapping[ContainerName, Sequence[DeviceID]]]
+        self, node: NodeName, per_pod: Mapping[str, Mapping[Any, Sequence[DeviceID]]]
     ) -> dict[DeviceID, dict[str, Slice]]:
-        """Physical GPU -> live pod UID -> its claim there (the larger of its containers')."""
+        """Physical GPU or MIG instance -> live pod UID -> its claim there (the larger of its
+        containers'); ``per_pod`` maps containers, or kubelet's (container, resource) slots, to
+        device IDs."""
         live = self.live_pods()
         out: dict[DeviceID, dict[str, Slice]] = {}
         for uid, per in sorted(per_pod.items()):
             pod = live.get(uid)
             if pod is None:
                 continue
-            for container, ids in per.items():
+            for where, ids in per.items():
+                container = where[0] if isinstance(where, tuple) else where
                 claim = self.claim_of(pod, container)
                 for d in ids:
                     gpu = physical_of(d)
@@ -1178,21 +1202,32 @@ class HandoffModel(RuleBasedStateMachine):
                 key = self.key_of(uid)
                 assignment = self.assigned.get(uid)
                 inits = {c["name"] for c in live[uid]["spec"].get("initContainers") or []}
-                for container, devices in per.items():
-                    holder = kubelet.served_holder[uid][container]
+                for slot, devices in per.items():
+                    holder = kubelet.served_holder[uid][slot]
+                    container, resource = slot
                     if holder != uid or assignment is None:
                         self.violate(
                             "S2",
-                            f"{key} container {container} was given {list(devices)}, served as "
-                            f"the handoff of {self.key_of(holder)}",
+                            f"{key} container {slot_text(slot)} was given {list(devices)}, served "
+                            f"as the handoff of {self.key_of(holder)}",
                         )
                     assert assignment is not None
-                    want = set(assignment.get(container, []))
-                    pool = {d for ids in assignment.values() for d in ids}
+                    # per resource: the assignment names a container's GPUs and instances
+                    want = {
+                        d
+                        for d in assignment.get(container, [])
+                        if resource_of_device(d) == resource
+                    }
+                    pool = {
+                        d
+                        for ids in assignment.values()
+                        for d in ids
+                        if resource_of_device(d) == resource
+                    }
                     if set(devices) != want and not (inits and set(devices) <= pool):
                         self.violate(
                             "S2",
-                            f"{key} container {container} was given {list(devices)}, its "
+                            f"{key} container {slot_text(slot)} was given {list(devices)}, its "
                             f"assignment is {sorted(want)}",
                         )
 
@@ -1368,6 +1403,23 @@ class HandoffModel(RuleBasedStateMachine):
 
     def free_on(self, node: NodeName) -> int:
         """Ground truth: GPUs of ``node`` no live pod holds (assigned, given or unattributed)."""
+        held, unattributed = self.held_on(node)
+        whole = {d for d in held if resource_of_device(d) == RESOURCE}
+        return dict(self.config.nodes)[node] - len(whole) - unattributed
+
+    def free_instances(self, node: NodeName, resource: str) -> int:
+        """Ground truth: MIG instances of ``resource`` on ``node`` no live pod holds."""
+        if not self.has_mig(node):
+            return 0
+        held, _ = self.held_on(node)
+        gpus = dict(self.config.nodes)[node]
+        return sum(
+            1 for g in mig_instances(node, gpus) if g.resource == resource and g.id not in held
+        )
+
+    def held_on(self, node: NodeName) -> tuple[set[DeviceID], int]:
+        """Ground truth: the devices live pods of ``node`` hold (assigned or given), and how
+        many GPUs pods bound without an assignment hold (a bypass pod asks for one GPU)."""
         live = self.live_pods()
         held: set[DeviceID] = set()
         unattributed = 0
@@ -1381,13 +1433,25 @@ class HandoffModel(RuleBasedStateMachine):
         for uid, per in self.kubelets[node].given.items():
             if uid in live:
                 held |= {d for ids in per.values() for d in ids}
-        return dict(self.config.nodes)[node] - len(held) - unattributed
+        return held, unattributed
 
     def fits(self, node: NodeName, pod: JSON, total: int) -> bool:
         """Ground truth: whether ``pod`` (``total`` GPUs) fits ``node`` as it is now.  Slices fit
         only a sharing node, on a GPU with a slice free, its memory and cores; whole GPUs are
         GPUs nothing holds.  A sharing node with a pod bound to it without an assignment is
-        not judged (False)."""
+        not judged (False).  MIG instances fit only a MIG node, with enough of each profile
+        free (the model's MIG pods have no init containers: a pod's count is its sum)."""
+        instances: dict[str, int] = {}
+        for c in pod["spec"]["containers"]:
+            for resource, amount in c["resources"]["limits"].items():
+                if resource in MIG_RESOURCES:
+                    instances[resource] = instances.get(resource, 0) + int(amount)
+        if instances:
+            return (
+                self.has_mig(node)
+                and self.free_on(node) >= total
+                and all(self.free_instances(node, r) >= n for r, n in instances.items())
+            )
         claims = [
             self.claim_of(pod, c["name"])
             for group in ("initContainers", "containers")
@@ -1442,11 +1506,15 @@ class HandoffModel(RuleBasedStateMachine):
             if fits:
                 seen = self.replicas["E0"].picture(fits[0], exclude_uid=uid)
                 taken = sorted(seen.taken) if seen is not None else "unknown node"
+                need_mig = {m.resource: m.total for m in state.need.mig}
+                free_mig = "".join(
+                    f", {self.free_instances(fits[0], r)} free {r}" for r in sorted(need_mig)
+                )
                 self.violate(
                     "L1",
-                    f"{state.key} (needs {state.need.total}) is still pending after settling "
-                    f"although {fits[0]} has {self.free_on(fits[0])} free GPUs (E0's filter "
-                    f"counts {taken} taken)",
+                    f"{state.key} (needs {state.need.total} GPUs, MIG {need_mig}) is still "
+                    f"pending after settling although {fits[0]} has {self.free_on(fits[0])} free "
+                    f"GPUs{free_mig} (E0's filter counts {taken} taken)",
                 )
         for uid, pod in self.live_pods().items():
             node = pod["spec"].get("nodeName")

@@ -58,7 +58,28 @@ from kube.errors import ApiUnavailable
 from lockd.errors import LockLost, StaleToken
 from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView, NodeName, Outcome
 from tests.model.locks import Clock, LockClient
-from tests.model.world import JSON, KEYS, RESOURCE, Event, Kind, Store, Watch, gpu_id, kubelet_ids
+from tests.model.world import (
+    JSON,
+    KEYS,
+    MIG_RESOURCES,
+    RESOURCE,
+    Event,
+    Kind,
+    Store,
+    Watch,
+    gpu_id,
+    kubelet_ids,
+    mig_instances,
+)
+
+# what kubelet keeps per container and resource: (container, resource)
+Slot = tuple[ContainerName, str]
+
+
+def slot_text(slot: Slot) -> str:
+    """A slot for traces: the container, with its resource when not whole GPUs."""
+    container, resource = slot
+    return container if resource == RESOURCE else f"{container}[{resource.rsplit('-', 1)[1]}]"
 
 
 class PluginCrashed(Exception):
@@ -75,6 +96,7 @@ class Plugin:
     skew: float
     gpus: int
     split: int = 1  # > 1: a sharing node; kubelet's IDs are virtual (``deviceplugin.sharing``)
+    mig: bool = False  # a MIG node: one more GPU, in MIG mode (``world.mig_instances``)
     cp: Checkpoint = field(init=False)
     locks: LockClient = field(init=False)
     leases: Watch = field(init=False)
@@ -83,10 +105,11 @@ class Plugin:
     bound: dict[str, JSON] = field(default_factory=dict)
     pod_cache: tuple[tuple[HolderKey, str, FencingToken], PodJSON] | None = None
     crash_after_checkpoint: bool = False  # a fault armed for the next serve
-    # kubelet's PodResources List on this node (``PodResources.list``)
-    kubelet_view: Callable[[], list[KubeletPod]] = list
-    # kubelet's device checkpoint on this node: pod UID -> containers it records devices for
-    kubelet_records: Callable[[], dict[str, set[str]]] = dict
+    # kubelet's PodResources List on this node, with the devices of one resource
+    kubelet_view: Callable[[str], list[KubeletPod]] = lambda _resource: []
+    # kubelet's device checkpoint on this node: pod UID -> containers it records devices of one
+    # resource for
+    kubelet_records: Callable[[str], dict[str, set[str]]] = lambda _resource: {}
     # ``Admission._unknown_since``: listed pods the API server does not know, first seen when
     unknown_since: dict[str, float] = field(default_factory=dict)
 
@@ -133,9 +156,15 @@ class Plugin:
             n += 1
         return n
 
-    def context(self) -> Context:
-        devices = {gpu_id(self.node, i): True for i in range(self.gpus)}
-        return Context(node=self.node, devices=devices, resource=RESOURCE, keys=KEYS)
+    def context(self, resource: str = RESOURCE) -> Context:
+        """``Admission._context``: the devices of ``resource`` and the other resources' devices
+        (a MIG node's instances, or its whole GPUs for a MIG resource's call)."""
+        every = {gpu_id(self.node, i): RESOURCE for i in range(self.gpus)}
+        if self.mig:
+            every.update({g.id: g.resource for g in mig_instances(self.node, self.gpus)})
+        devices = {d: True for d, r in every.items() if r == resource}
+        others = {d: r for d, r in every.items() if r != resource}
+        return Context(node=self.node, devices=devices, resource=resource, keys=KEYS, others=others)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -167,22 +196,26 @@ class Plugin:
     # -- GetPreferredAllocation ----------------------------------------------------------------
 
     def preferred(
-        self, available: Sequence[str], must_include: Sequence[str], size: int
+        self,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        resource: str = RESOURCE,
     ) -> Preference:
-        """``GetPreferredAllocation``; on a sharing node kubelet's virtual IDs are folded to
-        their GPUs and the answer is one of kubelet's virtual IDs of each GPU chosen
-        (``SharingServicer``: ``fold`` and ``virtual_choice``)."""
-        if self.split <= 1:
-            return self._preferred(available, must_include, size)
-        pref = self._preferred(fold(available), fold(must_include), size)
+        """``GetPreferredAllocation`` on ``resource``'s endpoint; on a sharing node kubelet's
+        virtual IDs are folded to their GPUs and the answer is one of kubelet's virtual IDs of
+        each GPU chosen (``SharingServicer``: ``fold`` and ``virtual_choice``)."""
+        if self.split <= 1 or resource != RESOURCE:
+            return self._preferred(available, must_include, size, resource)
+        pref = self._preferred(fold(available), fold(must_include), size, resource)
         return Preference(
             tuple(virtual_choice(pref.devices, available, must_include)), pref.hit, pref.reason
         )
 
     def _preferred(
-        self, available: Sequence[str], must_include: Sequence[str], size: int
+        self, available: Sequence[str], must_include: Sequence[str], size: int, resource: str
     ) -> Preference:
-        ctx = self.context()
+        ctx = self.context(resource)
         pref = Preference((), hit=False)
         for fresh in (False, True):
             view = self._view(fresh=fresh)
@@ -197,7 +230,7 @@ class Plugin:
                 size,
                 self.cp.progress,
                 ctx,
-                recorded=self.kubelet_records(),
+                recorded=self.kubelet_records(resource),
             )
             if pref.hit:
                 break
@@ -215,13 +248,14 @@ class Plugin:
 
     # -- Allocate ------------------------------------------------------------------------------
 
-    def allocate(self, ids: Sequence[str]) -> Allocation | Refusal:
-        if self.split > 1:  # ``SharingServicer``: kubelet's virtual IDs folded to their GPUs
+    def allocate(self, ids: Sequence[str], resource: str = RESOURCE) -> Allocation | Refusal:
+        """``Allocate`` on ``resource``'s endpoint (``Admission.allocate(resource=...)``)."""
+        if self.split > 1 and resource == RESOURCE:  # ``SharingServicer``: virtual IDs folded
             physical = physical_request([ids])
             if isinstance(physical, Refusal):
                 return physical
             ids = physical[0]
-        ctx = self.context()
+        ctx = self.context(resource)
         checked = decide.check_request([ids], ctx)
         if isinstance(checked, Refusal):
             return checked
@@ -242,10 +276,10 @@ class Plugin:
         view = self._view(fresh=fresh_lease)
         holder = view.record.holder if view is not None else None
         try:
-            listed: list[KubeletPod] | None = self.kubelet_view()
+            listed: list[KubeletPod] | None = self.kubelet_view(ctx.resource)
         except KubeletViewError:
             listed = None  # ``Admission._kubelet_list``: decide from the API server's reads
-        recorded = self.kubelet_records()
+        recorded = self.kubelet_records(ctx.resource)
         kubelet = None
         bound_here: Sequence[PodJSON] = ()
         if listed is not None:
@@ -390,21 +424,24 @@ class Kubelet:
     gpus: int
     listing_mode: Listing = Listing.ACTIVE_PODS
     split: int = 1  # > 1: kubelet sees ``split`` virtual devices per GPU
+    mig: bool = False  # a MIG node: one more GPU, in MIG mode, one resource per profile
     pods: Watch = field(init=False)
     seen: dict[str, JSON] = field(default_factory=dict)  # uid -> pod as kubelet last saw it
     # the admission queue: uids in arrival order, each arriving batch sorted by creation
     # (``HandlePodAdditions`` sorts the pods of one update by creation time, pkg/kubelet/kubelet.go)
     order: list[str] = field(default_factory=list)
-    allocated: dict[str, dict[ContainerName, tuple[DeviceID, ...]]] = field(default_factory=dict)
-    given: dict[str, dict[ContainerName, tuple[DeviceID, ...]]] = field(default_factory=dict)
-    served_holder: dict[str, dict[ContainerName, str]] = field(default_factory=dict)
+    # per pod UID and (container, resource): the devices kubelet chose, those the plugin's answer
+    # named, and the pod whose handoff the answer served
+    allocated: dict[str, dict[Slot, tuple[DeviceID, ...]]] = field(default_factory=dict)
+    given: dict[str, dict[Slot, tuple[DeviceID, ...]]] = field(default_factory=dict)
+    served_holder: dict[str, dict[Slot, str]] = field(default_factory=dict)
     admitted: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)  # uid -> why admission failed
     finished: set[str] = field(default_factory=set)  # uids whose containers all exited
     current: str | None = None
     # the last container whose Allocate was answered: kubelet writes its device checkpoint
     # after the plugin's answer, so a crash just then loses this record
-    last_record: tuple[str, ContainerName] | None = None
+    last_record: tuple[str, Slot] | None = None
     # PodResources List fails (the socket is not up yet after a restart): the plugin falls back
     podresources_down: bool = False
     # a lost record is only ever one that completed its pod's GPU containers (``_losable``)
@@ -420,8 +457,32 @@ class Kubelet:
         self.start()
 
     @property
-    def healthy(self) -> list[DeviceID]:
-        return kubelet_ids(self.node, self.gpus, self.split)
+    def resources(self) -> tuple[str, ...]:
+        """The device plugin resources registered here (one endpoint each)."""
+        return (RESOURCE, *MIG_RESOURCES) if self.mig else (RESOURCE,)
+
+    def healthy(self, resource: str) -> list[DeviceID]:
+        """The devices kubelet sees for ``resource``: the GPUs (or their virtual devices), or
+        the instances of one MIG profile."""
+        if resource == RESOURCE:
+            return kubelet_ids(self.node, self.gpus, self.split)
+        if not self.mig:
+            return []
+        return [g.id for g in mig_instances(self.node, self.gpus) if g.resource == resource]
+
+    def slots(self, pod: JSON) -> list[tuple[Slot, int]]:
+        """What kubelet allocates for ``pod``, in its order: containers init first, each in
+        spec order (``gpu_containers``); a container's resources as one group, walked in no
+        fixed order (``step`` lets the search pick)."""
+        counts: dict[Slot, int] = {}
+        for resource in (RESOURCE, *MIG_RESOURCES):
+            for container, n in gpu_containers(pod, resource):
+                counts[(container, resource)] = n
+        spec = pod["spec"]
+        order = [c["name"] for c in spec.get("initContainers") or []] + [
+            c["name"] for c in spec["containers"]
+        ]
+        return sorted(counts.items(), key=lambda sn: (order.index(sn[0][0]), sn[0][1]))
 
     def start(self, *, lose_last_record: bool = False) -> None:
         """(Re)start: LIST the node's pods (one batch); device accounting is kept (kubelet's
@@ -433,10 +494,10 @@ class Kubelet:
         self.pods.restart()
         self.current = None
         if lose_last_record and self.last_record is not None and self._losable():
-            uid, container = self.last_record
-            self.allocated.get(uid, {}).pop(container, None)
-            self.given.get(uid, {}).pop(container, None)
-            self.served_holder.get(uid, {}).pop(container, None)
+            uid, slot = self.last_record
+            self.allocated.get(uid, {}).pop(slot, None)
+            self.given.get(uid, {}).pop(slot, None)
+            self.served_holder.get(uid, {}).pop(slot, None)
         self.last_record = None
         for uid in list(self.allocated):
             if uid not in self.seen:
@@ -452,7 +513,7 @@ class Kubelet:
         if pod is None:
             return True
         mine = self.allocated.get(uid, {})
-        return all(c in mine for c, _ in gpu_containers(pod, RESOURCE))
+        return all(slot in mine for slot, _ in self.slots(pod))
 
     def _arrive(self, uids: list[str]) -> None:
         """A batch of pods arrives: queued after the earlier batches, sorted by creation."""
@@ -511,10 +572,12 @@ class Kubelet:
             or uid in self.finished
         )
 
-    def listing(self) -> list[KubeletPod]:
+    def listing(self, resource: str = RESOURCE) -> list[KubeletPod]:
         """The PodResources List (``listing_mode``): the pods in kubelet's pod manager, with
-        each listed container's devices (app containers and sidecars; a container's devices are
-        recorded once its Allocate was answered; a rejected or finished pod's were freed)."""
+        each listed container's devices of ``resource`` (app containers and sidecars; a
+        container's devices are recorded once its Allocate was answered; a rejected or finished
+        pod's were freed).  The plugin reads the devices of the resource it decides for
+        (``Admission._kubelet_list``)."""
         if self.podresources_down:
             raise KubeletViewError(f"kubelet/{self.node}: PodResources List failed (model)")
         out: list[KubeletPod] = []
@@ -536,14 +599,20 @@ class Kubelet:
                 KubeletPod(
                     meta["namespace"],
                     meta["name"],
-                    {n: frozenset(mine.get(ContainerName(n), ())) for n in names},
+                    {n: frozenset(mine.get((ContainerName(n), resource), ())) for n in names},
                 )
             )
         return out
 
-    def records(self) -> dict[str, set[str]]:
-        """kubelet's device checkpoint: pod UID -> the containers it records devices for."""
-        return {uid: set(per) for uid, per in self.allocated.items() if per}
+    def records(self, resource: str = RESOURCE) -> dict[str, set[str]]:
+        """kubelet's device checkpoint: pod UID -> the containers it records devices of
+        ``resource`` for."""
+        out: dict[str, set[str]] = {}
+        for uid, per in self.allocated.items():
+            mine = {c for c, r in per if r == resource}
+            if mine:
+                out[uid] = set(mine)
+        return out
 
     def _in_use(self) -> set[DeviceID]:
         return {d for per in self.allocated.values() for ids in per.values() for d in ids}
@@ -565,13 +634,21 @@ class Kubelet:
         self._fail(uid, why)
 
     def _choose(
-        self, plugin: Plugin, uid: str, required: int, *, pick: int, reuse_in_order: bool
+        self,
+        plugin: Plugin,
+        uid: str,
+        resource: str,
+        required: int,
+        *,
+        pick: int,
+        reuse_in_order: bool,
     ) -> tuple[list[DeviceID], str] | None:
-        """The devices kubelet asks Allocate for (reused first, then GetPreferredAllocation
-        over the free ones); None when too few are free."""
+        """The devices of ``resource`` kubelet asks Allocate for (reused first from that
+        resource's pool, then GetPreferredAllocation over the free ones); None when too few are
+        free."""
         pod = self.seen[uid]
         inits = {c["name"] for c in pod["spec"].get("initContainers") or []}
-        mine = self.allocated.get(uid, {})
+        mine = {c: ids for (c, r), ids in self.allocated.get(uid, {}).items() if r == resource}
         pool: list[DeviceID] = []
         for c, ids in mine.items():
             if c in inits:
@@ -584,11 +661,11 @@ class Kubelet:
         how = "reused" if chosen else ""
         if len(chosen) < required:
             in_use = self._in_use()
-            available = [d for d in self.healthy if d not in in_use]
+            available = [d for d in self.healthy(resource) if d not in in_use]
             needed = required - len(chosen)
             if len(available) < needed:
                 return None
-            pref = plugin.preferred([*available, *chosen], list(chosen), required)
+            pref = plugin.preferred([*available, *chosen], list(chosen), required, resource)
             for d in pref.devices:
                 if d in available and d not in chosen and len(chosen) < required:
                     chosen.append(d)
@@ -598,29 +675,29 @@ class Kubelet:
             how = "preferred hit" if pref.hit else f"preferred miss ({pref.reason[:60]})"
         return chosen, how
 
-    def _record(
-        self, uid: str, container: ContainerName, chosen: list[DeviceID], result: Allocation
-    ) -> None:
-        self.allocated.setdefault(uid, {})[container] = tuple(chosen)
-        self.given.setdefault(uid, {})[container] = result.devices
-        self.served_holder.setdefault(uid, {})[container] = result.holder.uid
-        self.last_record = (uid, container)
+    def _record(self, uid: str, slot: Slot, chosen: list[DeviceID], result: Allocation) -> None:
+        self.allocated.setdefault(uid, {})[slot] = tuple(chosen)
+        self.given.setdefault(uid, {})[slot] = result.devices
+        self.served_holder.setdefault(uid, {})[slot] = result.holder.uid
+        self.last_record = (uid, slot)
 
     def step(
         self, plugin: Plugin, *, pick: int, reuse_in_order: bool, crash_after_answer: bool = False
     ) -> str:
-        """Admit the next pod by one container (or finish its admission).  With
-        ``crash_after_answer`` kubelet dies right after the plugin's answer, before recording it
-        (its checkpoint is written after the answer), and restarts."""
+        """Admit the next pod by one Allocate (or finish its admission): its next container's
+        resources one at a time, ``pick`` choosing which of them goes first (kubelet walks a
+        container's limits, a Go map, in no fixed order: ``allocateContainerResources``,
+        pkg/kubelet/cm/devicemanager/manager.go, v1.32.13 and v1.33.13 line 836, v1.37.2 line
+        871).  With ``crash_after_answer`` kubelet dies right after the plugin's answer, before
+        recording it (its checkpoint is written after the answer), and restarts."""
         uid = self.next_pod()
         if uid is None:
             return "nothing to admit"
         self.current = uid
         pod = self.seen[uid]
         key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-        containers = gpu_containers(pod, RESOURCE)
         mine = self.allocated.setdefault(uid, {})
-        todo = [(c, n) for c, n in containers if c not in mine]
+        todo = [(slot, n) for slot, n in self.slots(pod) if slot not in mine]
         if not todo:
             self.current = None
             self.admitted.add(uid)
@@ -636,14 +713,20 @@ class Kubelet:
                 key, uid, {"phase": "Running", "containerStatuses": statuses}
             )
             return f"admitted {key}"
-        container, required = todo[0]
-        picked = self._choose(plugin, uid, required, pick=pick, reuse_in_order=reuse_in_order)
+        group = [(slot, n) for slot, n in todo if slot[0] == todo[0][0][0]]
+        slot, required = group[pick % len(group)]
+        pick //= len(group)
+        container, resource = slot
+        picked = self._choose(
+            plugin, uid, resource, required, pick=pick, reuse_in_order=reuse_in_order
+        )
         if picked is None:
-            self._fail(uid, f"requested {required} devices, too few available")
-            return f"{key}: {container}: too few free devices; pod failed"
+            self._fail(uid, f"requested {required} {resource}, too few available")
+            return f"{key}: {slot_text(slot)}: too few free devices; pod failed"
         chosen, how = picked
+        container = ContainerName(slot_text(slot))  # for the trace
         try:
-            result = plugin.allocate(list(chosen))
+            result = plugin.allocate(list(chosen), resource)
         except PluginCrashed as exc:
             self._fail(uid, str(exc))
             plugin.start()
@@ -654,7 +737,7 @@ class Kubelet:
                 f"{key}: {container}: Allocate({','.join(chosen)}) refused "
                 f"{result.kind.value}; pod failed"
             )
-        self._record(uid, container, chosen, result)
+        self._record(uid, slot, chosen, result)
         text = (
             f"{key}: {container}: Allocate({','.join(chosen)}) [{how}] -> served "
             f"{','.join(result.devices)} as {result.holder.key} token {result.token}"
@@ -665,15 +748,16 @@ class Kubelet:
             text += "; kubelet died before writing its checkpoint and restarted"
         return text
 
-    def unrecorded(self) -> list[tuple[str, ContainerName, int]]:
-        """Running pods' GPU containers with no device record (the record was lost)."""
-        out: list[tuple[str, ContainerName, int]] = []
+    def unrecorded(self) -> list[tuple[str, Slot, int]]:
+        """Running pods' containers with no device record of a resource (the record was
+        lost)."""
+        out: list[tuple[str, Slot, int]] = []
         for uid in sorted(self.admitted):
             pod = self.seen.get(uid)
             if pod is None or uid in self.finished or uid in self.failed:
                 continue
             mine = self.allocated.get(uid, {})
-            out.extend((uid, c, n) for c, n in gpu_containers(pod, RESOURCE) if c not in mine)
+            out.extend((uid, slot, n) for slot, n in self.slots(pod) if slot not in mine)
         return out
 
     def reallocate(self, plugin: Plugin, which: int, *, pick: int) -> str:
@@ -682,21 +766,23 @@ class Kubelet:
         pkg/kubelet/cm/devicemanager/manager.go).  A refusal fails that container's start; the
         pod keeps running."""
         todo = self.unrecorded()
-        uid, container, required = todo[which % len(todo)]
+        uid, slot, required = todo[which % len(todo)]
         pod = self.seen[uid]
         key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-        picked = self._choose(plugin, uid, required, pick=pick, reuse_in_order=True)
+        container, resource = slot
+        picked = self._choose(plugin, uid, resource, required, pick=pick, reuse_in_order=True)
+        container = ContainerName(slot_text(slot))  # for the trace
         if picked is None:
             return f"{key}: {container}: re-Allocate: too few free devices; container not started"
         chosen, how = picked
         try:
-            result = plugin.allocate(list(chosen))
+            result = plugin.allocate(list(chosen), resource)
         except PluginCrashed as exc:
             plugin.start()
             return f"{key}: {container}: re-Allocate: {exc}"
         if isinstance(result, Refusal):
             return f"{key}: {container}: re-Allocate refused {result.kind.value}; not started"
-        self._record(uid, container, chosen, result)
+        self._record(uid, slot, chosen, result)
         return (
             f"{key}: {container}: re-Allocate({','.join(chosen)}) [{how}] -> served "
             f"{','.join(result.devices)} as {result.holder.key} token {result.token}"

@@ -188,3 +188,46 @@ def first_call_begin(self: CallDeadlines, node: str, uid: str, deadline: BindDea
     calls = self._calls.setdefault((node, uid), [])
     if not calls:
         calls.append(deadline)
+
+
+def all_served_one_resource(pod: PodJSON | None, progress: HandoffProgress, ctx: Context) -> bool:
+    """``deviceplugin.decide._all_served`` with the other resources deleted: the lock is
+    released once the last container of the resource kubelet asked for (``ctx.resource``) was
+    served, whatever the pod still awaits of the node's other resources (MIG instances, or
+    whole GPUs after a MIG resource's call)."""
+    served = {(c, progress.resource_at(i)) for i, c in enumerate(progress.served)}
+    try:
+        wanted = gpu_containers(pod or {}, ctx.resource)
+    except ValueError:
+        return True
+    return all((c, ctx.resource) in served for c, _ in wanted)
+
+
+def with_holder_gpus_only(
+    gpus: NodeGPUs,
+    holder: Holder | None,
+    *,
+    pod_uid: str | None = None,
+    keys: Keys = DEFAULT_KEYS,
+    finished: Callable[[str], bool] | None = None,
+) -> NodeGPUs:
+    """``scheduler_ext.verbs.with_holder`` with the holder's MIG instances left out: only the
+    whole GPUs of the Lease's copy of its assignment count as taken, so filter and Bind see
+    the instances of a holder not yet seen bound as free."""
+    if holder is None or (pod_uid is not None and holder.uid == pod_uid):
+        return gpus
+    if finished is not None and finished(holder.uid):
+        return gpus
+    raw = holder.data.get(LEASE_ASSIGNMENT)
+    if raw is None:
+        return gpus
+    try:
+        devices = devices_of(parse_assignment(raw, key=keys.assignment))
+    except MalformedAnnotation:
+        return gpus
+    instances = {g.id for g in gpus.mig}
+    devices = frozenset(d for d in devices if d not in instances)
+    if sharing_node(gpus.devices):
+        extra = tuple((d, WHOLE) for d in sorted(devices))
+        return replace(gpus, taken=gpus.taken | devices, held=(*gpus.held, *extra))
+    return replace(gpus, taken=gpus.taken | devices)

@@ -155,6 +155,20 @@ FOCUS: dict[Hole, ModelConfig] = {
         max_pods=3,
         prompt=frozenset({"kubelet", "plugin"}),
     ),
+    Hole.MIG_RELEASE: ModelConfig(
+        fault_kinds=frozenset(),
+        nodes=ONE_NODE,
+        templates=("mixed", "mig"),
+        max_pods=3,
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+    ),
+    Hole.MIG_HOLDER: ModelConfig(
+        fault_kinds=frozenset(),
+        nodes=ONE_NODE,
+        templates=("mig",),
+        max_pods=3,
+        prompt=frozenset({"kubelet", "plugin"}),
+    ),
 }
 
 
@@ -195,6 +209,8 @@ SEARCH_SEEDS: dict[Hole, int] = {
     Hole.SLICE_CAPACITY: 1,
     Hole.ABANDONED_RETRY: 1,
     Hole.BINDING_PAST_DEADLINE: 3,
+    Hole.MIG_RELEASE: 1,
+    Hole.MIG_HOLDER: 1,
 }
 
 

@@ -10,7 +10,9 @@ What is modelled, and nothing more:
   ``metadata.annotations`` are merged onto the pod, status writes, owner edits, delete;
 - Nodes: static, each with its GPU inventory annotation and ``status.allocatable``; a sharing
   node's inventory rows carry its split count S (``SPLIT``) and kubelet sees S virtual devices
-  per GPU (``handoff.sharing``);
+  per GPU (``handoff.sharing``); a MIG node has one more GPU, in MIG mode: no row of its own,
+  a row per instance (``MIG_LAYOUT``, with ``mig: {profile, parent}``) and one extended resource
+  per profile (``docs/mig.md``);
 - watches: one ordered log of every change; each subscriber reads it through its own cursor, so
   events arrive in order but as late as the model likes (``Watch.deliver``);
 - a binding request in flight: sent at one step, applied by the server at a later one, answered
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handoff.sharing import GPUMEM, virtual_id
-from handoff.wire import GPU, DeviceID, Keys, format_inventory
+from handoff.wire import GPU, DeviceID, Keys, format_inventory, resource_of
 from kube.errors import Conflict, NotFound
 from lockd.model import NodeName
 from scheduler_ext.takeover import DEFAULT_REQUEST_TIMEOUT_S
@@ -45,6 +47,9 @@ POD_NAMESPACE = "team"
 REQUEST_TIMEOUT_S = DEFAULT_REQUEST_TIMEOUT_S  # kube-apiserver's --request-timeout default
 GPU_MEMORY_MIB = 81_920
 SPLIT = 2  # a sharing node's --gpu-split
+# the instances of a MIG node's GPU in MIG mode: (profile, count, memory MiB of one)
+MIG_LAYOUT: tuple[tuple[str, int, int], ...] = (("1g.10gb", 3, 10_240), ("2g.20gb", 2, 20_480))
+MIG_RESOURCES = tuple(resource_of(profile) for profile, _, _ in MIG_LAYOUT)
 
 
 class Kind:
@@ -103,16 +108,49 @@ def kubelet_ids(node: NodeName, gpus: int, split: int) -> list[DeviceID]:
     return [virtual_id(gpu_id(node, i), k) for i in range(gpus) for k in range(split)]
 
 
-def node_object(node: NodeName, gpus: int, split: int = 1) -> JSON:
+def mig_instances(node: NodeName, gpus: int) -> list[GPU]:
+    """The instances of a MIG node's GPU in MIG mode (index ``gpus``, after its whole GPUs),
+    as inventory rows: ``MIG-<node>-g<index>-<profile>-<k>``, in ``MIG_LAYOUT`` order."""
+    parent = gpu_id(node, gpus)
+    return [
+        GPU(
+            DeviceID(f"MIG-{parent}-{profile}-{k}"),
+            gpus,
+            "model-a",
+            memory,
+            0,
+            healthy=True,
+            profile=profile,
+            parent=parent,
+        )
+        for profile, count, memory in MIG_LAYOUT
+        for k in range(count)
+    ]
+
+
+def resource_of_device(device: str) -> str:
+    """The resource a device ID of the model is advertised as (its MIG profile's, or GPUs')."""
+    if not device.startswith("MIG-"):
+        return RESOURCE
+    return resource_of(device.rsplit("-", 2)[1])
+
+
+def node_object(node: NodeName, gpus: int, split: int = 1, *, mig: bool = False) -> JSON:
     inventory = [
         GPU(gpu_id(node, i), i, "model-a", GPU_MEMORY_MIB, 0, healthy=True, split=split)
         for i in range(gpus)
     ]
+    allocatable = {RESOURCE: str(gpus * max(split, 1))}
+    if mig:
+        instances = mig_instances(node, gpus)
+        inventory += instances
+        for resource in MIG_RESOURCES:
+            allocatable[resource] = str(sum(1 for g in instances if g.resource == resource))
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": node, "annotations": {KEYS.gpus: format_inventory(inventory)}},
-        "status": {"allocatable": {RESOURCE: str(gpus * max(split, 1))}},
+        "status": {"allocatable": allocatable},
     }
 
 
@@ -122,6 +160,7 @@ class ContainerSpec:
     gpus: int
     init: bool = False
     memory_mib: int | None = None  # a slice of each GPU (``nvidia.com/gpumem``)
+    mig: tuple[tuple[str, int], ...] = ()  # MIG instances: (profile, count)
 
 
 # The pod shapes the model creates: name prefix -> containers (init containers first).
@@ -135,17 +174,27 @@ TEMPLATES: dict[str, tuple[ContainerSpec, ...]] = {
     # slices of one GPU (sharing nodes only): two halves fit a GPU, two large ones do not
     "half": (ContainerSpec("main", 1, memory_mib=GPU_MEMORY_MIB // 2),),
     "large": (ContainerSpec("main", 1, memory_mib=GPU_MEMORY_MIB * 3 // 4),),
+    # MIG instances (MIG nodes only): one instance; a whole GPU in one container and instances
+    # of both profiles in the other (kubelet calls one Allocate per resource of a container)
+    "mig": (ContainerSpec("main", 0, mig=(("1g.10gb", 1),)),),
+    "mixed": (
+        ContainerSpec("train", 1),
+        ContainerSpec("side", 0, mig=(("1g.10gb", 1), ("2g.20gb", 1))),
+    ),
 }
 SLICE_TEMPLATES = frozenset({"half", "large"})
+MIG_TEMPLATES = frozenset({"mig", "mixed"})
 
 
 def pod_object(name: str, template: str, *, node: NodeName | None = None) -> JSON:
     """A pod of ``template``; ``node`` set means created bound (it bypasses the scheduler)."""
     spec: JSON = {"containers": [], "schedulerName": "default-scheduler"}
     for c in TEMPLATES[template]:
-        amounts = {RESOURCE: str(c.gpus)}
+        amounts = {RESOURCE: str(c.gpus)} if c.gpus else {}
         if c.memory_mib is not None:
             amounts[GPUMEM] = str(c.memory_mib)
+        for profile, count in c.mig:
+            amounts[resource_of(profile)] = str(count)
         container = {
             "name": c.name,
             "resources": {"limits": dict(amounts), "requests": dict(amounts)},
@@ -193,8 +242,8 @@ class Store:
 
     # -- nodes -------------------------------------------------------------------------------
 
-    def add_node(self, node: NodeName, gpus: int, split: int = 1) -> None:
-        obj = node_object(node, gpus, split)
+    def add_node(self, node: NodeName, gpus: int, split: int = 1, *, mig: bool = False) -> None:
+        obj = node_object(node, gpus, split, mig=mig)
         self.nodes[node] = obj
         self._commit(Kind.NODE, "ADDED", node, obj)
 

@@ -62,6 +62,8 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.SLICE_CAPACITY: 200,
     Hole.ABANDONED_RETRY: 200,
     Hole.BINDING_PAST_DEADLINE: 400,
+    Hole.MIG_RELEASE: 100,
+    Hole.MIG_HOLDER: 100,
 }
 INVARIANT = r"(S[1-4]|V1|F1|W[12]|L1)"
 
@@ -584,3 +586,57 @@ def test_replay_abandoned_retry_planted_goes_on_writing() -> None:
         lambda m: abandoned_retry_steps(m, fixed=False),
         planted=True,
     )
+
+
+def mig_release_steps(m: HandoffModel, *, check: bool = True) -> None:
+    """mixed-1 asks for a whole GPU (train) and an instance of each MIG profile (side): kubelet
+    calls Allocate for train, then for side's 2g.20gb instance, then its 1g.10gb one."""
+    m.create_pod(0)  # team/mixed-1
+    m.schedule(0, "E0", 0)
+    for _ in range(4):  # acquire, confirm, send, bound
+        m.extender_step(0)
+    m.kubelet_step(0, 0)  # train: nvidia.com/gpu
+    did(m, "team/mixed-1: train: Allocate(n1-g0)")
+    if check:  # planted: the lock released here, the last container of nvidia.com/gpu
+        assert "(last; released)" not in m.trace[-1], m.trace[-1]
+    m.check_safety()
+    m.kubelet_step(0, 1)  # side: the search's pick 1 of its two resources, 2g.20gb first
+    did(m, "team/mixed-1: side[2g.20gb]: Allocate(MIG-n1-g2-2g.20gb-0)")
+    if check:
+        did(m, "as team/mixed-1 token 1")
+        assert "(last; released)" not in m.trace[-1], m.trace[-1]
+        m.kubelet_step(0, 0)  # side's 1g.10gb instance: the last call of every resource
+        did(m, "team/mixed-1: side[1g.10gb]: Allocate(MIG-n1-g2-1g.10gb-0)", "(last; released)")
+
+
+def test_replay_mig_release() -> None:
+    """A pod of a whole GPU and two MIG profiles is served per resource, in kubelet's order;
+    the lock is released with the last call of every resource, not of one."""
+    replay(Hole.MIG_RELEASE, frozenset(), mig_release_steps)
+
+
+def test_replay_mig_release_after_one_resource_breaks() -> None:
+    """The same steps with the release after one resource's last container: side's first
+    Allocate finds the lock free and is refused; mixed-1 fails (L1)."""
+    replay(Hole.MIG_RELEASE, frozenset(), lambda m: mig_release_steps(m, check=False), planted=True)
+
+
+def mig_holder_steps(m: HandoffModel) -> None:
+    """mig-1 takes n1's lock for a 1g.10gb instance; no replica has seen its binding yet."""
+    m.create_pod(0)  # team/mig-1
+    m.create_pod(0)  # team/mig-2
+    m.schedule(0, "E0", 0)
+    m.extender_step(0)  # acquired n1 token 1 for mig-1's instance
+    did(m, "acquired n1 token 1", "MIG-n1-g2-1g.10gb-0")
+    m.check_safety()  # planted: E0's picture leaves that instance free (F1)
+
+
+def test_replay_mig_holder() -> None:
+    """The lock holder's MIG instances count as taken in filter's and Bind's picture until
+    the replica's cache counts the holder's binding."""
+    replay(Hole.MIG_HOLDER, frozenset(), mig_holder_steps)
+
+
+def test_replay_mig_holder_instances_left_out_breaks() -> None:
+    """The same steps with the holder's instances left out of the picture: F1."""
+    replay(Hole.MIG_HOLDER, frozenset(), mig_holder_steps, planted=True)
