@@ -1,18 +1,23 @@
 """The fault campaign: GPU workload churn under seeded faults on a devcluster, its whole history
 checked.
 
-    .venv/bin/python -m bench.soak --minutes 3 --seed 7 [--nodes 4] [--results-dir bench/results]
+    .venv/bin/python -m bench.soak --minutes 3 --seed 7 [--nodes 4] [--kubelet real|sim]
+                                   [--results-dir bench/results]
 
 The devcluster (``devcluster.cluster.throwaway_cluster``) has two extender replicas behind one
-address and ``--nodes`` simulated GPU nodes of four GPUs each (``--kubelet sim``: kubelet's own
-device manager in the Go harness): the last node has GPU 0 in MIG mode (``3g.40gb+4x1g.10gb``),
-the one before it shares its GPUs as four slices each, the others hand out whole GPUs.  Node
-locks last ``LEASE_S`` seconds.
+address and ``--nodes`` GPU nodes of four simulated GPUs each: the last node has GPU 0 in MIG mode
+(``3g.40gb+4x1g.10gb``), the one before it shares its GPUs as four slices each, the others hand
+out whole GPUs.  Each node is a real kubelet of the cluster's release against a runtime that
+fakes only containers (``--kubelet real``, the default: ``devcluster.realkubelet``), or the
+simulated kubelet (``--kubelet sim``: kubelet's own device manager in a Go harness).  Node locks
+last ``LEASE_S`` seconds.
 
 For ``--minutes`` the workload (``bench.soak_workload``) churns and the nemesis
 (``bench.soak_nemesis``) injects the faults its seed schedules; a sampler reads every GPU pod
-and every node lock about once a second, and the checker (``bench.soak_check``) judges each
-sample.  Then the run settles: no new work, no new fault; every GPU pod left must be Running or
+and every node lock about once a second, with what kubelet gave each pod (a real kubelet's device
+checkpoint and the container configs it handed the runtime, read just after the pods; the
+simulated kubelet's annotation), and the checker (``bench.soak_check``) judges each sample.
+Then the run settles: no new work, no new fault; every GPU pod left must be Running or
 Succeeded within ``L1_BOUND_S`` of the last fault's heal, one probe pod per node must run (a
 lock whose holder left may be taken over), every lock must end free, and ``nodelock audit``
 must find the scheduler's, kubelet's and the plugin's views equal.  After the cluster is down,
@@ -49,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.soak_check import (
+    KUBELET,
     Checker,
     Event,
     Sample,
@@ -56,6 +62,7 @@ from bench.soak_check import (
     key_of,
     lease_view,
     minimal_pod,
+    record_json,
 )
 from bench.soak_nemesis import KINDS, Fault, Nemesis, schedule
 from bench.soak_workload import Workload
@@ -71,6 +78,7 @@ from devcluster.gpunodes import (
     wait_nodes_ready,
     wait_ok,
 )
+from devcluster.realkubelet import KubeletKind, records_under
 from deviceplugin.kubeletview import KubeletViewError, list_pod_resources
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, Keys, parse_inventory
 from kube.client import JSON, KubeClient, lease_path, namespace_path, node_path, pod_path
@@ -107,10 +115,13 @@ def specs_for(nodes: int, kubernetes_version: str | None) -> list[NodeSpec]:
 
 
 def start_gpu_side(
-    cluster: Cluster, specs: Sequence[NodeSpec], extender_env: Mapping[str, str]
+    cluster: Cluster,
+    specs: Sequence[NodeSpec],
+    extender_env: Mapping[str, str],
+    kubelet: KubeletKind = KubeletKind.REAL,
 ) -> None:
     """The extender replicas (restarted with ``extender_env`` when it is not empty) and the
-    nodes."""
+    nodes, with ``kubelet``'s kind of kubelet."""
     install_gpu_pod_policies(cluster)
     start_extender(cluster, replicas=2, extra_args=[f"--lease-duration={LEASE_S}"])
     if extender_env:
@@ -119,7 +130,7 @@ def start_gpu_side(
             cluster.restart_component(f"extender-{i}", env=extender_env)
             wait_ok(cluster, f"extender-{i}", f"{url}/readyz", 60.0)
     for spec in specs:
-        start_node(cluster, spec)
+        start_node(cluster, spec, kubelet=kubelet)
     wait_nodes_ready(cluster, list(specs))
 
 
@@ -162,12 +173,20 @@ class Run:
         assert self.checker is not None
         t = self.now()
         self.samples_taken += 1
+        gpu_pods = [p for p in pods if asks_for_devices(p)]
+        sampled = [minimal_pod(p) for p in gpu_pods]
+        if self.args.kubelet == KubeletKind.REAL.value:
+            records = await asyncio.to_thread(records_under, self.cluster.state_dir, gpu_pods)
+            for pod in sampled:
+                record = records.get(key_of(pod))
+                if record is not None:
+                    pod[KUBELET] = record_json(record)
         listed = {}
         if self.samples_taken % PODRESOURCES_EVERY == 0:
             listed = await asyncio.to_thread(self.pod_resources)
         sample = Sample(
             t,
-            [minimal_pod(p) for p in pods if asks_for_devices(p)],
+            sampled,
             {str(le["metadata"]["name"]): lease_view(le) for le in leases},
             listed,
         )
@@ -452,9 +471,11 @@ def _report(
     return {
         "command": f"python -m bench.soak --minutes {run.args.minutes:g} --seed {run.args.seed}"
         + (f" --nodes {run.args.nodes}" if run.args.nodes != 4 else "")
+        + (f" --kubelet {run.args.kubelet}" if run.args.kubelet != KubeletKind.REAL.value else "")
         + (f" --plant {run.args.plant}" if run.args.plant else ""),
         "seed": run.args.seed,
         "minutes": run.args.minutes,
+        "kubelet": run.args.kubelet,
         "nodes": [
             {"name": s.name, "gpus": s.gpus, "split": s.gpu_split, "mig": [list(m) for m in s.mig]}
             for s in run.specs
@@ -594,7 +615,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--minutes", type=float, default=3.0, help="churn and faults this long")
     parser.add_argument("--seed", type=int, default=7, help="fixes the fault schedule")
-    parser.add_argument("--nodes", type=int, default=4, help="simulated GPU nodes (at least 3)")
+    parser.add_argument("--nodes", type=int, default=4, help="GPU nodes (at least 3)")
+    parser.add_argument(
+        "--kubelet",
+        choices=[k.value for k in KubeletKind],
+        default=KubeletKind.REAL.value,
+        help="the nodes' kubelet: real (the release's kubelet, containers faked) or sim",
+    )
     parser.add_argument(
         "--results-dir", type=Path, default=RESULTS, help="where soak.json goes (bench/results)"
     )
@@ -610,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with throwaway_cluster("nlsoak-") as cluster:
             specs = specs_for(args.nodes, cluster.settings().get("kubernetes_version"))
-            start_gpu_side(cluster, specs, extender_env(args.plant))
+            start_gpu_side(cluster, specs, extender_env(args.plant), KubeletKind(args.kubelet))
             ports = dict(cluster.settings()["ports"])
             state_dir = cluster.state_dir
             result = asyncio.run(campaign(cluster, specs, args))

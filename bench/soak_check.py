@@ -1,8 +1,8 @@
 """The fault campaign's checker: judges a whole recorded history (plain data in, findings out).
 
 A history is what ``bench.soak`` recorded while the campaign ran: ``Sample`` s (every GPU pod as
-the API server showed it, with the simulated kubelet's record of its devices, and every node
-lock's Lease, read about once a second) and ``Event`` s (each fault injected and healed, each
+the API server showed it, with kubelet's record of its devices, and every node lock's Lease, read
+about once a second) and ``Event`` s (each fault injected and healed, each
 workload action).  Over it:
 
 - **S1, S2** at every sample, with ``devcluster.invariants.check_pods`` (the e2e tests' checker:
@@ -23,8 +23,14 @@ workload action).  Over it:
 Each violation comes with the minimal history around it: the events of the ``CONTEXT_S`` seconds
 before it and the samples' view of the pods and locks it names.
 
+kubelet's record of a pod (``record_of``) is the pod's ``kubelet`` field when the sample has one
+(a real kubelet's: its device checkpoint and the container configs it handed the runtime, read
+just after the pods, ``devcluster.realkubelet.records_under``), else the simulated kubelet's
+annotation.  Device IDs are compared as GPUs (``physical_of``): a real kubelet's record of a
+running pod whose checkpoint was lost names what its runtime config named, physical GPUs.
+
 Not checked here: anything between two samples (a state that lasted less than a sample period
-is not seen), and devices kubelet gave outside the simulated kubelet's record.
+is not seen), and devices kubelet gave outside its record.
 """
 
 from __future__ import annotations
@@ -34,7 +40,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from devcluster.invariants import Findings, check_locks_free, check_pods, sim_record
+from devcluster.invariants import (
+    ContainerRecord,
+    Findings,
+    PodRecord,
+    check_locks_free,
+    check_pods,
+    sim_record,
+)
+from handoff.sharing import physical_of
 from handoff.wire import DEFAULT_PREFIX, GPU, MIG_RESOURCE_PREFIX, Keys
 
 RESOURCE = "nvidia.com/gpu"
@@ -43,6 +57,7 @@ FAULT_BLAME_S = 30.0  # a pod failing this long after a fault healed is not blam
 CONTEXT_S = 15.0
 HOLDER_UID = f"{DEFAULT_PREFIX}holder-uid"
 TAKEN_OVER = "taken-over"  # lockd.model.Outcome.TAKEN_OVER, as the Lease records it
+KUBELET = "kubelet"  # a sampled pod's field: kubelet's record of it, when read apart from the pod
 
 
 @dataclass(frozen=True)
@@ -156,6 +171,40 @@ def minimal_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     return small
 
 
+def record_json(record: PodRecord) -> dict[str, Any]:
+    """kubelet's record of a pod as a sampled pod's ``kubelet`` field."""
+    return {
+        c: {"devices": {r: list(ids) for r, ids in v.devices.items()}, "visible": v.visible}
+        for c, v in record.items()
+    }
+
+
+def record_of(pod: Mapping[str, Any]) -> PodRecord | None:
+    """kubelet's record of a sampled pod (its ``kubelet`` field, else the simulated kubelet's
+    annotation); None when kubelet has none."""
+    raw = pod.get(KUBELET)
+    if raw is None:
+        return sim_record(pod)
+    out = {
+        str(c): ContainerRecord(
+            {str(r): [str(d) for d in ids] for r, ids in v["devices"].items()}, v.get("visible")
+        )
+        for c, v in raw.items()
+    }
+    return out or None
+
+
+def _gpus_text(record: PodRecord) -> dict[str, str]:
+    """Container -> its devices, each as its GPU, as one comparable text."""
+    return {
+        c: json.dumps(
+            {r: sorted({str(physical_of(d)) for d in ids}) for r, ids in v.devices.items()},
+            sort_keys=True,
+        )
+        for c, v in record.items()
+    }
+
+
 def lease_view(lease: Mapping[str, Any]) -> LeaseView:
     spec = lease.get("spec") or {}
     notes = (lease.get("metadata") or {}).get("annotations") or {}
@@ -201,7 +250,7 @@ def _in_handoff(pod: Mapping[str, Any], node: str) -> bool:
         _phase(pod) == "Pending"
         and _node(pod) == node
         and not meta.get("deletionTimestamp")
-        and sim_record(pod) is None
+        and record_of(pod) is None
         and not (pod.get("status") or {}).get("hasStatuses")
     )
 
@@ -215,7 +264,8 @@ class Checker:
     keys: Keys = field(default_factory=Keys)
     violations: list[Violation] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
-    _records: dict[str, tuple[float, str]] = field(default_factory=dict)  # uid -> first record
+    # (uid, container) -> when kubelet's record of it was first seen, and what it was
+    _records: dict[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
     _tokens: dict[tuple[str, int], str] = field(default_factory=dict)  # (node, token) -> pod
     _lease_last: dict[str, LeaseView] = field(default_factory=dict)
     _left: dict[tuple[str, str], float] = field(default_factory=dict)  # (node, holder) -> t left
@@ -224,10 +274,11 @@ class Checker:
     def add(self, sample: Sample) -> None:
         self.samples.append(sample)
         pods = [p for p in sample.pods if asks_for_devices(p)]
+        records = {key_of(p): r for p in pods if (r := record_of(p)) is not None}
         found = check_pods(
             pods,
             expected_pods=len(pods),
-            records=None,
+            records=records,
             require_admitted=False,
             inventories=self.inventories,
         )
@@ -274,24 +325,24 @@ class Checker:
                 )
 
     def _records_unchanged(self, sample: Sample, pods: Sequence[Mapping[str, Any]]) -> None:
+        """What kubelet gave a container never changes once recorded (a real kubelet writes its
+        checkpoint container by container, so a record may grow; a lost checkpoint may shrink
+        it)."""
         for pod in pods:
-            rec = sim_record(pod)
+            rec = record_of(pod)
             if rec is None:
                 continue
             uid = str(pod["metadata"].get("uid"))
-            text = json.dumps(
-                {c: {r: sorted(ids) for r, ids in v.devices.items()} for c, v in rec.items()},
-                sort_keys=True,
-            )
-            first = self._records.setdefault(uid, (sample.t, text))
-            if first[1] != text:
-                self._flag(
-                    "S2",
-                    sample.t,
-                    f"{key_of(pod)}: kubelet's record changed from {first[1]} "
-                    f"(t={first[0]:.1f}s) to {text}",
-                    [key_of(pod)],
-                )
+            for container, text in _gpus_text(rec).items():
+                first = self._records.setdefault((uid, container), (sample.t, text))
+                if first[1] != text:
+                    self._flag(
+                        "S2",
+                        sample.t,
+                        f"{key_of(pod)}/{container}: kubelet's record changed from {first[1]} "
+                        f"(t={first[0]:.1f}s) to {text}",
+                        [key_of(pod)],
+                    )
 
     def _pod_resources(self, sample: Sample, pods: Sequence[Mapping[str, Any]]) -> None:
         """kubelet's PodResources List against its record of each pod's devices: a container
@@ -303,7 +354,7 @@ class Checker:
         for node, listing in sample.listed.items():
             for key, containers in listing.items():
                 pod = by_key.get(key)
-                record = sim_record(pod) if pod is not None and _node(pod) == node else None
+                record = record_of(pod) if pod is not None and _node(pod) == node else None
                 if record is None:
                     continue
                 for container, ids in containers.items():
@@ -311,7 +362,7 @@ class Checker:
                         continue
                     rec = record.get(container)
                     had = sorted(rec.devices.get(RESOURCE, [])) if rec is not None else []
-                    if sorted(ids) != had:
+                    if _gpus(ids) != _gpus(had):
                         self._flag(
                             "S2",
                             sample.t,
@@ -477,7 +528,7 @@ class Checker:
                             f"{_phase(pod)} on {_node(pod) or '-'} "
                             f"token {notes.get(self.keys.token, '-')} "
                             f"assigned {notes.get(self.keys.assignment, '-')} "
-                            f"kubelet {notes.get('sim.nodelock.io/allocated', '-')}"
+                            f"kubelet {_kubelet_text(pod)}"
                         )
                 if not trail or not trail[-1].endswith(step):
                     trail.append(f"t={sample.t:.1f}s {step}")
@@ -498,6 +549,15 @@ class Checker:
         v = Violation(invariant, t, msg, names)
         self._seen[(invariant, msg)] = v
         self.violations.append(v)
+
+
+def _gpus(ids: Sequence[str]) -> list[str]:
+    return sorted({str(physical_of(d)) for d in ids})
+
+
+def _kubelet_text(pod: Mapping[str, Any]) -> str:
+    record = record_of(pod)
+    return "-" if record is None else json.dumps(record_json(record), sort_keys=True)
 
 
 def failure_cause(message: str) -> str:

@@ -10,7 +10,8 @@ Kinds (``KINDS``):
 - ``extender-kill``, ``plugin-kill``, ``scheduler-kill``, ``apiserver-kill``, ``etcd-kill``:
   SIGKILL to the component's process group, started again with the same command line after the
   fault's duration;
-- ``kubelet-kill``: the same for a simulated kubelet, its device checkpoint kept;
+- ``kubelet-kill``: the same for a node's kubelet (real or simulated; a real node's fake
+  runtime keeps running, as containers outlive kubelet), its device checkpoint kept;
   ``kubelet-kill-no-checkpoint``: its checkpoint (``kubelet_internal_checkpoint``) deleted
   before it starts again;
 - ``pause``: SIGSTOP to an extender replica or a device plugin for longer than a lock's duration,

@@ -218,7 +218,9 @@ def check_pods(
         if not isinstance(assignment, dict):
             found.s2.append(f"{key} was admitted with devices but has no valid assignment")
             assignment = {}
-        devices_of_pod = _check_containers(key, node, needs, resource, record, assignment, found)
+        devices_of_pod = _check_containers(
+            key, node, needs, resource, record, assignment, found, admitting=phase == "Pending"
+        )
         slices = _slices(pod)
         for container, rec in record.items():
             claim = slices.get(container)
@@ -254,9 +256,15 @@ def _check_containers(
     record: PodRecord,
     assignment: Mapping[str, Any],
     found: Findings,
+    *,
+    admitting: bool = False,
 ) -> set[str]:
     """S2 per container, walking the containers in kubelet's order with its reuse pool per
-    resource (module docstring), and S1 between a pod's own containers; the pod's devices."""
+    resource (module docstring), and S1 between a pod's own containers; the pod's devices.
+    ``admitting`` (the pod is Pending): a container the record has no entry for is not known yet
+    (a real kubelet writes its checkpoint after each container's Allocate,
+    ``allocateContainerResources`` in ``pkg/kubelet/cm/devicemanager/manager.go``, v1.32.9 line
+    919, v1.37.2 line 959)."""
     order = [(n.name, n.kind) for n in needs[resource]]
     count = {(r, n.name): n.count for r, per in needs.items() for n in per}
     pool: dict[str, set[str]] = defaultdict(set)
@@ -280,9 +288,10 @@ def _check_containers(
                 found.s2.append(f"{key}/{container} asks for no device but is assigned {want}")
             continue
         if rec is None:
-            found.s2.append(
-                f"{key}/{container} asks for {asks} but kubelet's record has no entry for it"
-            )
+            if not admitting:
+                found.s2.append(
+                    f"{key}/{container} asks for {asks} but kubelet's record has no entry for it"
+                )
             continue
         got_by = {r: [str(physical_of(d)) for d in ids] for r, ids in rec.devices.items()}
         for r in sorted(set(asks) | set(got_by)):

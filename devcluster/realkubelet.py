@@ -27,6 +27,7 @@ import enum
 import json
 import shutil
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ from devcluster.cluster import Cluster
 from devcluster.errors import DevclusterError
 from devcluster.invariants import ContainerRecord, PodRecord
 from devcluster.pki import Identity
-from handoff.wire import DEFAULT_RESOURCE
+from handoff.wire import DEFAULT_RESOURCE, MIG_RESOURCE_PREFIX
 
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 _NAMESPACE_WRAPPER = f'mkdir -p {KUBELET_DIR} && mount --bind "$0" {KUBELET_DIR} && exec "$@"'
@@ -285,9 +286,13 @@ def kubelet_records(
 
     A container kubelet allocated devices to but never handed to the runtime has visible
     ``""`` once its pod is Running or Succeeded (an S2 violation), ``None`` before (not known
-    yet).  A container of a finished pod whose devices kubelet has already dropped from its
-    checkpoint is recorded with the devices its runtime config named (``NVIDIA_VISIBLE_DEVICES``):
-    what it ran with, no longer what kubelet allocated."""
+    yet).  A pod of which kubelet's checkpoint has no entry but whose containers kubelet handed
+    the runtime (a finished pod kubelet has dropped, or a running one after kubelet restarted
+    without its checkpoint) is recorded with the devices its runtime configs named
+    (``NVIDIA_VISIBLE_DEVICES``): what it runs or ran with.  Those IDs count for the one device
+    resource the container asks for (``MIG-`` IDs for its MIG resource, the others for
+    ``nvidia.com/gpu``, when it asks for both); a container whose IDs cannot be told apart so (two
+    MIG profiles) is left out."""
     out: dict[str, PodRecord] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -313,11 +318,56 @@ def kubelet_records(
             record[container] = ContainerRecord(
                 per_resource, seen if seen is not None else ("" if ran else None)
             )
-        if not record and phase == "Succeeded":
+        if not record:
+            asked = _device_resources(pod)
             for container, env in visible.items():
-                ids = [d for d in env.split(",") if d]
-                if ids:
-                    record[container] = ContainerRecord({DEFAULT_RESOURCE: ids}, env)
+                per_resource = _by_resource([d for d in env.split(",") if d], asked[container])
+                if per_resource:
+                    record[container] = ContainerRecord(per_resource, env)
         if record:
             out[f"{meta.get('namespace')}/{meta.get('name')}"] = record
     return out
+
+
+def _device_resources(pod: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Container name -> the device resources it asks for (``nvidia.com/gpu``, MIG)."""
+    spec = pod.get("spec") or {}
+    out: dict[str, set[str]] = defaultdict(set)
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        res = c.get("resources") or {}
+        for part in ("limits", "requests"):
+            out[str(c.get("name"))] |= {
+                str(r)
+                for r in res.get(part) or {}
+                if r == DEFAULT_RESOURCE or str(r).startswith(MIG_RESOURCE_PREFIX)
+            }
+    return out
+
+
+def _by_resource(ids: Sequence[str], asked: set[str]) -> dict[str, list[str]]:
+    """Device IDs a container's runtime config named, per resource it asks for; {} when that
+    cannot be told (no resource, or two MIG resources)."""
+    mig = sorted(r for r in asked if r != DEFAULT_RESOURCE)
+    if not ids or not asked or len(mig) > 1:
+        return {}
+    if len(asked) == 1:
+        return {next(iter(asked)): list(ids)}
+    out: dict[str, list[str]] = {}
+    for d in ids:
+        out.setdefault(mig[0] if d.startswith("MIG-") else DEFAULT_RESOURCE, []).append(d)
+    return out
+
+
+def records_under(state_dir: Path, pods: Sequence[Mapping[str, Any]]) -> dict[str, PodRecord]:
+    """What the real kubelets of ``state_dir``'s nodes gave ``pods``, read afresh: each pod's
+    node's device checkpoint and the container configs its kubelet handed the runtime
+    (``kubelet_records``).  Read after the pods, so a record may be newer than its pod."""
+    nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""}
+    checkpoints: dict[str, list[CheckpointEntry]] = {}
+    containers: dict[str, list[dict[str, Any]]] = {}
+    for node in sorted(nodes):
+        real = RealNode(state_dir / "nodes" / node)
+        path = real.plugin_dir / "kubelet_internal_checkpoint"
+        checkpoints[node] = read_checkpoint(path) if path.exists() else []
+        containers[node] = read_containers(real.containers_record)
+    return kubelet_records(pods, checkpoints=checkpoints, containers=containers)

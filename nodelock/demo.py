@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import math
 import re
 import shutil
@@ -32,13 +33,7 @@ from devcluster.cluster import Cluster
 from devcluster.gpunodes import up_gpu_cluster
 from devcluster.invariants import PodRecord, allocated, check_locks_free, check_pods
 from devcluster.namespaces import create_namespace
-from devcluster.realkubelet import (
-    KubeletKind,
-    RealNode,
-    kubelet_records,
-    read_checkpoint,
-    read_containers,
-)
+from devcluster.realkubelet import KubeletKind, records_under
 from handoff.sharing import FULL_CORES, GPUMEM, BadShare, Slice, container_slice, physical_of
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_RESOURCE, GPU, Keys, parse_inventory
 from kube.client import JSON, KubeClient
@@ -72,19 +67,7 @@ Records = Callable[[Sequence[Mapping[str, Any]]], Mapping[str, PodRecord]]
 def real_kubelet_records(state_dir: Path) -> Records:
     """What the real kubelets under ``state_dir`` gave the pods, read afresh at each call: their
     device checkpoints and the container configs they handed the runtime."""
-
-    def read(pods: Sequence[Mapping[str, Any]]) -> dict[str, PodRecord]:
-        nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""}
-        checkpoints = {}
-        containers = {}
-        for node in sorted(nodes):
-            real = RealNode(state_dir / "nodes" / node)
-            path = real.plugin_dir / "kubelet_internal_checkpoint"
-            checkpoints[node] = read_checkpoint(path) if path.exists() else []
-            containers[node] = read_containers(real.containers_record)
-        return kubelet_records(pods, checkpoints=checkpoints, containers=containers)
-
-    return read
+    return functools.partial(records_under, state_dir)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 checker seen failing on a planted bug.
 
 Each test runs the campaign as its own process, with a devcluster of its own (two extender
-replicas, four simulated GPU nodes: whole GPUs, shared GPUs, a MIG GPU), and reads what it wrote
-in ``soak.json``.
+replicas, four GPU nodes: whole GPUs, shared GPUs, a MIG GPU), and reads what it wrote in
+``soak.json``.  The short campaign's nodes are real kubelets (containers faked); the planted bug's
+are simulated kubelets, so the checker is seen reading both kinds of kubelet record.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def test_short_campaign_finds_no_violation(tmp_path: Path) -> None:
     rc, out, result = campaign(tmp_path, "--minutes", "2.5", "--seed", "7", timeout_s=900)
     assert result["violations"] == [], out[-6000:]
     assert rc == 0, out[-3000:]
+    assert result["kubelet"] == "real"
     assert result["faults"]["injected"] >= 20, result["faults"]
     assert result["faults"]["kinds"] >= 6, result["faults"]
     assert result["pods"]["ran"] >= 50, result["pods"]
@@ -50,7 +52,9 @@ def test_a_planted_bug_is_reported_with_its_history(tmp_path: Path) -> None:
     """Halfway through, a running pod's assignment is rewritten to a device kubelet did not give
     it: the checker reports S2 for that pod, with the plant in the events before it."""
     rc, out, result = campaign(
-        tmp_path, "--minutes", "1", "--seed", "3", "--plant", "edit-assignment", timeout_s=600
+        tmp_path,
+        *("--minutes", "1", "--seed", "3", "--plant", "edit-assignment", "--kubelet", "sim"),
+        timeout_s=600,
     )
     assert rc == 1, out[-3000:]
     planted = [line for line in out.splitlines() if " plant " in line]

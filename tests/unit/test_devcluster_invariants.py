@@ -227,6 +227,9 @@ def test_every_container_that_asks_for_devices_must_be_in_the_record() -> None:
     assert found.s2 == [
         "ns/a/c1 asks for {'nvidia.com/gpu': 1} but kubelet's record has no entry for it"
     ]
+    # while the pod is Pending, kubelet may not have allocated c1 yet
+    admitting = pod("a", "n1", {"c0": ["G0"], "c1": ["G1"]}, {"c0": ["G0"]}, phase="Pending")
+    assert check_pods([admitting], expected_pods=1).s2 == []
 
 
 def test_swapped_devices_between_containers_are_caught() -> None:

@@ -160,6 +160,35 @@ def test_a_finished_pod_dropped_from_the_checkpoint_keeps_what_it_ran_with() -> 
     assert records == {"ns/a": {"c0": ContainerRecord({"nvidia.com/gpu": ["GPU-a"]}, "GPU-a")}}
 
 
+def test_a_running_pod_after_its_checkpoint_was_lost_keeps_what_it_runs_with() -> None:
+    """kubelet restarted without its checkpoint: its running pods have no entry there, and are
+    judged from the configs kubelet handed the runtime (two pods given one GPU is still S1)."""
+    pods = [_pod("a", "u1", {"c0": ["GPU-a"]}), _pod("b", "u2", {"c0": ["GPU-b"]})]
+    containers = {"n1": [_config("u1", "c0", "GPU-a"), _config("u2", "c0", "GPU-a")]}
+    records = kubelet_records(pods, checkpoints={"n1": []}, containers=containers)
+    assert records["ns/a"] == {"c0": ContainerRecord({"nvidia.com/gpu": ["GPU-a"]}, "GPU-a")}
+    found = check_pods(pods, expected_pods=2, records=records)
+    assert found.s1 and found.s2
+
+
+def test_runtime_ids_count_for_the_resource_the_container_asks_for() -> None:
+    pod = _pod("a", "u1", {"c0": ["GPU-a", "MIG-1"]})
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"}
+    pod["spec"]["containers"][0]["resources"]["limits"] = limits
+    records = kubelet_records(
+        [pod], checkpoints={"n1": []}, containers={"n1": [_config("u1", "c0", "GPU-a,MIG-1")]}
+    )
+    assert records["ns/a"]["c0"].devices == {
+        "nvidia.com/gpu": ["GPU-a"],
+        "nvidia.com/mig-1g.10gb": ["MIG-1"],
+    }
+    limits["nvidia.com/mig-2g.20gb"] = "1"
+    records = kubelet_records(
+        [pod], checkpoints={"n1": []}, containers={"n1": [_config("u1", "c0", "GPU-a,MIG-1")]}
+    )
+    assert records == {}
+
+
 def test_kubelet_config_keeps_the_node_in_its_own_directory(tmp_path: Path) -> None:
     node = RealNode(tmp_path / "n1")
     config = kubelet_config(

@@ -14,7 +14,9 @@ from bench.soak_check import (
     blamed_fault,
     failure_cause,
     fault_windows,
+    record_json,
 )
+from devcluster.invariants import ContainerRecord
 
 NODE = "gpu-node-01"
 
@@ -136,6 +138,57 @@ def test_a_record_that_changes_is_s2() -> None:
     checker = run(samples)
     assert invariants(checker) == ["S2"]
     assert "changed" in checker.violations[0].message
+
+
+def real_pod(
+    name: str,
+    records: dict[str, list[str]],
+    *,
+    assigned: dict[str, list[str]],
+    phase: str = "Running",
+) -> Any:
+    """A sampled pod of a real kubelet's node: kubelet's record in its ``kubelet`` field (read
+    from the checkpoint and the runtime), no simulated kubelet's annotation."""
+    pod = gpu_pod(name, None, assigned=[], token=2, phase=phase)
+    pod["metadata"]["annotations"]["nodelock.io/assignment"] = json.dumps(assigned)
+    pod["spec"]["containers"] = [
+        {"name": c, "resources": {"limits": {"nvidia.com/gpu": "1"}}} for c in assigned
+    ]
+    pod["kubelet"] = record_json(
+        {
+            c: ContainerRecord({"nvidia.com/gpu": ids}, ",".join(d.split("::")[0] for d in ids))
+            for c, ids in records.items()
+        }
+    )
+    return pod
+
+
+def test_a_real_kubelets_record_is_judged_like_the_simulated_ones() -> None:
+    assigned = {"c0": ["G0"], "c1": ["G1"]}
+    ok = real_pod("a", assigned, assigned=assigned)
+    assert run([Sample(1.0, [ok], {})]).violations == []
+    wrong = real_pod("a", {"c0": ["G0"], "c1": ["G2"]}, assigned=assigned)
+    checker = run([Sample(1.0, [wrong], {})])
+    assert invariants(checker) == ["S2"]
+    assert "ns/a/c1" in checker.violations[0].message
+    other = real_pod("b", {"c0": ["G0"]}, assigned={"c0": ["G0"]})
+    assert "S1" in invariants(run([Sample(1.0, [ok, other], {})]))
+
+
+def test_a_real_kubelets_record_may_grow_and_name_gpus_but_not_change() -> None:
+    """kubelet writes its checkpoint container by container, and a record read from the runtime
+    names a shared GPU's physical ID where the checkpoint named kubelet's virtual one."""
+    assigned = {"c0": ["G0"], "c1": ["G1"]}
+    virtual = {"c0": ["G0::1"], "c1": ["G1::0"]}
+    samples = [
+        Sample(1.0, [real_pod("a", {"c0": ["G0::1"]}, assigned=assigned, phase="Pending")], {}),
+        Sample(2.0, [real_pod("a", virtual, assigned=assigned)], {}),
+        Sample(3.0, [real_pod("a", {"c0": ["G0"], "c1": ["G1"]}, assigned=assigned)], {}),
+    ]
+    assert run(samples).violations == []
+    moved = Sample(4.0, [real_pod("a", {"c0": ["G0"], "c1": ["G2"]}, assigned=assigned)], {})
+    checker = run([*samples, moved])
+    assert "changed" in " ".join(v.message for v in checker.violations)
 
 
 def test_a_token_that_goes_down_is_a_fencing_violation() -> None:
