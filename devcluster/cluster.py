@@ -387,15 +387,17 @@ def throwaway_cluster(prefix: str, *, version: str | None = None) -> Iterator[Cl
 
     Its state folder is new, under /tmp (unix socket paths must stay short), named ``prefix``
     and a random tail.  The cluster is up inside the ``with`` block and stopped when the block
-    ends, however it ends; the folder is removed then, unless ``$NODELOCK_KEEP_STATE`` is set
-    (to read the components' logs after a failure).
+    ends, however it ends (SIGTERM included: ``processes.sigterm_unwinds``); the folder is
+    removed then, unless ``$NODELOCK_KEEP_STATE`` is set (to read the components' logs after a
+    failure).
     """
     state = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     cluster = Cluster(state, binaries=ensure_control_plane(version=version))
-    try:
-        cluster.up()
-        yield cluster
-    finally:
-        cluster.down()
-        if not os.environ.get("NODELOCK_KEEP_STATE"):
-            shutil.rmtree(state, ignore_errors=True)
+    with processes.sigterm_unwinds():
+        try:
+            cluster.up()
+            yield cluster
+        finally:
+            cluster.down()
+            if not os.environ.get("NODELOCK_KEEP_STATE"):
+                shutil.rmtree(state, ignore_errors=True)

@@ -23,13 +23,33 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from devcluster.errors import DevclusterError
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Inside the block, SIGTERM raises ``SystemExit(143)`` in the main thread, so ``finally``
+    blocks and context managers run (a cluster is stopped) as they do on Ctrl-C; the previous
+    handler comes back after it.  Outside the main thread it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass
