@@ -644,7 +644,11 @@ def decide_allocate(
             RefusalKind.DEVICES_MISMATCH,
             f"{where}: kubelet chose {sorted(requested)} for container {container!r} but the "
             f"assignment is {list(assigned)} and the pod's devices not held by its other "
-            f"containers are {list(pool)}",
+            f"containers are {list(pool)}; kubelet picks among the devices it counts free (and "
+            "its topology manager aligned), so it did not count the assigned ones free: a "
+            "finished pod it had not finished tearing down (as just after a kubelet restart), a "
+            "pod placed without the extender, or a NUMA policy the extender was not told of; a "
+            "Job or Deployment replaces the pod, a bare pod must be created again",
         )
     progress = _complete(plan).after(container, devices, ctx.resource)
     return Allocation(

@@ -366,6 +366,10 @@ def test_kubelet_ids_differ_refused_by_default() -> None:
     )
     assert "GPU-04" in r.message
     assert "GPU-03" in r.message
+    # why kubelet may choose otherwise, and what to do: a person reads this on the failed pod
+    assert "did not count the assigned ones free" in r.message
+    assert "kubelet restart" in r.message
+    assert "bare pod must be created again" in r.message
     assert r.release is None
 
 
