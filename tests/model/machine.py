@@ -9,9 +9,10 @@ every actor run to quiescence with time passing, and checks bounded liveness.
   in two live bound pods' assignments (as the binding wrote them); on a sharing node, per GPU:
   none held whole holds another pod, and its slices stay within its split count, memory and
   cores.
-- S2: every container kubelet admitted was served for its own pod, with its pod's assignment
-  for that container (an app container that reused init containers' devices: within the pod's
-  assignment).
+- S2: every container kubelet admitted was served for its own pod, per resource, with its pod's
+  assignment for that container (an app container that reused init containers' devices: within
+  the pod's assignment); no answer releases the lock ``allocated`` while a container of its pod
+  still awaits devices of some resource.
 - S3: a lock whose holder left the handoff (gone, finished, admitted, bound elsewhere) is
   takeable (``takeover.judge`` on a fresh read, and ``handoff.holder`` agrees), and no protocol
   write hands a held lock to another pod while its holder is still in handoff.
@@ -1196,6 +1197,8 @@ class HandoffModel(RuleBasedStateMachine):
         live = self.live_pods()
         for n in self.nodes:
             kubelet = self.kubelets[n]
+            for early in kubelet.early_releases:
+                self.violate("S2", early)
             for uid, per in kubelet.given.items():
                 if uid not in live:
                     continue

@@ -444,6 +444,9 @@ class Kubelet:
     last_record: tuple[str, Slot] | None = None
     # PodResources List fails (the socket is not up yet after a restart): the plugin falls back
     podresources_down: bool = False
+    # answers that released the lock ``allocated`` while a container of the pod still awaited
+    # devices of some resource (S2 reads them)
+    early_releases: list[str] = field(default_factory=list)
     # a lost record is only ever one that completed its pod's GPU containers (``_losable``)
     lose_only_final: bool = False
 
@@ -680,6 +683,15 @@ class Kubelet:
         self.given.setdefault(uid, {})[slot] = result.devices
         self.served_holder.setdefault(uid, {})[slot] = result.holder.uid
         self.last_record = (uid, slot)
+        if result.last and result.holder.uid == uid:
+            pod = self.seen[uid]
+            waiting = [slot_text(s) for s, _ in self.slots(pod) if s not in self.allocated[uid]]
+            if waiting:
+                meta = pod["metadata"]
+                self.early_releases.append(
+                    f"{meta['namespace']}/{meta['name']}: the answer for {slot_text(slot)} "
+                    f"released the lock allocated while {', '.join(waiting)} still await devices"
+                )
 
     def step(
         self, plugin: Plugin, *, pick: int, reuse_in_order: bool, crash_after_answer: bool = False

@@ -616,8 +616,9 @@ def test_replay_mig_release() -> None:
 
 
 def test_replay_mig_release_after_one_resource_breaks() -> None:
-    """The same steps with the release after one resource's last container: side's first
-    Allocate finds the lock free and is refused; mixed-1 fails (L1)."""
+    """The same steps with the release after one resource's last container: train's answer
+    releases the lock while side awaits both its instances (S2); side's first Allocate would
+    find the lock free and be refused (L1)."""
     replay(Hole.MIG_RELEASE, frozenset(), lambda m: mig_release_steps(m, check=False), planted=True)
 
 
