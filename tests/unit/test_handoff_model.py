@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis.stateful import run_state_machine_as_test
 
 from tests.model.__main__ import NOT_FOUND
 from tests.model.holes import BREAKS, KNOWN_HOLES, PLANTS, Hole
@@ -641,3 +642,17 @@ def test_replay_mig_holder() -> None:
 def test_replay_mig_holder_instances_left_out_breaks() -> None:
     """The same steps with the holder's instances left out of the picture: F1."""
     replay(Hole.MIG_HOLDER, frozenset(), mig_holder_steps, planted=True)
+
+
+@pytest.mark.parametrize("hole", [Hole.MIG_RELEASE, Hole.MIG_HOLDER], ids=str)
+def test_ci_profile_finds_mig_plant(hole: Hole) -> None:
+    """The CI profile itself (every node, pod shape and fault kind; not the hole's focused
+    search) breaks one of the hole's invariants within its examples when the MIG fix is
+    planted: MIG pods are common enough in it."""
+    cls = machine(ModelConfig(stop_after_first=True), f"CIPlanted_{hole.name}")
+    with PLANTS[hole](), contextlib.suppress(Exception):
+        run_state_machine_as_test(cls, settings=ci_settings(max_examples=CI_EXAMPLES, shrink=False))
+    assert cls.stats.violations, f"{hole}: not found in {cls.stats.runs} runs of the CI profile"
+    assert cls.stats.violations[0].invariant in BREAKS[hole], str(cls.stats.violations[0])
+    assert cls.stats.first_violation_run is not None
+    assert cls.stats.first_violation_run <= CI_EXAMPLES
