@@ -16,15 +16,20 @@ the last container; a refusal that names a lock releases it ``rejected``; a rele
 stays pending in the checkpoint and is retried.  GLUE (``deviceplugin.sharing.SharingServicer``):
 on a sharing node kubelet's virtual IDs are folded to their GPUs before the decisions
 (``physical_request``, ``fold``) and GetPreferredAllocation's answer is mapped back to one of
-kubelet's virtual IDs per GPU (``virtual_choice``).
+kubelet's virtual IDs per GPU (``virtual_choice``).  GLUE (``Admission._context``): on a MIG
+node every call is decided for the resource of the endpoint kubelet called, that resource's
+devices in the ``Context`` and the other resources' in ``others``; kubelet's List and
+checkpoint are read for that resource.
 
 ``Kubelet`` is the part of kubelet that the handoff depends on (docs/model.md, "kubelet", names
 the source of each fact): pods admitted one at a time, batches in arrival order and each batch
 by creation time; its PodResources List per ``Listing`` (all pods in its pod manager, or active
 ones only); per GPU container: devices of earlier init containers reused first in *arbitrary*
-order with no GetPreferredAllocation call, then GetPreferredAllocation over the free devices,
-its answer taken where available, the rest from the free devices; Allocate; any refusal fails
-the pod (UnexpectedAdmissionError) and frees its devices; rejection by another admit handler,
+order with no GetPreferredAllocation call (one reuse pool per resource), then
+GetPreferredAllocation over the free devices, its answer taken where available, the rest from
+the free devices; Allocate, one per resource of a container, its resources in an order the
+search picks; any refusal fails the pod (UnexpectedAdmissionError) and frees its devices;
+rejection by another admit handler,
 before or after Allocate; its device checkpoint, written after each answer, kept across a
 restart unless the restart lost its last record, and then Allocate again at re-admission or
 from the pod worker. Not modelled: container start and runtime, probes, eviction,
