@@ -48,6 +48,8 @@ class Hole(StrEnum):
     SLICE_CAPACITY = "slice-capacity"  # sharing: a GPU's slices within its memory
     MIG_RELEASE = "mig-release"  # MIG: the lock released after the last call of every resource
     MIG_HOLDER = "mig-holder"  # MIG: filter counts a lock holder's instances as taken
+    # found by this model: progress-ahead-of-kubelet for a container of several resources
+    MIG_PROGRESS_AHEAD = "mig-progress-ahead"
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -115,6 +117,19 @@ AVOIDED_BY: dict[Hole, str] = {
         "profiles): no mixed pods are created"
     ),
     Hole.MIG_HOLDER: "no MIG pods are created (every pod asks for whole GPUs or slices)",
+    Hole.MIG_PROGRESS_AHEAD: (
+        "(new) kubelet writes its device checkpoint once per container, after the Allocate "
+        "of each of its resources (manager.go allocateContainerResources: the loop over the "
+        "container's limits, then writeCheckpoint; v1.32.13 lines 836 and 919).  A kubelet "
+        "that dies after the plugin answered one resource of a container asks for that "
+        "container's resources again after its restart, in its map order.  When it asks for "
+        "another resource first, the plugin confirms its progress against kubelet's records of "
+        "that resource only (decide.kubelet_confirmed keeps the other resources' entries), "
+        "counts the lost one as served, and releases the lock allocated with that answer; "
+        "kubelet's call for the lost resource then finds no holder and the pod fails.  "
+        "Avoided: kubelet never loses the record of a container that asks for several "
+        "resources"
+    ),
     Hole.ABANDONED_RETRY: (
         "(new) a bind call for a pod arriving while an earlier call for that pod and node is "
         "still under way on the same replica is not in Binder._deadlines (only the first call's "
@@ -194,6 +209,7 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.BINDING_PAST_DEADLINE: frozenset({"S1", "S3", "S4"}),
     Hole.MIG_RELEASE: frozenset({"S1", "S2", "L1"}),
     Hole.MIG_HOLDER: frozenset({"F1", "S1"}),
+    Hole.MIG_PROGRESS_AHEAD: frozenset({"S2"}),
 }
 
 

@@ -439,6 +439,7 @@ class HandoffModel(RuleBasedStateMachine):
             self.plugins[node].kubelet_view = self.kubelets[node].listing
             self.plugins[node].kubelet_records = self.kubelets[node].records
             self.kubelets[node].lose_only_final = self.avoids(Hole.PROGRESS_AHEAD_OF_KUBELET)
+            self.kubelets[node].keep_multi_resource = self.avoids(Hole.MIG_PROGRESS_AHEAD)
         self.started = True
         kinds = ", ".join(sorted(f.value for f in self.enabled)) or "none"
         self.log(

@@ -454,6 +454,9 @@ class Kubelet:
     early_releases: list[str] = field(default_factory=list)
     # a lost record is only ever one that completed its pod's GPU containers (``_losable``)
     lose_only_final: bool = False
+    # a lost record is never one of a container that asks for several resources
+    # (``_losable``; a search avoiding ``Hole.MIG_PROGRESS_AHEAD``)
+    keep_multi_resource: bool = False
 
     def __post_init__(self) -> None:
         node = self.node
@@ -513,12 +516,18 @@ class Kubelet:
 
     def _losable(self) -> bool:
         """Whether the last record may be lost: with ``lose_only_final`` (a search avoiding
-        ``Hole.PROGRESS_AHEAD_OF_KUBELET``) only when it completed its pod's GPU containers."""
-        if not self.lose_only_final or self.last_record is None:
+        ``Hole.PROGRESS_AHEAD_OF_KUBELET``) only when it completed its pod's GPU containers;
+        with ``keep_multi_resource`` (avoiding ``Hole.MIG_PROGRESS_AHEAD``) never one of a
+        container that asks for several resources."""
+        if self.last_record is None:
             return True
-        uid, _ = self.last_record
+        uid, (container, _) = self.last_record
         pod = self.seen.get(uid) or self.store.pod_by_uid(uid)
         if pod is None:
+            return True
+        if self.keep_multi_resource and sum(s[0] == container for s, _ in self.slots(pod)) > 1:
+            return False
+        if not self.lose_only_final:
             return True
         mine = self.allocated.get(uid, {})
         return all(slot in mine for slot, _ in self.slots(pod))

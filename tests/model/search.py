@@ -162,6 +162,14 @@ FOCUS: dict[Hole, ModelConfig] = {
         max_pods=3,
         prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
     ),
+    Hole.MIG_PROGRESS_AHEAD: ModelConfig(
+        fault_kinds=frozenset({Fault.CHECKPOINT_LOST}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("mixed",),
+        max_pods=2,
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+    ),
     Hole.MIG_HOLDER: ModelConfig(
         fault_kinds=frozenset(),
         nodes=ONE_NODE,
@@ -211,6 +219,7 @@ SEARCH_SEEDS: dict[Hole, int] = {
     Hole.BINDING_PAST_DEADLINE: 3,
     Hole.MIG_RELEASE: 1,
     Hole.MIG_HOLDER: 1,
+    Hole.MIG_PROGRESS_AHEAD: 1,
 }
 
 
