@@ -656,3 +656,26 @@ def test_ci_profile_finds_mig_plant(hole: Hole) -> None:
     assert cls.stats.violations[0].invariant in BREAKS[hole], str(cls.stats.violations[0])
     assert cls.stats.first_violation_run is not None
     assert cls.stats.first_violation_run <= CI_EXAMPLES
+
+
+def test_replay_mig_progress_ahead_of_kubelet() -> None:
+    """Known hole ``mig-progress-ahead`` (found by the model): kubelet dies after the plugin
+    served side's 1g.10gb instance, before writing its checkpoint (once per container), and
+    after its restart asks for side's 2g.20gb instance first.  The plugin confirms the
+    progress against kubelet's 2g.20gb records only, counts the lost 1g.10gb call as served
+    and releases the lock with this answer (S2); the 1g.10gb call would find no holder."""
+
+    def steps(m: HandoffModel) -> None:
+        m.create_pod(0)  # team/mixed-1
+        m.schedule(0, "E0", 0)
+        for _ in range(4):  # acquire, confirm, send, bound
+            m.extender_step(0)
+        m.kubelet_step(0, 0)  # train: its GPU
+        did(m, "team/mixed-1: train: Allocate(n1-g0)")
+        m.kubelet_dies_after_answer(0, 0)  # side's 1g.10gb served; kubelet's record of it lost
+        did(m, "side[1g.10gb]: Allocate", "kubelet died before writing its checkpoint")
+        m.check_safety()
+        m.kubelet_step(0, 1)  # side again, 2g.20gb first: served and the lock released
+        did(m, "side[2g.20gb]: Allocate", "(last; released)")
+
+    replay(Hole.MIG_PROGRESS_AHEAD, frozenset({Fault.CHECKPOINT_LOST}), steps)
