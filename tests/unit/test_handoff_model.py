@@ -8,6 +8,8 @@
   or output fails, so a search that crashes cannot pass.
 - ``test_planted_hole_search``: per hole with a plant (``holes.PLANTS``), the search with the
   hole's fix reverted must find it: the model still generates the behaviour behind the hole.
+- ``test_ci_profile_finds_mig_plant``: the CI profile's own examples, each MIG plant in
+  place, break one of its invariants (MIG pods are common enough there).
 - ``test_replay_*``: fixed interleavings, replayed step by step, each asserting that its
   critical step took the path it exists to show: traces the search found (the permanent
   regression examples) and the stale-Lease-view hole's first form.
