@@ -58,6 +58,7 @@ from deviceplugin.decide import (
     KubeletRecords,
     KubeletSightings,
     MismatchPolicy,
+    OtherResources,
     PodJSON,
     Preference,
     Refusal,
@@ -317,6 +318,7 @@ class Admission:
         holder = view.record.holder if view is not None else None
         listed = await self._kubelet_list(ctx.resource)
         recorded = await self._recorded(ctx.resource)
+        held_other = await self._held_other(ctx.resource, holder)
         kubelet: KubeletAdmission | None = None
         bound_here: list[PodJSON] = []
         if listed is not None:
@@ -369,7 +371,38 @@ class Admission:
             served_pods=self._served(),
             kubelet=kubelet,
             recorded=recorded,
+            held_other=held_other,
         )
+
+    async def _held_other(self, resource: str, holder: Holder | None) -> OtherResources | None:
+        """For each resource other than ``resource`` that the holder's progress has served
+        containers of: the holder's containers kubelet holds devices of it for, in its
+        checkpoint or its PodResources ``List`` (``decide.kubelet_confirmed``).  None when there
+        is no such entry or ``List`` cannot be read (the entries then stand)."""
+        progress = self._cp.progress
+        if progress is None or holder is None or progress.uid != holder.uid:
+            return None
+        others = {progress.resource_at(i) for i in range(len(progress.served))} - {resource}
+        if not others or self._kubelet is None:
+            return None
+        out: dict[str, set[str]] = {}
+        for other in sorted(others):
+            try:
+                listed = await self._kubelet.list(resource=other)
+            except KubeletViewError as exc:
+                log.info("%s; the holder's %s progress stands as it is", exc, other)
+                return None
+            held = {
+                container
+                for entry in listed
+                if entry.key == holder.key
+                for container, ids in entry.containers.items()
+                if ids
+            }
+            recorded = await self._recorded(other)
+            held |= set((recorded or {}).get(holder.uid, ()))
+            out[other] = held
+        return out
 
     def _admitting(
         self,

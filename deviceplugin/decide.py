@@ -72,6 +72,8 @@ from lockd.model import FencingToken, Holder, HolderKey, NodeLockView, NodeName
 PodJSON = Mapping[str, Any]
 # kubelet's device checkpoint: pod UID -> the containers it records devices of one resource for
 KubeletRecords = Mapping[str, Collection[str]]
+# resource -> the lock holder's containers kubelet holds devices of that resource for
+OtherResources = Mapping[str, Collection[str]]
 
 
 class MismatchPolicy(StrEnum):
@@ -331,7 +333,11 @@ def check_request(
 
 
 def kubelet_confirmed(
-    progress: HandoffProgress, recorded: KubeletRecords | None, resource: str
+    progress: HandoffProgress,
+    recorded: KubeletRecords | None,
+    resource: str,
+    *,
+    held_other: OtherResources | None = None,
 ) -> HandoffProgress:
     """The holder's ``progress`` as far as kubelet's device checkpoint (``recorded``, of
     ``resource``) confirms it: a container served for ``resource`` that kubelet has no record
@@ -349,15 +355,26 @@ def kubelet_confirmed(
     could not be read) confirms everything: the progress stands as it is (a kubelet asking again
     for a container it lost then gets the next container's devices, or a device-mismatch
     refusal; never another pod's devices).
-    Entries of other resources are kept (their records are read when kubelet asks for them)."""
-    if recorded is None:
-        return progress
-    mine = recorded.get(progress.uid) or ()
-    keep = [
-        i
-        for i, container in enumerate(progress.served)
-        if progress.resource_at(i) != resource or container in mine
-    ]
+
+    Entries of other resources count while kubelet holds the holder's container's devices of
+    that resource (``held_other``: resource -> containers, from kubelet's checkpoint and its
+    PodResources ``List``).  kubelet writes its checkpoint once per container, after the
+    Allocate of each of its resources (``allocateContainerResources``: the loop over the
+    container's resources, then ``writeCheckpoint``, v1.32.13 lines 836 and 919, v1.37.2 lines
+    871 and 959), but records each resource's devices in memory, which ``List`` reports, as soon
+    as the plugin answered (``podDevices.insert``, v1.32.13 line 915, v1.37.2 line 955).  So a
+    container's other resource answered to this kubelet is held; one answered to a kubelet that
+    died before writing is held by neither, and kubelet asks for it again.  ``held_other`` None
+    (``List`` could not be read) keeps every entry of another resource as it stands."""
+    mine = (recorded.get(progress.uid) or ()) if recorded is not None else None
+    keep = []
+    for i, container in enumerate(progress.served):
+        of = progress.resource_at(i)
+        if of == resource:
+            if mine is None or container in mine:
+                keep.append(i)
+        elif held_other is None or container in held_other.get(of, ()):
+            keep.append(i)
     return progress if len(keep) == len(progress.served) else progress.keeping(keep)
 
 
@@ -368,6 +385,7 @@ def _verify(
     ctx: Context,
     *,
     recorded: KubeletRecords | None = None,
+    held_other: OtherResources | None = None,
 ) -> _Plan | Refusal:
     """Check the holder pod against the lock; the shared first half of every decision.  The
     holder's progress counts as far as kubelet's records confirm it (``kubelet_confirmed``)."""
@@ -460,7 +478,7 @@ def _verify(
         return Refusal(plan.kind, plan.message, None if keep else release)
     whole = HandoffProgress(holder.key, holder.uid, token)
     if progress is not None and progress.same_handoff(holder, token):
-        whole = kubelet_confirmed(progress, recorded, ctx.resource)
+        whole = kubelet_confirmed(progress, recorded, ctx.resource, held_other=held_other)
     mine = whole.of_resource(ctx.resource)
     done = set(mine.served)
     next_index = next((i for i, (c, _) in enumerate(plan) if c not in done), len(plan))
@@ -573,6 +591,7 @@ def decide_allocate(
     served_pods: Collection[str] = (),
     kubelet: KubeletAdmission | None = None,
     recorded: KubeletRecords | None = None,
+    held_other: OtherResources | None = None,
 ) -> Allocation | Refusal:
     """Answer kubelet's Allocate for one container that asked for ``requested``.
 
@@ -587,9 +606,11 @@ def decide_allocate(
     no longer trusted alone.  ``progress`` counts a container of ``ctx.resource`` as served
     only while ``recorded`` holds it for the holder (``kubelet_confirmed``; None: as it stands):
     a container kubelet lost the record of is the one it asks for again, and gets its own
-    assignment again; the lock is released (``last``) only with the last container answered.
+    assignment again; a container of another resource only while kubelet holds its devices
+    (``held_other``, ``kubelet_confirmed``); the lock is released (``last``) only with the last
+    container of every resource answered.
     """
-    plan = _verify(view, pod, progress, ctx, recorded=recorded)
+    plan = _verify(view, pod, progress, ctx, recorded=recorded, held_other=held_other)
     if isinstance(plan, Refusal):
         return plan
     where = f"pod {plan.pod} on node {ctx.node}"

@@ -118,7 +118,7 @@ AVOIDED_BY: dict[Hole, str] = {
     ),
     Hole.MIG_HOLDER: "no MIG pods are created (every pod asks for whole GPUs or slices)",
     Hole.MIG_PROGRESS_AHEAD: (
-        "(new) kubelet writes its device checkpoint once per container, after the Allocate "
+        "kubelet writes its device checkpoint once per container, after the Allocate "
         "of each of its resources (manager.go allocateContainerResources: the loop over the "
         "container's limits, then writeCheckpoint; v1.32.13 lines 836 and 919).  A kubelet "
         "that dies after the plugin answered one resource of a container asks for that "
@@ -184,6 +184,8 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     # resource the pod asks for (deviceplugin.decide._all_served)
     Hole.MIG_HOLDER,  # never a hole: the holder's instances are devices of its assignment,
     # taken like its GPUs (scheduler_ext.verbs.with_holder)
+    Hole.MIG_PROGRESS_AHEAD,  # fixed: a container's entry of another resource counts while
+    # kubelet's List or checkpoint holds its devices (decide.kubelet_confirmed, held_other)
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -234,6 +236,10 @@ def _never(*_args: object, **_kwargs: object) -> bool:
 PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
     # the takeover guard for a binding that may still land, deleted
     Hole.LATE_BINDING: _patched({"scheduler_ext.takeover.binding_may_still_land": _never}),
+    # entries of another resource than the one kubelet asks for stand, held by kubelet or not
+    Hole.MIG_PROGRESS_AHEAD: _patched(
+        {"deviceplugin.decide.kubelet_confirmed": reverted.kubelet_confirmed_one_resource}
+    ),
     # the drop of an interrupted handoff whose pod left (kubelet rejected it after Allocate)
     Hole.REJECTED_MID_HANDOFF: _patched({"deviceplugin.decide.handoff_abandoned": _never}),
     # the rule of who kubelet may be admitting as it was before #29 and #31: a listed pod's

@@ -285,6 +285,7 @@ class Plugin:
         except KubeletViewError:
             listed = None  # ``Admission._kubelet_list``: decide from the API server's reads
         recorded = self.kubelet_records(ctx.resource)
+        held_other = self._held_other(ctx.resource, holder)
         kubelet = None
         bound_here: Sequence[PodJSON] = ()
         if listed is not None:
@@ -317,7 +318,30 @@ class Plugin:
             served_pods=self._served(),
             kubelet=kubelet,
             recorded=recorded,
+            held_other=held_other,
         )
+
+    def _held_other(self, resource: str, holder: Holder | None) -> dict[str, set[str]] | None:
+        """``Admission._held_other``: for each other resource the holder's progress has served
+        containers of, the holder's containers kubelet's List or checkpoint holds devices of it
+        for; None when there is none or the List fails."""
+        progress = self.cp.progress
+        if progress is None or holder is None or progress.uid != holder.uid:
+            return None
+        others = {progress.resource_at(i) for i in range(len(progress.served))} - {resource}
+        if not others:
+            return None
+        out: dict[str, set[str]] = {}
+        for other in sorted(others):
+            try:
+                listed = self.kubelet_view(other)
+            except KubeletViewError:
+                return None
+            held = {
+                c for e in listed if e.key == holder.key for c, ids in e.containers.items() if ids
+            }
+            out[other] = held | set(self.kubelet_records(other).get(holder.uid, ()))
+        return out
 
     def _admitting(
         self,

@@ -25,9 +25,11 @@ from deviceplugin.decide import (
     Context,
     HandoffProgress,
     KubeletAdmission,
+    KubeletRecords,
     PodJSON,
     gpu_containers,
 )
+from deviceplugin.decide import kubelet_confirmed as _kubelet_confirmed
 from handoff.audit import KubeletPod
 from handoff.holder import holder_status as handoff_status
 from handoff.sharing import FULL_CORES, WHOLE, Slice, Use
@@ -114,10 +116,24 @@ def bystanders(
     return sorted(out)
 
 
-def kubelet_confirmed(progress: HandoffProgress, *_later: object) -> HandoffProgress:
+def kubelet_confirmed(
+    progress: HandoffProgress, *_later: object, **_named: object
+) -> HandoffProgress:
     """``deviceplugin.decide.kubelet_confirmed`` before its fix: the plugin's progress of the
     holder's handoff stood as it was, whatever kubelet recorded."""
     return progress
+
+
+def kubelet_confirmed_one_resource(
+    progress: HandoffProgress,
+    recorded: KubeletRecords | None,
+    resource: str,
+    *,
+    held_other: object = None,
+) -> HandoffProgress:
+    """``deviceplugin.decide.kubelet_confirmed`` before the ``mig-progress-ahead`` fix: entries
+    of resources other than ``resource`` stood as they were, whatever kubelet held."""
+    return _kubelet_confirmed(progress, recorded, resource)
 
 
 def deadline_check(self: BindDeadline, step: str, *, write: bool = True) -> float:

@@ -168,7 +168,8 @@ def test_a_running_pod_after_its_checkpoint_was_lost_keeps_what_it_runs_with() -
     records = kubelet_records(pods, checkpoints={"n1": []}, containers=containers)
     assert records["ns/a"] == {"c0": ContainerRecord({"nvidia.com/gpu": ["GPU-a"]}, "GPU-a")}
     found = check_pods(pods, expected_pods=2, records=records)
-    assert found.s1 and found.s2
+    assert found.s1
+    assert found.s2
 
 
 def test_runtime_ids_count_for_the_resource_the_container_asks_for() -> None:

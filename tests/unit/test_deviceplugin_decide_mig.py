@@ -115,6 +115,43 @@ def test_whole_gpu_and_mig_in_one_pod_release_after_both_in_either_order() -> No
         )
 
 
+def test_the_lock_is_not_released_before_a_lost_resource_is_asked_again() -> None:
+    """Container "train" asks for a GPU and a 1g instance.  kubelet died after the plugin
+    answered its 1g call, before writing its checkpoint (once per container), restarted and
+    asks for its GPU first.  The lost 1g entry no longer counts (kubelet holds no devices of
+    it), so the GPU answer is not the last: the lock stays held for the 1g call to come, which
+    gets its instance and releases it."""
+    a = assignment_of(train=[GPU[0], MIG[0]])
+    p = pod(a, containers=[box("train", gpu=1, mig1g=1)])
+    first = served(decide_allocate(lease(a), p, [MIG[0]], None, ctx(MIG_1G)))
+    assert not first.last
+    after = decide_allocate(
+        lease(a),
+        p,
+        [GPU[0]],
+        first.progress,
+        ctx(DEFAULT_RESOURCE),
+        recorded={},
+        held_other={MIG_1G: set()},
+    )
+    gpu = served(after)
+    assert not gpu.last
+    again = served(decide_allocate(lease(a), p, [MIG[0]], gpu.progress, ctx(MIG_1G), recorded={}))
+    assert again.devices == (MIG[0],)
+    assert again.last
+    # the same GPU call asked of the kubelet that holds the 1g answer (no restart): the last
+    held = decide_allocate(
+        lease(a),
+        p,
+        [GPU[0]],
+        first.progress,
+        ctx(DEFAULT_RESOURCE),
+        recorded={},
+        held_other={MIG_1G: {C("train")}},
+    )
+    assert served(held).last
+
+
 def test_whole_gpu_call_ignores_instances_and_checks_its_own_count() -> None:
     a = assignment_of(main=[GPU[0], MIG[0]])
     p = pod(a, containers=[box("main", gpu=1, mig1g=1)])

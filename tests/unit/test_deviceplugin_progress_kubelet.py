@@ -141,6 +141,31 @@ def test_kubelet_confirmed_keeps_other_resources_and_parallel_entries() -> None:
     assert kubelet_confirmed(old, {UID: {"a"}}, DEFAULT_RESOURCE).given == (tuple(ids(0)),)
 
 
+def test_an_entry_of_another_resource_counts_while_kubelet_holds_its_devices() -> None:
+    """kubelet writes its checkpoint once per container, after each of its resources, but
+    holds (and ``List`` shows) each resource's devices from its answer on.  ``m``'s MIG entry
+    stands while kubelet holds it (the same container's next resource asked of this kubelet),
+    and is dropped when it does not (a kubelet that died before writing asks for it again);
+    ``held_other`` None (``List`` unread) leaves it standing."""
+    mig = "nvidia.com/mig-1g.10gb"
+    token = lease(TWO).record.token
+    whole = HandoffProgress(
+        HOLDER,
+        UID,
+        token,
+        (C("a"), C("m")),
+        (tuple(ids(0)), tuple(ids(5))),
+        (DEFAULT_RESOURCE, mig),
+    )
+    recorded = {UID: {"a"}}
+    assert kubelet_confirmed(whole, recorded, DEFAULT_RESOURCE, held_other={mig: {"m"}}) is whole
+    assert kubelet_confirmed(whole, recorded, DEFAULT_RESOURCE, held_other=None) is whole
+    lost = kubelet_confirmed(whole, recorded, DEFAULT_RESOURCE, held_other={mig: set()})
+    assert lost.served == (C("a"),)
+    assert lost.resources == (DEFAULT_RESOURCE,)
+    assert kubelet_confirmed(whole, recorded, DEFAULT_RESOURCE, held_other={}).served == (C("a"),)
+
+
 def test_the_holder_listed_without_the_lost_containers_devices_is_the_pod_kubelet_admits() -> None:
     """With kubelet's List: the holder is listed with "a" without devices (kubelet lost them),
     so it is the pod kubelet admits, and "a" gets its own devices again."""

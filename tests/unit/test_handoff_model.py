@@ -67,6 +67,7 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.BINDING_PAST_DEADLINE: 400,
     Hole.MIG_RELEASE: 100,
     Hole.MIG_HOLDER: 100,
+    Hole.MIG_PROGRESS_AHEAD: 250,
 }
 INVARIANT = r"(S[1-4]|V1|F1|W[12]|L1)"
 
@@ -660,24 +661,47 @@ def test_ci_profile_finds_mig_plant(hole: Hole) -> None:
     assert cls.stats.first_violation_run <= CI_EXAMPLES
 
 
-def test_replay_mig_progress_ahead_of_kubelet() -> None:
-    """Known hole ``mig-progress-ahead`` (found by the model): kubelet dies after the plugin
-    served side's 1g.10gb instance, before writing its checkpoint (once per container), and
-    after its restart asks for side's 2g.20gb instance first.  The plugin confirms the
-    progress against kubelet's 2g.20gb records only, counts the lost 1g.10gb call as served
-    and releases the lock with this answer (S2); the 1g.10gb call would find no holder."""
-
-    def steps(m: HandoffModel) -> None:
-        m.create_pod(0)  # team/mixed-1
-        m.schedule(0, "E0", 0)
-        for _ in range(4):  # acquire, confirm, send, bound
-            m.extender_step(0)
-        m.kubelet_step(0, 0)  # train: its GPU
-        did(m, "team/mixed-1: train: Allocate(n1-g0)")
-        m.kubelet_dies_after_answer(0, 0)  # side's 1g.10gb served; kubelet's record of it lost
-        did(m, "side[1g.10gb]: Allocate", "kubelet died before writing its checkpoint")
-        m.check_safety()
-        m.kubelet_step(0, 1)  # side again, 2g.20gb first: served and the lock released
+def mig_progress_ahead_steps(m: HandoffModel, *, fixed: bool) -> None:
+    """kubelet dies after the plugin served side's 1g.10gb instance, before writing its
+    checkpoint (once per container), and after its restart asks for side's 2g.20gb instance
+    first."""
+    m.create_pod(0)  # team/mixed-1
+    m.schedule(0, "E0", 0)
+    for _ in range(4):  # acquire, confirm, send, bound
+        m.extender_step(0)
+    m.kubelet_step(0, 0)  # train: its GPU
+    did(m, "team/mixed-1: train: Allocate(n1-g0)")
+    m.kubelet_dies_after_answer(0, 0)  # side's 1g.10gb served; kubelet's record of it lost
+    did(m, "side[1g.10gb]: Allocate", "kubelet died before writing its checkpoint")
+    m.check_safety()
+    m.kubelet_step(0, 1)  # side again, 2g.20gb first
+    if not fixed:  # the lost 1g.10gb call counted as served: the lock released with this one
         did(m, "side[2g.20gb]: Allocate", "(last; released)")
+        return
+    did(m, "side[2g.20gb]: Allocate", "served")
+    assert "(last; released)" not in m.trace[-1]
+    m.kubelet_step(0, 1)  # side's 1g.10gb again: served, and the lock released with it
+    did(m, "side[1g.10gb]: Allocate", "(last; released)")
 
-    replay(Hole.MIG_PROGRESS_AHEAD, frozenset({Fault.CHECKPOINT_LOST}), steps)
+
+def test_replay_mig_progress_ahead_of_kubelet() -> None:
+    """Fixed hole ``mig-progress-ahead`` (found by the model): kubelet's List after the
+    restart does not hold side's 1g.10gb devices, so that entry no longer counts as served;
+    the 2g.20gb answer keeps the lock and the 1g.10gb call that follows gets its instance."""
+    replay(
+        Hole.MIG_PROGRESS_AHEAD,
+        frozenset({Fault.CHECKPOINT_LOST}),
+        lambda m: mig_progress_ahead_steps(m, fixed=True),
+    )
+
+
+def test_replay_mig_progress_ahead_of_kubelet_planted_breaks() -> None:
+    """The same steps with the other resources' entries standing as they were (the plant):
+    the plugin counts the lost 1g.10gb call as served and releases the lock with the 2g.20gb
+    answer (S2); the 1g.10gb call would find no holder."""
+    replay(
+        Hole.MIG_PROGRESS_AHEAD,
+        frozenset({Fault.CHECKPOINT_LOST}),
+        lambda m: mig_progress_ahead_steps(m, fixed=False),
+        planted=True,
+    )
