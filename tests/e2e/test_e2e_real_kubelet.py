@@ -328,10 +328,9 @@ async def test_kubelet_restart_without_its_checkpoint(real: GPUCluster) -> None:
         assert (await real.pod("before"))["status"]["phase"] == "Running"
         found = await _kubelet_findings(real, expected_pods=2)
         assert not found.s1, found.s1
-        # the one record missing is the one this test deleted
-        assert found.s2 == [
-            f"{real.namespace}/before is Running but kubelet's record of its devices is missing"
-        ]
+        # "before", whose checkpoint entry this test deleted, is judged from the config kubelet
+        # handed the runtime: its assignment, and none of "after"'s devices
+        assert found.s2 == [], found.s2
     finally:
         # once the pods from before the restart are gone the node serves GPU pods again (a
         # refused holder's lock is taken over by the next bind)
