@@ -4,7 +4,9 @@ The cluster's Python components run under ``devcluster.processes``' profile hook
 ``NODELOCK_PROFILE_DIR`` is set as the cluster starts; ``start`` sends each of them ``SIGUSR1``
 (a fresh profile) as a burst begins and ``collect`` sends ``SIGUSR2`` (stop and write) after it,
 then moves each process's file to ``<dest>/<component>.pstats`` and writes ``<dest>/top.txt``:
-per kind of component (all device plugins together), the functions that used the most time.
+per kind of component (all device plugins together), where its main thread's time went by kind
+of code (``shares``: nodelock's own modules, the asyncio event loop, each library, the rest of
+the standard library) and the functions that used the most time.
 
 Profiling slows what it profiles (every Python call is recorded): the CPU figures of a
 ``--profile`` run are not comparable with those of a plain run, only its shares are.
@@ -18,12 +20,18 @@ import pstats
 import re
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from devcluster.cluster import Cluster
 from devcluster.processes import PROFILE_DIR_ENV
 
 PROFILED_KINDS = ("extender", "deviceplugin", "stockplugin")  # nodelock's processes, and stock's
+REPO = Path(__file__).resolve().parent.parent
+# the asyncio event loop's own work: scheduling, polling, and the C code a callback runs without
+# a Python frame of its own (``Context.run``'s own time: grpc's Cython among it)
+EVENT_LOOP_BUILTINS = ("select.epoll", "_contextvars.Context")
+FuncKey = tuple[str, int, str]  # pstats' (file, line, function)
 
 
 def kind_of(name: str) -> str:
@@ -122,6 +130,57 @@ def collect(cluster: Cluster, dest: Path, *, timeout_s: float = 20.0) -> list[Pa
     return sorted(found.values())
 
 
+def place(key: FuncKey, *, repo: Path = REPO) -> str:
+    """The kind of code a profiled function is: ``nodelock <package>`` (this repository's
+    modules), ``event loop`` (asyncio, selectors, epoll and the C code run by callbacks),
+    ``library <name>`` (an installed package), ``stdlib <module>`` or ``C <name>`` (another
+    function with no Python source)."""
+    file, _, func = key
+    if file == "~":
+        if any(name in func for name in EVENT_LOOP_BUILTINS):
+            return "event loop"
+        method = re.search(r"method '(\w+)' of '([\w.]+)' objects", func)
+        if method:
+            return f"C {method[2]}.{method[1]}"
+        builtin = re.search(r"built-in method ([\w.]+)", func)
+        return f"C {builtin[1] if builtin else func.strip('{}<>')}"
+    path = Path(file)
+    if "site-packages" in path.parts:
+        return "library " + path.parts[path.parts.index("site-packages") + 1]
+    if path.is_relative_to(repo):
+        return "nodelock " + path.relative_to(repo).parts[0]
+    if "asyncio" in path.parts or path.name == "selectors.py":
+        return "event loop"
+    return "stdlib " + (path.parent.name if path.name == "__init__.py" else path.stem)
+
+
+def shares(stats: Mapping[FuncKey, tuple[object, ...]], *, repo: Path = REPO) -> dict[str, float]:
+    """Each kind of code's share (0-1) of the profiled time (functions' own time, pstats'
+    ``tottime``), largest first; ``{}`` when nothing was profiled."""
+    own: dict[str, float] = {}
+    for key, row in stats.items():
+        tottime = row[2]
+        assert isinstance(tottime, float)
+        kind = place(key, repo=repo)
+        own[kind] = own.get(kind, 0.0) + tottime
+    total = sum(own.values())
+    if total <= 0:
+        return {}
+    return {k: v / total for k, v in sorted(own.items(), key=lambda kv: -kv[1])}
+
+
+def share_lines(by_kind: Mapping[str, float], *, top: int = 12) -> str:
+    """``shares`` grouped (nodelock, event loop, libraries, stdlib, C) and then the largest
+    kinds one by one."""
+    groups: dict[str, float] = {}
+    for kind, share in by_kind.items():
+        group = "event loop" if kind == "event loop" else kind.split(" ")[0]
+        groups[group] = groups.get(group, 0.0) + share
+    head = "  ".join(f"{g} {v:.0%}" for g, v in sorted(groups.items(), key=lambda kv: -kv[1]))
+    rows = "".join(f"  {share:5.1%}  {kind}\n" for kind, share in list(by_kind.items())[:top])
+    return f"where the time went: {head}\n{rows}"
+
+
 def summary(files: list[Path], *, missing: list[str], top: int = 25) -> str:
     """Per kind of component: the ``top`` functions by their own time and by cumulative time."""
     out = io.StringIO()
@@ -132,6 +191,7 @@ def summary(files: list[Path], *, missing: list[str], top: int = 25) -> str:
         stats = pstats.Stats(*map(str, paths), stream=out)
         total = sum(row[2] for row in stats.stats.values())  # type: ignore[attr-defined]
         out.write(f"===== {kind}: {len(paths)} process(es), {total:.3f} s of CPU\n")
+        out.write(share_lines(shares(stats.stats)))  # type: ignore[attr-defined]
         stats.sort_stats("tottime").print_stats(top)
         stats.sort_stats("cumulative").print_stats(top)
     if missing:

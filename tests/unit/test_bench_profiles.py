@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.profiles import kind_of, summary
+from bench.profiles import kind_of, place, share_lines, shares, summary
 from devcluster import processes
 
 PROGRAM = """\
@@ -86,3 +86,43 @@ def test_kinds_group_the_nodes_and_replicas() -> None:
     assert kind_of("deviceplugin-gpu-node-12") == "deviceplugin"
     assert kind_of("extender-1") == "extender"
     assert kind_of("extender") == "extender"
+
+
+REPO = Path("/src/nodelock")
+SITE = "/venv/lib/python3.11/site-packages"
+STDLIB = "/usr/lib/python3.11"
+
+
+def test_each_profiled_function_is_placed_by_the_kind_of_code_it_is() -> None:
+    assert place((f"{REPO}/deviceplugin/admission.py", 10, "allocate"), repo=REPO) == (
+        "nodelock deviceplugin"
+    )
+    assert place((f"{SITE}/aiohttp/client.py", 5, "_request"), repo=REPO) == "library aiohttp"
+    assert place((f"{STDLIB}/asyncio/base_events.py", 1, "_run_once"), repo=REPO) == "event loop"
+    assert place((f"{STDLIB}/selectors.py", 1, "select"), repo=REPO) == "event loop"
+    assert place((f"{STDLIB}/logging/__init__.py", 1, "info"), repo=REPO) == "stdlib logging"
+    assert place((f"{STDLIB}/dataclasses.py", 1, "replace"), repo=REPO) == "stdlib dataclasses"
+    assert place(("~", 0, "<method 'poll' of 'select.epoll' objects>"), repo=REPO) == "event loop"
+    assert place(("~", 0, "<method 'run' of '_contextvars.Context' objects>"), repo=REPO) == (
+        "event loop"
+    )
+    assert place(("~", 0, "<method 'read' of '_ssl._SSLSocket' objects>"), repo=REPO) == (
+        "C _ssl._SSLSocket.read"
+    )
+    assert place(("~", 0, "<built-in method orjson.loads>"), repo=REPO) == "C orjson.loads"
+
+
+def test_shares_add_the_functions_own_time_per_kind_largest_first() -> None:
+    stats = {
+        (f"{REPO}/lockd/locks.py", 1, "acquire"): (1, 1, 0.25, 0.9, {}),
+        (f"{REPO}/lockd/lease.py", 1, "parse"): (1, 1, 0.25, 0.3, {}),
+        (f"{STDLIB}/asyncio/events.py", 1, "_run"): (1, 1, 0.375, 1.0, {}),
+        (f"{SITE}/grpc/aio/_call.py", 1, "_invoke"): (1, 1, 0.125, 0.2, {}),
+    }
+    got = shares(stats, repo=REPO)
+    assert got == {"nodelock lockd": 0.5, "event loop": 0.375, "library grpc": 0.125}
+    assert list(got) == ["nodelock lockd", "event loop", "library grpc"]
+    assert shares({}, repo=REPO) == {}
+    text = share_lines(got)
+    assert text.startswith("where the time went: nodelock 50%  event loop 38%  library 12%\n")
+    assert " 50.0%  nodelock lockd\n" in text
