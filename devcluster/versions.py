@@ -25,11 +25,15 @@ DEVCLUSTER_DIR = Path(__file__).resolve().parent
 DEFAULT_VERSION = "v1.37.2"
 
 # minor -> the patch release built for it. Checked with `go list -m -versions k8s.io/<module>`
-# and `go mod download` against the Go module proxy on 2026-12-01: the newest patch of each
-# minor whose staging modules are all served. 1.32: v1.32.13 lacks endpointslice v0.32.13 (403
-# on its zip), v1.32.12 is not served, v1.32.11 lacks csi-translation-lib and kms, v1.32.10
-# lacks several; v1.32.9 has every module.
+# and `go mod download` against the Go module proxy on 2026-12-01 and 2026-12-02: the newest
+# patch of each minor whose staging modules are all served. 1.32: v1.32.13 lacks endpointslice
+# v0.32.13 (403 on its zip), v1.32.12 is not served, v1.32.11 lacks csi-translation-lib and kms,
+# v1.32.10 lacks several; v1.32.9 has every module. 1.31: v1.31.14 lacks endpointslice,
+# kube-controller-manager, kube-proxy and kube-scheduler at v0.31.14, v1.31.13 lacks kube-proxy,
+# v1.31.11 lacks apiserver, cli-runtime, kubectl and k8s.io/kubernetes itself; v1.31.9 lacks only
+# cloud-provider v0.31.9, whose stand-in is in SAME_SOURCE.
 RELEASES: dict[int, str] = {
+    31: "v1.31.9",
     32: "v1.32.9",
     33: "v1.33.13",
     34: "v1.34.4",
@@ -38,13 +42,16 @@ RELEASES: dict[int, str] = {
     37: "v1.37.2",
 }
 
-# minors in the chart's range that cannot be built from served modules, and why
-UNBUILDABLE: dict[int, str] = {
-    31: "the Go module proxy serves no 1.31 patch release with every staging module at its own "
-    "version: v1.31.8 lacks k8s.io/cloud-provider v0.31.8 (a build mixing patch versions is "
-    "not the release's own module set), v1.31.14 lacks endpointslice, kube-controller-manager, "
-    "kube-proxy and kube-scheduler at v0.31.14",
+# minor -> staging modules the proxy does not serve at the release's own version, built from
+# another patch of the same source. k8s.io/cloud-provider v0.31.7 and v0.31.10 differ only in
+# go.mod and go.sum (`diff -r` of the two module zips), so v0.31.9 between them has that same
+# Go source; the wrapper module's other replaces pin every module it requires at v0.31.9.
+SAME_SOURCE: dict[int, dict[str, str]] = {
+    31: {"k8s.io/cloud-provider": "v0.31.10"},
 }
+
+# minors in the chart's range that cannot be built from served modules, and why
+UNBUILDABLE: dict[int, str] = {}
 
 
 @dataclass(frozen=True)
