@@ -113,7 +113,7 @@ def test_each_profiled_function_is_placed_by_the_kind_of_code_it_is() -> None:
 
 
 def test_shares_add_the_functions_own_time_per_kind_largest_first() -> None:
-    stats = {
+    stats: dict[tuple[str, int, str], tuple[object, ...]] = {
         (f"{REPO}/lockd/locks.py", 1, "acquire"): (1, 1, 0.25, 0.9, {}),
         (f"{REPO}/lockd/lease.py", 1, "parse"): (1, 1, 0.25, 0.3, {}),
         (f"{STDLIB}/asyncio/events.py", 1, "_run"): (1, 1, 0.375, 1.0, {}),
