@@ -349,7 +349,10 @@ class Checker:
         listed with devices has exactly the devices of ``nvidia.com/gpu`` its record names.  A
         container listed without devices is left alone: kubelet restarted without its checkpoint
         lists a running pod so (docs/simkubelet.md), and S1 still judges that pod from its
-        record."""
+        record.  So is a container of a Pending pod that its record does not name yet: kubelet
+        lists a container's devices from the plugin's answer on and writes its checkpoint after
+        (``manager.go`` ``allocateContainerResources``, v1.31.9 lines 915 and 919, v1.37.2
+        lines 955 and 959), and hands the runtime its config only when it creates it."""
         by_key = {key_of(p): p for p in pods}
         for node, listing in sample.listed.items():
             for key, containers in listing.items():
@@ -361,6 +364,8 @@ class Checker:
                     if not ids:
                         continue
                     rec = record.get(container)
+                    if rec is None and pod is not None and _phase(pod) == "Pending":
+                        continue  # recorded once kubelet writes its checkpoint (docstring)
                     had = sorted(rec.devices.get(RESOURCE, [])) if rec is not None else []
                     if _gpus(ids) != _gpus(had):
                         self._flag(

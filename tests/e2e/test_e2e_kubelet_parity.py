@@ -193,7 +193,10 @@ async def test_restarts_with_and_without_checkpoint_then_container_restart(
         waiting = (statuses[0].get("state") or {}).get("waiting") or {}
         if waiting.get("reason") == "CreateContainerConfigError":
             break
-        assert time.monotonic() < deadline, status
+        assert time.monotonic() < deadline, (
+            f"phase {status.get('phase')} ({status.get('reason')}: {status.get('message')}), "
+            f"containers {[(s.get('name'), s.get('state'), s.get('lastState')) for s in statuses]}"
+        )
         await asyncio.sleep(0.2)
     assert waiting["message"].startswith("no devices found allocated in local cache for pod ")
     assert status["phase"] == "Running"

@@ -350,6 +350,21 @@ def test_kubelets_podresources_listing_other_devices_than_its_record_is_s2() -> 
         assert run([Sample(1.0, [a], {}, same)]).violations == []
 
 
+def test_a_pending_pods_container_listed_before_its_record_is_no_s2_until_it_runs() -> None:
+    # kubelet lists container d's devices from the plugin's answer on, before its checkpoint
+    # names d: while the pod is Pending the record may lag; once it runs, it may not
+    listed = {NODE: {"ns/a": {"c": ["G0"], "d": ["G1"]}}}
+    pending = gpu_pod("a", ["G0"], token=2, phase="Pending")
+    assert "S2" not in invariants(run([Sample(1.0, [pending], {}, listed)]))
+    running = gpu_pod("a", ["G0"], token=2)
+    checker = run([Sample(1.0, [running], {}, listed)])
+    assert invariants(checker) == ["S2"]
+    assert "ns/a/d" in checker.violations[0].message
+    # a container the Pending pod's record names is held to it
+    other = {NODE: {"ns/a": {"c": ["G1"]}}}
+    assert "S2" in invariants(run([Sample(1.0, [pending], {}, other)]))
+
+
 def test_a_failure_is_summed_up_without_names() -> None:
     refused = (
         "Pod was rejected: Allocate failed due to rpc error: code = FailedPrecondition desc = node "
