@@ -11,6 +11,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	kubeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	critesting "k8s.io/cri-api/pkg/apis/testing"
 )
 
 func TestInitContainersThatExitLeavesSidecarsRunning(t *testing.T) {
@@ -113,5 +114,31 @@ func TestAnyImageIsPresent(t *testing.T) {
 	resp, err := r.ImageStatus(t.Context(), &kubeapi.ImageStatusRequest{Image: &kubeapi.ImageSpec{Image: "registry.example/never-pulled:1"}})
 	if err != nil || resp.GetImage() == nil || !strings.HasPrefix(resp.GetImage().GetId(), "sha256:") {
 		t.Fatalf("ImageStatus: %v, %v", resp, err)
+	}
+}
+
+func TestStopContainerReportsAKilledProcess(t *testing.T) {
+	r := newRuntime(nil, nil)
+	r.RuntimeService.SetFakeContainers([]*critesting.FakeContainer{
+		{ContainerStatus: kubeapi.ContainerStatus{Id: "running", State: kubeapi.ContainerState_CONTAINER_RUNNING}},
+		{ContainerStatus: kubeapi.ContainerStatus{Id: "finished", State: kubeapi.ContainerState_CONTAINER_EXITED, ExitCode: 0, Reason: "Completed"}},
+	})
+	for _, id := range []string{"running", "finished"} {
+		if _, err := r.StopContainer(t.Context(), &kubeapi.StopContainerRequest{ContainerId: id, Timeout: 30}); err != nil {
+			t.Fatalf("StopContainer(%s): %v", id, err)
+		}
+	}
+	status := func(id string) *kubeapi.ContainerStatus {
+		resp, err := r.ContainerStatus(t.Context(), &kubeapi.ContainerStatusRequest{ContainerId: id})
+		if err != nil {
+			t.Fatalf("ContainerStatus(%s): %v", id, err)
+		}
+		return resp.GetStatus()
+	}
+	if s := status("running"); s.GetState() != kubeapi.ContainerState_CONTAINER_EXITED || s.GetExitCode() != 137 || s.GetReason() != "Error" {
+		t.Errorf("stopped while running: %v", s)
+	}
+	if s := status("finished"); s.GetExitCode() != 0 || s.GetReason() != "Completed" {
+		t.Errorf("stopped after it exited by itself: %v", s)
 	}
 }

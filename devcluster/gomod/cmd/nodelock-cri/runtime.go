@@ -151,6 +151,33 @@ func (r *runtime) StartContainer(ctx context.Context, req *kubeapi.StartContaine
 	return resp, nil
 }
 
+// killedExitCode is what a runtime reports for a container kubelet stopped: its process killed
+// by SIGKILL once the grace period ran out (128+9), as for a process that ignores SIGTERM, like a
+// container's PID 1 without a handler.
+const killedExitCode = 137
+
+// StopContainer stops the fake container as kubelet asks; a container that was running reports
+// exit code 137 and reason "Error" (containerd's reason for a non-zero exit), not the fake's 0,
+// so a pod kubelet kills is Failed, as on a real runtime, rather than Succeeded.
+func (r *runtime) StopContainer(ctx context.Context, req *kubeapi.StopContainerRequest) (*kubeapi.StopContainerResponse, error) {
+	svc := r.RuntimeService
+	svc.Lock()
+	c, ok := svc.Containers[req.GetContainerId()]
+	wasRunning := ok && c.State == kubeapi.ContainerState_CONTAINER_RUNNING
+	svc.Unlock()
+	resp, err := r.RemoteRuntime.StopContainer(ctx, req)
+	if err != nil || !wasRunning {
+		return resp, err
+	}
+	svc.Lock()
+	defer svc.Unlock()
+	if c, ok := svc.Containers[req.GetContainerId()]; ok && c.State == kubeapi.ContainerState_CONTAINER_EXITED {
+		c.ExitCode = killedExitCode
+		c.Reason = "Error"
+	}
+	return resp, nil
+}
+
 // exit marks a running container exited with code 0, as a process that finished would be.
 func (r *runtime) exit(id string) {
 	svc := r.RuntimeService
