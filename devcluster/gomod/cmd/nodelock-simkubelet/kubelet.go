@@ -28,6 +28,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	kubeletconfig "k8s.io/kubernetes/pkg/kubelet/config"
+	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 	kubeletutil "k8s.io/kubernetes/pkg/kubelet/util"
 	"k8s.io/utils/clock"
 )
@@ -51,6 +52,7 @@ type simKubelet struct {
 	podsSynced  cache.InformerSynced
 	nodeFactory informers.SharedInformerFactory
 	nodeLister  corelisters.NodeLister
+	predicates  lifecycle.PodAdmitHandler
 	nodesSynced cache.InformerSynced
 
 	node *nodeStatusManager
@@ -138,6 +140,10 @@ func newSimKubelet(ctx context.Context, cfg config, restCfg *rest.Config) (*simK
 	s.nodesSynced = nodeInformer.Informer().HasSynced
 
 	s.events = record.NewBroadcaster(record.WithContext(ctx))
+	// kubelet's admit handlers after resource allocation: the predicate handler, with the Node
+	// from the informer and the device manager's UpdatePluginResources (kubelet.go: v1.31.9
+	// line 905, v1.37.2 line 1137, both right after GetAllocateResourcesPodAdmitHandler)
+	s.predicates = lifecycle.NewPredicateAdmitHandler(s.cachedNode, passFailures{}, dm.UpdatePluginResources)
 	s.recorder = s.events.NewRecorder(scheme.Scheme, v1.EventSource{Component: "kubelet", Host: cfg.nodeName})
 	s.node = newNodeStatusManager(client, cfg, dm, s.nodeLister)
 	s.pods = newPodWorker(s)
@@ -358,3 +364,24 @@ func (s *simKubelet) activePods() []*v1.Pod {
 
 // retryDelay is how long a failed API write waits before the next try.
 const retryDelay = time.Second
+
+// cachedNode is kubelet's GetCachedNode: the Node from the informer, or, before the informer has
+// it, a Node with the machine's base capacity only (kubelet's initialNode; extended resources a
+// Node does not list are not checked at admission).
+func (s *simKubelet) cachedNode(context.Context, bool) (*v1.Node, error) {
+	if node, err := s.nodeLister.Get(s.cfg.nodeName); err == nil {
+		return node, nil
+	}
+	return &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: s.cfg.nodeName, Labels: s.node.labels},
+		Status:     v1.NodeStatus{Capacity: baseCapacity(), Allocatable: baseCapacity()},
+	}, nil
+}
+
+// passFailures is kubelet's critical pod admission handler for pods that are not critical: the
+// predicate failures stand (no preemption).
+type passFailures struct{}
+
+func (passFailures) HandleAdmissionFailure(_ context.Context, _ *v1.Pod, reasons []lifecycle.PredicateFailureReason, _ lifecycle.Operation) ([]lifecycle.PredicateFailureReason, error) {
+	return reasons, nil
+}

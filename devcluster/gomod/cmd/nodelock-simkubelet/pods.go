@@ -377,6 +377,12 @@ func (w *podWorker) admit(ctx context.Context, pod *v1.Pod, st *podState, now ti
 	w.s.setReceived(pod.UID) // kubelet's podManager.AddPod, just before admission
 	attrs := &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: w.otherPods(pod), Operation: lifecycle.AddOperation}
 	result := w.s.tm.Admit(ctx, attrs)
+	if result.Admit {
+		// kubelet's next admit handler: the general predicates (resources fit included) against
+		// the Node as its informer last saw it, the allocatable raised to what the device
+		// manager already holds for pods (UpdatePluginResources)
+		result = w.s.predicates.Admit(ctx, attrs)
+	}
 	if reason, ok := pod.Annotations[rejectAfterAllocateAnnotation]; ok && result.Admit {
 		// a later admit handler rejects the pod; its devices were allocated (and checkpointed)
 		// and are freed once the device manager sees the pod inactive
