@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import shutil
 import time
 from collections import defaultdict
@@ -183,7 +184,7 @@ def start_kubelet(
         f"--root-dir={node.root}",
         f"--hostname-override={name}",
         "--node-ip=127.0.0.1",
-        "--v=1",
+        f"--v={os.environ.get('NODELOCK_KUBELET_VERBOSITY', '1')}",
     ]
     if labels:
         argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())))

@@ -5,7 +5,7 @@ what PodResources ``List`` returns, the Allocate calls the device plugin receive
 ``nodelock_deviceplugin_allocations_total``), the pod's phase and kubelet's events.
 
 Where the two disagree the simulation is wrong (docs/simkubelet.md). The kubelet behaviour each
-scenario pins, with its source (the same in v1.33.13 and v1.37.2):
+scenario pins, with its source (the same in v1.31.9 and v1.37.2):
 
 - a restart: kubelet admits every pod again (``HandlePodAdditions``, ``pkg/kubelet/kubelet.go``);
   with its device checkpoint a running pod keeps its devices; without it, a container the
@@ -14,6 +14,11 @@ scenario pins, with its source (the same in v1.33.13 and v1.37.2):
   container is created again, ``GetDeviceRunContainerOptions`` (same file) fails it for want of
   a device record, since the plugin requires PreStartContainer, before it would call Allocate
   again (``needsReAllocate``);
+- a restart with the checkpoint publishes 0 of its resources until the plugin registers again
+  (``readCheckpoint``, ``pkg/kubelet/cm/devicemanager/manager.go``); re-admission checks a pod
+  against the Node as last published, raised to what the device manager holds for pods
+  (``lifecycle/predicate.go`` ``Admit``; ``UpdatePluginResources``, same manager.go), so a
+  running pod whose record was lost with the checkpoint is rejected while the Node shows 0;
 - a pod being deleted keeps its devices until its containers have stopped (its preStop hooks
   first: ``killContainer``, ``pkg/kubelet/kuberuntime/kuberuntime_container.go``; a pod counts
   as active until known terminated: ``isPodInactive``, ``pkg/kubelet/kubelet_pods.go``);
@@ -41,7 +46,7 @@ import pytest
 from devcluster.gpunodes import kubelet_checkpoint, pod_resources_socket, up_gpu_cluster
 from devcluster.realkubelet import KubeletKind
 from deviceplugin.kubeletview import list_pod_resources
-from kube.client import JSON, pod_path
+from kube.client import JSON, node_path, pod_path
 from tests.e2e.kit import (
     BYPASS,
     LEASE_S,
@@ -130,16 +135,32 @@ async def _settled_allocations(c: GPUCluster) -> float:
         last = now
 
 
-async def _restart_kubelet(c: GPUCluster, *, drop_checkpoint: bool = False) -> None:
-    """Stop the node's kubelet (removing its device checkpoint if asked), start it again and wait
-    until the device plugin registered with it again."""
+async def _restart_kubelet(
+    c: GPUCluster, *, drop_checkpoint: bool = False, plugin_up: bool = True
+) -> None:
+    """Stop the node's kubelet (removing its device checkpoint if asked), start it again and,
+    with ``plugin_up``, wait until the device plugin registered with it again."""
     node = c.nodes[0]
     seen = plugin_registrations(c.cluster, node)
     c.cluster.stop_component(f"kubelet-{node}", forget=False)
     if drop_checkpoint:
         kubelet_checkpoint(c.cluster.state_dir, node).unlink()
     c.cluster.restart_component(f"kubelet-{node}")
-    await wait_registrations(c.cluster, node, seen, timeout_s=60)
+    if plugin_up:
+        await wait_registrations(c.cluster, node, seen, timeout_s=60)
+
+
+async def _wait_allocatable(c: GPUCluster, count: int, *, timeout_s: float = 30.0) -> None:
+    """Wait until the node's published allocatable count of the resource is ``count``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        node = await c.kube.get(node_path(c.nodes[0]))
+        allocatable = node["status"].get("allocatable", {}).get(RESOURCE)
+        if allocatable == str(count):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"allocatable {RESOURCE} is {allocatable} after {timeout_s}s")
+        await asyncio.sleep(0.2)
 
 
 async def _wait_listed(
@@ -176,6 +197,10 @@ async def test_restarts_with_and_without_checkpoint_then_container_restart(
 
     await _restart_kubelet(c)
     assert await _wait_listed(c, ("keep", "c0")) == devices
+    # premise: the Node shows the GPUs again. kubelet restarted with its checkpoint publishes 0 of
+    # the resource until the plugin registers again; the next kubelet, without a checkpoint,
+    # admits the running pod against the Node as published and would reject it on a 0
+    await _wait_allocatable(c, 4)
     await _restart_kubelet(c, drop_checkpoint=True)
     assert await _wait_listed(c, ("keep", "c0")) == frozenset()  # running, no devices
     assert (await c.pod("keep"))["status"]["phase"] == "Running"
@@ -202,6 +227,49 @@ async def test_restarts_with_and_without_checkpoint_then_container_restart(
     assert status["phase"] == "Running"
     assert await _allocations(c) == before
     assert (await asyncio.to_thread(_listed, c)).get(("keep", "c0")) == frozenset()
+
+
+@pytest.mark.core
+async def test_restart_without_checkpoint_rejects_a_running_pod_the_node_shows_no_gpus_for(
+    parity: GPUCluster,
+) -> None:
+    """With the device plugin down, kubelet restarted with its device checkpoint publishes 0 of
+    the resource (the checkpoint's devices count as none until the plugin registers again:
+    ``readCheckpoint``) and keeps the running pod: admission raises the Node's allocatable to what
+    the device manager holds for pods (``UpdatePluginResources``). Restarted once more, without
+    its checkpoint, kubelet holds nothing for the pod, so admission checks it against that 0: the
+    running pod is rejected (``OutOfnvidia.com/gpu``), its container stopped, and it leaves
+    ``List``. No Allocate is called for it once the plugin is back."""
+    c = parity
+    node = c.nodes[0]
+    await c.kube.create(pod_path(c.namespace), gpu_pod("held", [1], node=node))
+    running = await c.wait_phase("held", ["Running"], timeout_s=90)
+    devices = frozenset(assignment(running)["c0"])
+    assert await _wait_listed(c, ("held", "c0")) == devices
+
+    plugin = f"deviceplugin-{node}"
+    seen = plugin_registrations(c.cluster, node)
+    c.cluster.stop_component(plugin, forget=False)
+    try:
+        await _restart_kubelet(c, plugin_up=False)
+        await _wait_allocatable(c, 0)
+        assert await _wait_listed(c, ("held", "c0")) == devices
+        assert (await c.pod("held"))["status"]["phase"] == "Running"
+
+        await _restart_kubelet(c, drop_checkpoint=True, plugin_up=False)
+        failed = (await c.wait_phase("held", ["Failed"], timeout_s=60))["status"]
+        assert failed.get("reason") == f"OutOf{RESOURCE}", failed
+        assert failed.get("message", "").startswith(
+            f"Pod was rejected: Node didn't have enough resource: {RESOURCE}, requested: 1, "
+            "used: 0, capacity: 0"
+        ), failed
+        assert f"OutOf{RESOURCE}" in await _event_reasons(c, "held", want=f"OutOf{RESOURCE}")
+        assert ("held", "c0") not in await asyncio.to_thread(_listed, c)
+    finally:
+        c.cluster.restart_component(plugin)
+        await wait_registrations(c.cluster, node, seen, timeout_s=60)
+        await _wait_allocatable(c, 4)
+    assert await _allocations(c) == 0  # the plugin, started again, was asked for nothing
 
 
 async def test_deleted_pod_keeps_devices_until_its_containers_stop(parity: GPUCluster) -> None:
@@ -304,9 +372,11 @@ async def _rejected_at(c: GPUCluster, pod: str) -> str:
         await asyncio.sleep(0.2)
 
 
-async def _event_reasons(c: GPUCluster, pod: str, *, timeout_s: float = 10.0) -> list[str]:
+async def _event_reasons(
+    c: GPUCluster, pod: str, *, timeout_s: float = 10.0, want: str | None = None
+) -> list[str]:
     """Reasons of the events kubelet recorded on the test's pod ``pod`` (events are written
-    asynchronously: waits up to ``timeout_s`` for one)."""
+    asynchronously: waits up to ``timeout_s`` for one, or for one with reason ``want``)."""
     deadline = time.monotonic() + timeout_s
     while True:
         events: list[JSON] = (await c.kube.list(f"/api/v1/namespaces/{c.namespace}/events"))[
@@ -318,6 +388,6 @@ async def _event_reasons(c: GPUCluster, pod: str, *, timeout_s: float = 10.0) ->
             if e["involvedObject"].get("name") == pod
             and e.get("source", {}).get("component") == "kubelet"
         ]
-        if reasons or time.monotonic() > deadline:
+        if (reasons if want is None else want in reasons) or time.monotonic() > deadline:
             return reasons
         await asyncio.sleep(0.2)
