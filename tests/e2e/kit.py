@@ -20,7 +20,7 @@ from devcluster.processes import Proc, alive, group_members
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, MIG_RESOURCE_PREFIX, parse_inventory
 from kube import failpoints
 from kube.client import JSON, KubeClient, lease_path, namespace_path, node_path, pod_path
-from kube.errors import NotFound
+from kube.errors import Forbidden, NotFound
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
 from scheduler_ext.metrics import LATENCY_BUCKETS
 
@@ -101,12 +101,26 @@ class GPUCluster:
             ),
         )
 
-    async def allow_bypass(self) -> None:
+    async def allow_bypass(self, *, timeout_s: float = 10.0) -> None:
         """Label the test's namespace so that pods labelled ``BYPASS`` in it are exempt from the
-        GPU pod admission policy (what an administrator does for a pod placed by hand)."""
+        GPU pod admission policy (what an administrator does for a pod placed by hand), and wait
+        until the policy sees the label: it reads namespaces from the API server's informer, so
+        a pod created at once may still be denied. The probe is a server-side dry run."""
         await self.kube.patch(
             namespace_path(self.namespace), {"metadata": {"labels": dict(BYPASS)}}
         )
+        probe = gpu_pod("bypass-probe", [1], node=self.nodes[0], bind_directly=True, labels=BYPASS)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                await self.kube.request(
+                    "POST", pod_path(self.namespace), query=[("dryRun", "All")], body=probe
+                )
+                return
+            except Forbidden:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
 
     async def pod(self, name: str) -> JSON:
         return await self.kube.get(pod_path(self.namespace, name))
