@@ -125,31 +125,26 @@ def test_the_lock_is_not_released_before_a_lost_resource_is_asked_again() -> Non
     p = pod(a, containers=[box("train", gpu=1, mig1g=1)])
     first = served(decide_allocate(lease(a), p, [MIG[0]], None, ctx(MIG_1G)))
     assert not first.last
-    after = decide_allocate(
-        lease(a),
-        p,
-        [GPU[0]],
-        first.progress,
-        ctx(DEFAULT_RESOURCE),
-        recorded={},
-        held_other={MIG_1G: set()},
-    )
-    gpu = served(after)
+
+    def gpu_call(held_1g: set[ContainerName]) -> Allocation | Refusal:
+        """kubelet asks for the GPU with no checkpoint record, holding ``held_1g``'s instance."""
+        return decide_allocate(
+            lease(a),
+            p,
+            [GPU[0]],
+            first.progress,
+            ctx(DEFAULT_RESOURCE),
+            recorded={},
+            held_other={MIG_1G: held_1g},
+        )
+
+    gpu = served(gpu_call(set()))
     assert not gpu.last
     again = served(decide_allocate(lease(a), p, [MIG[0]], gpu.progress, ctx(MIG_1G), recorded={}))
     assert again.devices == (MIG[0],)
     assert again.last
     # the same GPU call asked of the kubelet that holds the 1g answer (no restart): the last
-    held = decide_allocate(
-        lease(a),
-        p,
-        [GPU[0]],
-        first.progress,
-        ctx(DEFAULT_RESOURCE),
-        recorded={},
-        held_other={MIG_1G: {C("train")}},
-    )
-    assert served(held).last
+    assert served(gpu_call({C("train")})).last
 
 
 def test_whole_gpu_call_ignores_instances_and_checks_its_own_count() -> None:

@@ -118,21 +118,28 @@ def test_three_containers_kubelet_lost_only_the_last_record() -> None:
     assert not again.last
 
 
-def test_kubelet_confirmed_keeps_other_resources_and_parallel_entries() -> None:
-    mig = "nvidia.com/mig-1g.10gb"
-    token = lease(TWO).record.token
-    whole = HandoffProgress(
+MIG_1G = "nvidia.com/mig-1g.10gb"
+
+
+def _mixed(*entries: tuple[str, str, int]) -> HandoffProgress:
+    """The holder's progress with ``(container, resource, device index)`` entries served."""
+    return HandoffProgress(
         HOLDER,
         UID,
-        token,
-        (C("a"), C("m"), C("b")),
-        (tuple(ids(0)), tuple(ids(5)), tuple(ids(1))),
-        (DEFAULT_RESOURCE, mig, DEFAULT_RESOURCE),
+        lease(TWO).record.token,
+        tuple(C(name) for name, _, _ in entries),
+        tuple(tuple(ids(index)) for _, _, index in entries),
+        tuple(resource for _, resource, _ in entries),
     )
+
+
+def test_kubelet_confirmed_keeps_other_resources_and_parallel_entries() -> None:
+    token = lease(TWO).record.token
+    whole = _mixed(("a", DEFAULT_RESOURCE, 0), ("m", MIG_1G, 5), ("b", DEFAULT_RESOURCE, 1))
     kept = kubelet_confirmed(whole, {UID: {"b"}}, DEFAULT_RESOURCE)
     assert kept.served == (C("m"), C("b"))
     assert kept.given == (tuple(ids(5)), tuple(ids(1)))
-    assert kept.resources == (mig, DEFAULT_RESOURCE)
+    assert kept.resources == (MIG_1G, DEFAULT_RESOURCE)
     assert kubelet_confirmed(whole, None, DEFAULT_RESOURCE) is whole
     assert kubelet_confirmed(whole, {UID: {"a", "b"}}, DEFAULT_RESOURCE) is whole
     # a checkpoint written before ``given`` was kept: the recorded devices stay parallel
@@ -147,20 +154,11 @@ def test_an_entry_of_another_resource_counts_while_kubelet_holds_its_devices() -
     stands while kubelet holds it (the same container's next resource asked of this kubelet),
     and is dropped when it does not (a kubelet that died before writing asks for it again);
     ``held_other`` None (``List`` unread) leaves it standing."""
-    mig = "nvidia.com/mig-1g.10gb"
-    token = lease(TWO).record.token
-    whole = HandoffProgress(
-        HOLDER,
-        UID,
-        token,
-        (C("a"), C("m")),
-        (tuple(ids(0)), tuple(ids(5))),
-        (DEFAULT_RESOURCE, mig),
-    )
+    whole = _mixed(("a", DEFAULT_RESOURCE, 0), ("m", MIG_1G, 5))
     recorded = {UID: {"a"}}
-    assert kubelet_confirmed(whole, recorded, DEFAULT_RESOURCE, held_other={mig: {"m"}}) is whole
+    assert kubelet_confirmed(whole, recorded, DEFAULT_RESOURCE, held_other={MIG_1G: {"m"}}) is whole
     assert kubelet_confirmed(whole, recorded, DEFAULT_RESOURCE, held_other=None) is whole
-    lost = kubelet_confirmed(whole, recorded, DEFAULT_RESOURCE, held_other={mig: set()})
+    lost = kubelet_confirmed(whole, recorded, DEFAULT_RESOURCE, held_other={MIG_1G: set()})
     assert lost.served == (C("a"),)
     assert lost.resources == (DEFAULT_RESOURCE,)
     assert kubelet_confirmed(whole, recorded, DEFAULT_RESOURCE, held_other={}).served == (C("a"),)
