@@ -412,9 +412,10 @@ def listing_of(kubernetes_version: str | None) -> str:
     """Which pods kubelet of ``kubernetes_version`` returns from PodResources ``List`` by default.
 
     ``"active"`` from 1.34: the feature gate ``KubeletPodResourcesListUseActivePods`` exists and
-    is on by default (``pkg/features/kube_features.go``, v1.34.4 and v1.37.2: Deprecated, default
-    true from 1.34). ``"all"`` before: 1.33 has no such gate and ``List`` returns every pod in
-    kubelet's pod manager (``pkg/kubelet/apis/podresources/server_v1.go``, v1.33.13).
+    is on by default (``pkg/features/kube_features.go``, v1.34.4 line 1416 and v1.37.2 line
+    1793: Deprecated, default true from 1.34; absent at v1.31.9 and v1.33.13). ``"all"`` before:
+    1.31 to 1.33 have no such gate and ``List`` returns every pod in kubelet's pod manager
+    (``pkg/kubelet/apis/podresources/server_v1.go``, v1.31.9 and v1.33.13 line 58).
     """
     return "all" if resolve(kubernetes_version).minor < 34 else "active"
 

@@ -263,7 +263,7 @@ def _check_containers(
     resource (module docstring), and S1 between a pod's own containers; the pod's devices.
     ``admitting`` (the pod is Pending): a container the record has no entry for is not known yet
     (a real kubelet writes its checkpoint after each container's Allocate,
-    ``allocateContainerResources`` in ``pkg/kubelet/cm/devicemanager/manager.go``, v1.32.9 line
+    ``allocateContainerResources`` in ``pkg/kubelet/cm/devicemanager/manager.go``, v1.31.9 line
     919, v1.37.2 line 959)."""
     order = [(n.name, n.kind) for n in needs[resource]]
     count = {(r, n.name): n.count for r, per in needs.items() for n in per}

@@ -345,9 +345,9 @@ def kubelet_confirmed(
 
     kubelet records a container's devices, and writes its checkpoint, after the plugin answered
     and before it asks for the pod's next container (cm/devicemanager/manager.go
-    ``allocateContainerResources``: ``podDevices.insert``, then ``writeCheckpoint``, v1.32.13
+    ``allocateContainerResources``: ``podDevices.insert``, then ``writeCheckpoint``, v1.31.9
     lines 915, 919; v1.37.2 lines 955, 959).  It calls Allocate only for a container it has no
-    record of (``devicesToAllocate``, v1.33.13 lines 577, 629; v1.37.2 lines 611, 663), init
+    record of (``devicesToAllocate``, v1.31.9 lines 577, 629; v1.37.2 lines 611, 663), init
     containers first, then containers, in spec order (cm/topologymanager/scope.go, v1.37.2
     line 140).  So a served container kubelet has no record of is one it asks for again (it
     died before writing its checkpoint): the first such container in spec order is the one
@@ -360,9 +360,9 @@ def kubelet_confirmed(
     that resource (``held_other``: resource -> containers, from kubelet's checkpoint and its
     PodResources ``List``).  kubelet writes its checkpoint once per container, after the
     Allocate of each of its resources (``allocateContainerResources``: the loop over the
-    container's resources, then ``writeCheckpoint``, v1.32.13 lines 836 and 919, v1.37.2 lines
+    container's resources, then ``writeCheckpoint``, v1.31.9 lines 836 and 919, v1.37.2 lines
     871 and 959), but records each resource's devices in memory, which ``List`` reports, as soon
-    as the plugin answered (``podDevices.insert``, v1.32.13 line 915, v1.37.2 line 955).  So a
+    as the plugin answered (``podDevices.insert``, v1.31.9 line 915, v1.37.2 line 955).  So a
     container's other resource answered to this kubelet is held; one answered to a kubelet that
     died before writing is held by neither, and kubelet asks for it again.  ``held_other`` None
     (``List`` could not be read) keeps every entry of another resource as it stands."""
@@ -793,8 +793,8 @@ def admitted_before(sightings: KubeletSightings, holder: HolderKey) -> dict[str,
 
     kubelet adds a pod to its pod manager, then admits it, one pod after the other in its sync
     loop (``kubelet.go`` ``HandlePodAdditions``: ``podManager.AddPod`` then ``canAdmitPod``,
-    v1.33.13 lines 2661, 2698-2714; v1.37.2 lines 2893, 2923), and ``List`` answers from the pod
-    manager (``apis/podresources/server_v1.go``, v1.33.13 line 58, v1.37.2 lines 68-72).  A pod
+    v1.31.9 lines 2547, 2583-2594; v1.37.2 lines 2893, 2923), and ``List`` answers from the pod
+    manager (``apis/podresources/server_v1.go``, v1.31.9 line 58, v1.37.2 lines 68-72).  A pod
     listed while the holder was not had been added, so its admission ended before the holder
     was added; it is not the pod in admission while the holder is listed.  Empty while the
     holder was never listed by this instance."""
@@ -809,21 +809,21 @@ def admitted_before(sightings: KubeletSightings, holder: HolderKey) -> dict[str,
 def _calls_no_more(spec: PodJSON, uid: str | None) -> bool:
     """Whether a pod kubelet admitted earlier (``admitted_before``: its UID then) makes no more
     Allocate calls: the same pod (UID) and a spec never changed since its creation
-    (``metadata.generation`` 1, which the API server counts up on every spec change,
+    (``metadata.generation`` 1, which the API server counts up on every spec change from 1.33,
     ``pkg/registry/core/pod/strategy.go`` ``updatePodGeneration``, v1.33.13 line 1042,
-    v1.37.2 line 1033), so kubelet has no resize of it to admit (an in-place resize is
-    admitted through the admit handlers again, device plugin Allocate included, from the pod
-    worker: ``kubelet.go`` ``canResizePod``, v1.33.13 line 2912; from 1.37 the device manager
-    ignores it,
+    v1.37.2 line 1033; absent at v1.31.9), so kubelet has no resize of it to admit (an in-place
+    resize is admitted through the admit handlers again, device plugin Allocate included, from
+    the pod worker: ``kubelet.go`` ``canResizePod``, v1.31.9 line 2795 with the alpha gate on,
+    v1.33.13 line 2912; from 1.37 the device manager ignores it,
     ``cm/devicemanager/manager.go`` ``Allocate``, v1.37.2 line 394).  kubelet's pod worker does
     not call Allocate either: the plugin registers with ``PreStartRequired`` and kubelet then
     fails the start of a container without a device record before it would call Allocate
     (``GetDeviceRunContainerOptions``: ``callPreStartContainerIfNeeded`` before
-    ``needsReAllocate``, v1.33.13 lines 949, 963, 994; v1.37.2 lines 990, 1004, 1037).
+    ``needsReAllocate``, v1.31.9 lines 949, 963, 994; v1.37.2 lines 990, 1004, 1037).
 
     A pod without ``metadata.generation`` (an API server before 1.33 sets none:
-    ``strategy.go`` at v1.32.9 has no ``Generation``) counts as unchanged only while kubelet
-    shows it admits no resize (``_kubelet_resizes_nothing``)."""
+    ``strategy.go`` at v1.31.9 and v1.32.9 has no ``Generation``) counts as unchanged only while
+    kubelet shows it admits no resize (``_kubelet_resizes_nothing``)."""
     meta = spec.get("metadata") or {}
     if not uid or str(meta.get("uid") or "") != uid:
         return False
@@ -837,11 +837,13 @@ def _kubelet_resizes_nothing(pod: PodJSON) -> bool:
     """Whether the kubelet that reported ``pod``'s container statuses admits no in-place resize:
     it reports every container's ``resources`` in its status exactly when its
     ``InPlacePodVerticalScaling`` gate is on (``kubelet_pods.go``
-    ``convertToAPIContainerStatuses``, v1.32.9 lines 2346-2347), and with the gate off it never
-    resizes a pod (``kubelet.go`` ``SyncPod``, v1.32.9 line 1881, through
+    ``convertToAPIContainerStatuses``, v1.32.9 lines 2346-2347; at 1.31 only a running
+    container's, v1.31.9 lines 2303-2305), and with the gate off it never resizes a pod
+    (``kubelet.go`` ``SyncPod``: v1.31.9 line 1943 checks the gate; v1.32.9 line 1881 through
     ``kuberuntime.IsInPlacePodVerticalScalingAllowed``, ``kuberuntime_manager.go`` line 551).
-    The gate is alpha and off by default up to 1.32 (``pkg/features/versioned_kube_features.go``,
-    v1.32.9 line 409).  False without container statuses (nothing reported yet)."""
+    The gate is alpha and off by default up to 1.32 (``pkg/features/kube_features.go``, v1.31.9
+    line 1240; ``pkg/features/versioned_kube_features.go``, v1.32.9 line 409).  False without
+    container statuses (nothing reported yet)."""
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return bool(statuses) and all(
         isinstance(status, dict) and "resources" not in status for status in statuses
@@ -851,10 +853,10 @@ def _kubelet_resizes_nothing(pod: PodJSON) -> bool:
 # How long a pod kubelet lists but the API server does not know (a static pod without a mirror
 # pod, or one whose mirror pod is not written yet) may count as a pod kubelet is admitting.
 # kubelet admits a pod right after adding it to its pod manager (kubelet.go HandlePodAdditions,
-# v1.32.13-v1.37.2); its first Allocate comes to this plugin, which answers within
-# ``deviceplugin.admission`` API_RETRY_S + RELEASE_INLINE_S (35 s), and a refusal ends the
-# admission.  60 s covers that with margin; after it, the pod is one kubelet already admitted
-# or rejected (it is never the holder, whose spec is known).
+# v1.31.9 lines 2547-2594, v1.37.2 lines 2893-2923); its first Allocate comes to this plugin,
+# which answers within ``deviceplugin.admission`` API_RETRY_S + RELEASE_INLINE_S (35 s), and a
+# refusal ends the admission.  60 s covers that with margin; after it, the pod is one kubelet
+# already admitted or rejected (it is never the holder, whose spec is known).
 UNKNOWN_POD_WAIT_S = 60.0
 
 

@@ -115,7 +115,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         kubelet fails the start of a container it has no device record of (a restart that lost
         its checkpoint) instead of calling Allocate for it from the pod worker
         (``cm/devicemanager/manager.go`` ``GetDeviceRunContainerOptions`` calls
-        ``callPreStartContainerIfNeeded`` first, which errs without a record: v1.33.13 lines
+        ``callPreStartContainerIfNeeded`` first, which errs without a record: v1.31.9 lines
         949, 994; v1.37.2 lines 990, 1037).  So kubelet calls Allocate only while admitting a
         pod, which ``decide.admitted_before`` relies on."""
         return options(pre_start_required=True)

@@ -22,11 +22,11 @@ The phases, decided in this order from the pod object alone:
   devices: a kubelet that restarts without its device checkpoint (it writes it only after the
   plugin answered, cm/devicemanager/manager.go ``writeCheckpoint``) admits the pod again and
   may call Allocate for it then; its pod worker would call Allocate for a container it has no
-  record of (``GetDeviceRunContainerOptions``, v1.33.13-v1.37.2) if nodelock's plugin did not
-  require ``PreStartContainer``.  Whether such a pod may still ask is kubelet's own record,
-  not this classifier's: ``deviceplugin.decide`` counts a pod as done with its devices only
-  while kubelet's PodResources ``List`` or checkpoint records them, or once kubelet admitted it
-  before the lock's holder (``deviceplugin.decide.admitted_before``).
+  record of (``GetDeviceRunContainerOptions``, v1.31.9 line 968, v1.37.2 line 1010) if
+  nodelock's plugin did not require ``PreStartContainer``.  Whether such a pod may still ask is
+  kubelet's own record, not this classifier's: ``deviceplugin.decide`` counts a pod as done with
+  its devices only while kubelet's PodResources ``List`` or checkpoint records them, or once
+  kubelet admitted it before the lock's holder (``deviceplugin.decide.admitted_before``).
 - ``UNKNOWN``: phase Unknown (kubelet lost contact): cannot tell, so it stays in handoff.
 - ``IN_HANDOFF``: bound here, Pending, no container status.  This holds also for a pod that is
   being deleted (``deletionTimestamp`` set): kubelet admits a pod it has not seen before it stops

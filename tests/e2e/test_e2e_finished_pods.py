@@ -3,11 +3,13 @@
 kubelet before 1.34, and 1.34+ with ``KubeletPodResourcesListUseActivePods=false``, answers
 PodResources ``List`` with every pod in its pod manager: pods it rejected and pods that
 finished stay listed, their GPU containers without devices, until they are deleted from the API
-(pkg/kubelet/apis/podresources/server_v1.go, v1.33.13 and v1.37.2).  The simulated kubelets
-here list that way (``--pod-resources-list=all``).  A finished 1-GPU Job pod, a GPU pod kubelet
-rejected at admission and one it rejected after its Allocate was answered stay on one node;
-every GPU pod created after them must still be admitted there.  The fixture checks S1, S2 and
-L1 over every pod afterwards, and S3 once the namespace is gone.
+(pkg/kubelet/apis/podresources/server_v1.go, v1.31.9 line 58, v1.37.2 lines 68-72; at 1.31 the
+last pod kubelet called Allocate for keeps its devices until its next Allocate for another pod:
+``pendingAdmissionPod``, pkg/kubelet/cm/devicemanager/manager.go, v1.31.9 lines 362, 551-554).
+The simulated kubelets here list that way (``--pod-resources-list=all``).  A finished 1-GPU Job
+pod, a GPU pod kubelet rejected at admission and one it rejected after its Allocate was answered
+stay on one node; every GPU pod created after them must still be admitted there.  The fixture
+checks S1, S2 and L1 over every pod afterwards, and S3 once the namespace is gone.
 """
 
 from __future__ import annotations

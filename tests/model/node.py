@@ -737,9 +737,9 @@ class Kubelet:
         """Admit the next pod by one Allocate (or finish its admission): its next container's
         resources one at a time, ``pick`` choosing which of them goes first (kubelet walks a
         container's limits, a Go map, in no fixed order: ``allocateContainerResources``,
-        pkg/kubelet/cm/devicemanager/manager.go, v1.32.13 and v1.33.13 line 836, v1.37.2 line
-        871).  With ``crash_after_answer`` kubelet dies right after the plugin's answer, before
-        recording it (its checkpoint is written after the answer), and restarts."""
+        pkg/kubelet/cm/devicemanager/manager.go, v1.31.9 line 836, v1.37.2 line 871).  With
+        ``crash_after_answer`` kubelet dies right after the plugin's answer, before recording it
+        (its checkpoint is written after the answer), and restarts."""
         uid = self.next_pod()
         if uid is None:
             return "nothing to admit"

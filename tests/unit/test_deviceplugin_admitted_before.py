@@ -2,14 +2,15 @@
 block the node (issue 30: kubelet restarted without its device checkpoint).
 
 kubelet adds a pod to its pod manager and then admits it, one pod at a time in its sync loop
-(``kubelet.go`` ``HandlePodAdditions``, v1.33.13 lines 2661-2714, v1.37.2 lines 2893-2923); ``List``
+(``kubelet.go`` ``HandlePodAdditions``, v1.31.9 lines 2547-2594, v1.37.2 lines 2893-2923); ``List``
 answers from that pod manager.  So a pod listed in a read that did not list the holder finished
 its admission before the holder's began.  With ``PreStartRequired`` kubelet's pod worker never
 calls Allocate for a container without a device record
-(``cm/devicemanager/manager.go`` ``GetDeviceRunContainerOptions``, v1.33.13 lines 949-994,
-v1.37.2 lines 990-1037), and a pod whose spec never changed (``metadata.generation`` 1) has no
-resize for kubelet to admit (``kubelet.go`` ``canResizePod``, v1.33.13 line 2912).  Such a pod
-makes no Allocate call: the holder's call is not its.  Plain data, no mocks.
+(``cm/devicemanager/manager.go`` ``GetDeviceRunContainerOptions``, v1.31.9 lines 949-994,
+v1.37.2 lines 990-1037), and a pod whose spec never changed (``metadata.generation`` 1, set
+from 1.33) has no resize for kubelet to admit (``kubelet.go`` ``canResizePod``, v1.31.9 line
+2795 with the alpha gate on, v1.33.13 line 2912).  Such a pod makes no Allocate call: the
+holder's call is not its.  Plain data, no mocks.
 """
 
 from __future__ import annotations

@@ -71,15 +71,17 @@ type simKubelet struct {
 	received sets.Set[types.UID]
 	// arrival is the batch each pod arrived in, as kubelet's config source delivers them: 0 for
 	// the pods of the first listing, then one batch per later pod (kubelet's apiserver source
-	// sends its whole pod list on every watch event, pkg/kubelet/config/apiserver.go, and the
-	// merge turns each into an ADD of the pods new in it, pkg/kubelet/config/config.go; both
-	// v1.33.13 and v1.37.2). Admission takes batches in arrival order.
+	// sends its whole pod list on every watch event, pkg/kubelet/config/apiserver.go, v1.31.9
+	// line 64, v1.37.2 line 63, and the merge turns each into an ADD of the pods new in it,
+	// pkg/kubelet/config/config.go, v1.31.9 line 312, v1.37.2 line 245). Admission takes batches
+	// in arrival order.
 	arrival     map[types.UID]uint64
 	lastArrival uint64
 	// sourcesSeen is kubelet's sourcesReady: false until the first batch of pods was handled
 	// (syncLoopIteration calls sourcesReady.AddSource after HandlePodAdditions,
-	// pkg/kubelet/kubelet.go, v1.33.13 and v1.37.2). While false, the device manager allocates
-	// nothing to a container the runtime reports running (devicesToAllocate).
+	// pkg/kubelet/kubelet.go, v1.31.9 lines 2412, 2433, v1.37.2 lines 2765, 2783). While false,
+	// the device manager allocates nothing to a container the runtime reports running
+	// (devicesToAllocate).
 	sourcesSeen atomic.Bool
 }
 
@@ -184,8 +186,8 @@ func (s *simKubelet) run(ctx context.Context) error {
 	// Like kubelet: the checkpoint is read, every other socket in the directory is removed
 	// (plugins must register again) and the registration server starts on kubelet.sock. The
 	// containers the runtime reports are those the API shows running (kubelet builds them from
-	// its runtime: buildContainerMapAndRunningSetFromRuntime, pkg/kubelet/cm/helpers.go, v1.33.13
-	// and v1.37.2).
+	// its runtime: buildContainerMapAndRunningSetFromRuntime, pkg/kubelet/cm/helpers.go, v1.31.9
+	// line 55, v1.37.2 line 68).
 	sourcesReady := kubeletconfig.NewSourcesReady(func(sets.Set[string]) bool { return s.sourcesSeen.Load() })
 	pods, err := s.podLister.List(everything)
 	if err != nil {

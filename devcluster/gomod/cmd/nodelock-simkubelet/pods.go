@@ -118,8 +118,8 @@ func (w *podWorker) sortedPods() ([]*v1.Pod, error) {
 
 // admissionOrder sorts pods as kubelet admits them: batch by batch in arrival order, each batch
 // by creation time (HandlePodAdditions sorts the pods of one ADD by creation and admits them one
-// after the other, pkg/kubelet/kubelet.go, v1.33.13 and v1.37.2). Pods created at the same
-// instant are taken by namespace and name, so the order is stable.
+// after the other, pkg/kubelet/kubelet.go, v1.31.9 line 2536, v1.37.2 line 2886). Pods created
+// at the same instant are taken by namespace and name, so the order is stable.
 func admissionOrder(pods []*v1.Pod, batch func(types.UID) uint64) {
 	sort.SliceStable(pods, func(i, j int) bool {
 		a, b := pods[i], pods[j]
@@ -151,12 +151,12 @@ func (w *podWorker) stateOf(pod *v1.Pod) *podState {
 // goroutine of its own, so a status write never delays the next pod's admission (and so its
 // device plugin Allocate) here either.
 //
-// As in kubelet's HandlePodAdditions (pkg/kubelet/kubelet.go, v1.33.13 and v1.37.2), every pod
-// this kubelet has not admitted yet and whose phase is not terminal is admitted: a pod already
-// being deleted too (its pod worker has not seen it, so its termination is not requested), and
-// a pod already running when this kubelet starts (kubelet gets every pod again as an ADD after a
-// restart). The first batch, the pods of the first listing, is admitted while kubelet's sources
-// are not ready; they are ready from the next batch on.
+// As in kubelet's HandlePodAdditions (pkg/kubelet/kubelet.go, v1.31.9 line 2571, v1.37.2 line
+// 2919), every pod this kubelet has not admitted yet and whose phase is not terminal is
+// admitted: a pod already being deleted too (its pod worker has not seen it, so its termination
+// is not requested), and a pod already running when this kubelet starts (kubelet gets every pod
+// again as an ADD after a restart). The first batch, the pods of the first listing, is admitted
+// while kubelet's sources are not ready; they are ready from the next batch on.
 func (w *podWorker) admitArrivals(ctx context.Context) {
 	pods, err := w.s.podLister.List(everything)
 	if err != nil {
@@ -229,9 +229,10 @@ func (w *podWorker) syncPod(ctx context.Context, pod *v1.Pod, st *podState, now 
 
 	// Graceful deletion: the pod keeps its devices until its containers have stopped, after
 	// their preStop sleep hooks (bounded by the grace period), as kubelet's pod worker kills
-	// them (killContainer, pkg/kubelet/kuberuntime/kuberuntime_container.go) and counts the pod
-	// active until it is known terminated (isPodInactive, pkg/kubelet/kubelet_pods.go; both
-	// v1.33.13 and v1.37.2). A pod rejected at admission gets its Failed status first. Then, as
+	// them (killContainer, pkg/kubelet/kuberuntime/kuberuntime_container.go, v1.31.9 line 792,
+	// v1.37.2 line 896) and counts the pod active until it is known terminated (in
+	// pkg/kubelet/kubelet_pods.go: filterOutInactivePods, v1.31.9 line 1058; isPodInactive,
+	// v1.37.2 line 1166). A pod rejected at admission gets its Failed status first. Then, as
 	// kubelet's status manager does once a pod is terminated, it is deleted with grace period 0.
 	if pod.DeletionTimestamp != nil {
 		if st.deleting {
@@ -414,10 +415,12 @@ func rejectReason(value string) string {
 
 // restart is kubelet restarting the app containers that exited (restartPolicy Always): the
 // first restart at once, later ones after kubelet's back-off (10 s, doubling, at most 5 min:
-// doBackOff, pkg/kubelet/kuberuntime/kuberuntime_manager.go; backOffPeriod and
-// MaxContainerBackOff, pkg/kubelet/kubelet.go; v1.33.13 and v1.37.2), shown as CrashLoopBackOff
-// meanwhile. Each restart creates the containers again, so their run options are fetched again
-// (prepare), which re-Allocates a container the device manager has no devices for.
+// doBackOff, pkg/kubelet/kuberuntime/kuberuntime_manager.go, v1.31.9 line 1423, v1.37.2 line
+// 2077; in pkg/kubelet/kubelet.go, backOffPeriod and MaxContainerBackOff at v1.31.9, lines 193,
+// 147 and 876, initialCrashLoopBackOff and MaxCrashLoopBackOff at v1.37.2, lines 173, 166 and
+// 1087), shown as CrashLoopBackOff meanwhile. Each restart creates the containers again, so
+// their run options are fetched again (prepare), which re-Allocates a container the device
+// manager has no devices for.
 func (w *podWorker) restart(ctx context.Context, pod *v1.Pod, st *podState, now time.Time) time.Time {
 	delay := restartDelay(st.restarts)
 	if delay > 0 {
@@ -457,8 +460,9 @@ func restartsExited(pod *v1.Pod) bool {
 // stopDelay is how long kubelet takes to stop a pod being deleted: its running containers'
 // preStop sleep hooks, run at once for every container and each bounded by the grace period
 // (the deletion's, else the pod's; none at grace 0), as kubelet's killContainer runs them
-// (pkg/kubelet/kuberuntime/kuberuntime_container.go, v1.33.13 and v1.37.2). The simulated
-// runtime stops a container at once, as the fake CRI runtime does; other hooks take no time.
+// (pkg/kubelet/kuberuntime/kuberuntime_container.go, v1.31.9 line 792, v1.37.2 line 896; one
+// goroutine per container, v1.31.9 line 843, v1.37.2 line 947). The simulated runtime stops a
+// container at once, as the fake CRI runtime does; other hooks take no time.
 func stopDelay(pod *v1.Pod, running bool) time.Duration {
 	if !running {
 		return 0
@@ -508,10 +512,10 @@ func (w *podWorker) backOffStatus(pod *v1.Pod, st *podState, delay time.Duration
 // prepare asks the device manager for each container's run options, as kubelet does when it
 // creates the container (this calls the plugin's PreStartContainer where the plugin asks for
 // it, and Allocate again for a container it holds no devices for: needsReAllocate in
-// GetDeviceRunContainerOptions, pkg/kubelet/cm/devicemanager/manager.go, v1.33.13 and v1.37.2),
-// and builds the allocation record. appOnly: only the app containers are created (a restart;
-// init containers that completed are not run again). On an error kubelet reports
-// CreateContainerConfigError and tries again later; so does this.
+// GetDeviceRunContainerOptions, pkg/kubelet/cm/devicemanager/manager.go, v1.31.9 line 963,
+// v1.37.2 line 1004), and builds the allocation record. appOnly: only the app containers are
+// created (a restart; init containers that completed are not run again). On an error kubelet
+// reports CreateContainerConfigError and tries again later; so does this.
 func (w *podWorker) prepare(ctx context.Context, pod *v1.Pod, st *podState, appOnly bool) error {
 	ref := klog.KObj(pod)
 	records := map[string]containerRecord{}
@@ -595,7 +599,8 @@ func (w *podWorker) configErrorStatus(pod *v1.Pod, st *podState, err error) v1.P
 // (admitArrivals) admitted it again: its containers keep running, so nothing is created and no
 // run options are fetched. Its devices are those of the device manager's checkpoint; without
 // one, the device manager allocated nothing to its running containers (devicesToAllocate,
-// pkg/kubelet/cm/devicemanager/manager.go, v1.33.13 and v1.37.2) until they are created again.
+// pkg/kubelet/cm/devicemanager/manager.go, v1.31.9 line 598, v1.37.2 line 632) until they are
+// created again.
 func (w *podWorker) adopt(pod *v1.Pod, st *podState, now time.Time) {
 	st.admitted = true
 	st.prepared = true
