@@ -21,7 +21,7 @@ SHARING_SPLIT = 4
 SHARING_GPU_MIB = 81920  # 80 GiB
 
 
-def _short_locks(**shape: Any) -> Callable[[Cluster], list[NodeSpec]]:
+def short_locks(**shape: Any) -> Callable[[Cluster], list[NodeSpec]]:
     """Start the extender and GPU nodes of ``shape`` (``up_gpu_cluster``'s arguments), with node
     locks of ``LEASE_S`` seconds."""
     return lambda cluster: up_gpu_cluster(
@@ -32,7 +32,7 @@ def _short_locks(**shape: Any) -> Callable[[Cluster], list[NodeSpec]]:
 @pytest.fixture(scope="session")
 def gpu_cluster(kubernetes_version: str | None) -> Iterator[GPUCluster]:
     """Three GPU nodes x four GPUs, two extender replicas, on ``--kubernetes-version``."""
-    shape = _short_locks(nodes=3, gpus_per_node=4, extender_replicas=2)
+    shape = short_locks(nodes=3, gpus_per_node=4, extender_replicas=2)
     with gpu_cluster_of_its_own("nle-", shape, version=kubernetes_version) as c:
         yield c
 
@@ -48,7 +48,7 @@ async def e2e(gpu_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
 def sharing_cluster() -> Iterator[GPUCluster]:
     """A small devcluster of its own: one node x two simulated 80 GiB GPUs, each shared as
     ``SHARING_SPLIT`` virtual devices (``--gpu-split``)."""
-    shape = _short_locks(
+    shape = short_locks(
         nodes=1, gpus_per_node=2, gpu_split=SHARING_SPLIT, gpu_memory_mib=SHARING_GPU_MIB
     )
     with gpu_cluster_of_its_own("nls-", shape) as c:
@@ -69,7 +69,7 @@ MIG_LAYOUT = "3g.40gb+4x1g.10gb"  # GPU 0 of the MIG node; GPU 1 stays a whole G
 def mig_cluster() -> Iterator[GPUCluster]:
     """A small devcluster of its own: one node x two simulated 80 GiB GPUs, GPU 0 in MIG mode
     with ``MIG_LAYOUT`` (``--mig``), GPU 1 whole."""
-    shape = _short_locks(
+    shape = short_locks(
         nodes=1, gpus_per_node=2, gpu_memory_mib=SHARING_GPU_MIB, mig=((0, MIG_LAYOUT),)
     )
     with gpu_cluster_of_its_own("nlm-", shape) as c:

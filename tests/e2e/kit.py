@@ -17,6 +17,7 @@ from devcluster.gpunodes import NodeSpec
 from devcluster.invariants import Findings, allocated, check_locks_free, check_pods
 from devcluster.namespaces import create_namespace
 from devcluster.processes import Proc, alive, group_members
+from devcluster.realkubelet import RealNode, kubelet_records, read_checkpoint, read_containers
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, MIG_RESOURCE_PREFIX, parse_inventory
 from kube import failpoints
 from kube.client import JSON, KubeClient, lease_path, namespace_path, node_path, pod_path
@@ -280,6 +281,31 @@ def asks_for_devices(pod: Mapping[str, Any]) -> bool:
             if r == RESOURCE or r.startswith(MIG_RESOURCE_PREFIX):
                 return True
     return False
+
+
+def real_node(c: GPUCluster, name: str) -> RealNode:
+    """The files of real-kubelet node ``name`` (``devcluster.realkubelet``)."""
+    return RealNode(c.cluster.state_dir / "nodes" / name)
+
+
+async def kubelet_findings(c: GPUCluster, *, expected_pods: int) -> Findings:
+    """S1, S2 and L1 over the test's pods, judged from the real kubelets' own records: their
+    device checkpoints and the container configs they handed the runtime."""
+    pods = (await c.kube.list(pod_path(c.namespace)))["items"]
+    records = kubelet_records(
+        pods,
+        checkpoints={
+            n: read_checkpoint(real_node(c, n).plugin_dir / "kubelet_internal_checkpoint")
+            for n in c.nodes
+        },
+        containers={n: read_containers(real_node(c, n).containers_record) for n in c.nodes},
+    )
+    return check_pods(
+        pods,
+        expected_pods=expected_pods,
+        records=records,
+        may_be_unadmitted={c.key(n) for n in c.unadmitted},
+    )
 
 
 async def assert_no_violations(c: GPUCluster, *, require_admitted: bool = True) -> None:

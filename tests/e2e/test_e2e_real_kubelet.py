@@ -14,15 +14,13 @@ import subprocess
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from devcluster.gpunodes import nodelock_command, pod_resources_socket, up_gpu_cluster
+from devcluster.gpunodes import nodelock_command, pod_resources_socket
 from devcluster.invariants import check_pods
 from devcluster.realkubelet import (
     KubeletKind,
-    RealNode,
     kubelet_records,
     read_checkpoint,
     read_containers,
@@ -31,6 +29,7 @@ from deviceplugin.admission import SIGHTING_PERIOD_S
 from deviceplugin.kubeletview import list_pod_resources
 from kube.client import JSON, node_path, pod_path
 from kube.errors import Forbidden
+from tests.e2e.conftest import short_locks
 from tests.e2e.kit import (
     BYPASS,
     LEASE_S,
@@ -41,8 +40,10 @@ from tests.e2e.kit import (
     for_one_test,
     gpu_cluster_of_its_own,
     gpu_pod,
+    kubelet_findings,
     log_count,
     plugin_registrations,
+    real_node,
     sleeping_at,
     slow_admission,
     wait_log,
@@ -61,16 +62,9 @@ def real_cluster(kubernetes_version: str | None) -> Iterator[GPUCluster]:
     """A devcluster of its own on ``--kubernetes-version`` (control plane and kubelets): two
     extender replicas, two real-kubelet nodes x four GPUs."""
 
-    def start(cluster: Any) -> Any:
-        return up_gpu_cluster(
-            cluster,
-            nodes=NODES,
-            gpus_per_node=GPUS,
-            extender_replicas=2,
-            extender_args=[f"--lease-duration={LEASE_S}"],
-            kubelet=KubeletKind.REAL,
-        )
-
+    start = short_locks(
+        nodes=NODES, gpus_per_node=GPUS, extender_replicas=2, kubelet=KubeletKind.REAL
+    )
     with gpu_cluster_of_its_own("nlr-", start, version=kubernetes_version) as c:
         yield c
 
@@ -86,34 +80,11 @@ async def real(real_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
             await c.cleanup()
 
 
-def _node(c: GPUCluster, name: str) -> RealNode:
-    return RealNode(c.cluster.state_dir / "nodes" / name)
-
-
-async def _kubelet_findings(c: GPUCluster, *, expected_pods: int) -> Any:
-    """S1, S2, L1 over the test's pods from the real kubelets' records."""
-    pods = (await c.kube.list(pod_path(c.namespace)))["items"]
-    records = kubelet_records(
-        pods,
-        checkpoints={
-            n: read_checkpoint(_node(c, n).plugin_dir / "kubelet_internal_checkpoint")
-            for n in c.nodes
-        },
-        containers={n: read_containers(_node(c, n).containers_record) for n in c.nodes},
-    )
-    return check_pods(
-        pods,
-        expected_pods=expected_pods,
-        records=records,
-        may_be_unadmitted={c.key(n) for n in c.unadmitted},
-    )
-
-
 def _handed(c: GPUCluster, pod: JSON) -> dict[str, list[str]]:
     """Per container, the devices kubelet handed the runtime (NVIDIA_VISIBLE_DEVICES in the last
     config nodelock-cri recorded for it)."""
     out = {}
-    for rec in read_containers(_node(c, pod["spec"]["nodeName"]).containers_record):
+    for rec in read_containers(real_node(c, pod["spec"]["nodeName"]).containers_record):
         if rec["podUID"] == pod["metadata"]["uid"]:
             env = rec["envs"].get("NVIDIA_VISIBLE_DEVICES", "")
             out[rec["container"]] = sorted(d for d in env.split(",") if d)
@@ -121,7 +92,7 @@ def _handed(c: GPUCluster, pod: JSON) -> dict[str, list[str]]:
 
 
 def _checkpointed(c: GPUCluster, pod: JSON) -> dict[str, list[str]]:
-    path = _node(c, pod["spec"]["nodeName"]).plugin_dir / "kubelet_internal_checkpoint"
+    path = real_node(c, pod["spec"]["nodeName"]).plugin_dir / "kubelet_internal_checkpoint"
     return {
         e.container: list(e.device_ids)
         for e in read_checkpoint(path)
@@ -189,7 +160,7 @@ async def test_eight_pods_then_init_reuse_pod_match_kubelets_records(real: GPUCl
         assert _handed(real, pod) == want
         key = (real.namespace, pod["metadata"]["name"], "c0")
         assert _listed(real, pod["spec"]["nodeName"])[key] == want["c0"]
-    found = await _kubelet_findings(real, expected_pods=len(names))
+    found = await kubelet_findings(real, expected_pods=len(names))
     assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
     audited = _audit(real)
     assert audited.returncode == 0, audited.stdout + audited.stderr
@@ -204,7 +175,7 @@ async def test_eight_pods_then_init_reuse_pod_match_kubelets_records(real: GPUCl
     assert handed["init0"] == want["init0"]
     assert handed["c0"] == handed["init0"]
     assert _checkpointed(real, pod)["c0"] == handed["c0"]
-    found = await _kubelet_findings(real, expected_pods=len(names))
+    found = await kubelet_findings(real, expected_pods=len(names))
     assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
     audited = _audit(real)
     assert audited.returncode == 0, audited.stdout + audited.stderr
@@ -218,7 +189,7 @@ async def test_kubelet_records_catch_a_wrong_handoff(real: GPUCluster) -> None:
     pod = (await _run_all(real, ["p"]))["p"]
     node = pod["spec"]["nodeName"]
     pods = (await real.kube.list(pod_path(real.namespace)))["items"]
-    containers = read_containers(_node(real, node).containers_record)
+    containers = read_containers(real_node(real, node).containers_record)
     forged = [
         {**r, "envs": {**r["envs"], "NVIDIA_VISIBLE_DEVICES": "GPU-forged"}}
         if r["podUID"] == pod["metadata"]["uid"]
@@ -228,7 +199,7 @@ async def test_kubelet_records_catch_a_wrong_handoff(real: GPUCluster) -> None:
     records = kubelet_records(
         pods,
         checkpoints={
-            node: read_checkpoint(_node(real, node).plugin_dir / "kubelet_internal_checkpoint")
+            node: read_checkpoint(real_node(real, node).plugin_dir / "kubelet_internal_checkpoint")
         },
         containers={node: forged},
     )
@@ -261,7 +232,7 @@ async def test_plugin_and_kubelet_restarts(real: GPUCluster) -> None:
     assert _handed(real, pod)["c0"] == sorted(assignment(pod)["c0"])
     assert _checkpointed(real, before) == held
     assert (await real.pod("before"))["status"]["phase"] == "Running"
-    found = await _kubelet_findings(real, expected_pods=3)
+    found = await kubelet_findings(real, expected_pods=3)
     assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
 
 
@@ -297,7 +268,7 @@ async def test_kubelet_restart_without_its_checkpoint(real: GPUCluster) -> None:
     node = real.nodes[1]
     await real.create_pod("before", [1], node=node)
     before = (await _run_all(real, ["before"]))["before"]
-    checkpoint = _node(real, node).plugin_dir / "kubelet_internal_checkpoint"
+    checkpoint = real_node(real, node).plugin_dir / "kubelet_internal_checkpoint"
     seen = plugin_registrations(real.cluster, node)
     real.cluster.stop_component(f"kubelet-{node}", forget=False)
     checkpoint.unlink()
@@ -326,7 +297,7 @@ async def test_kubelet_restart_without_its_checkpoint(real: GPUCluster) -> None:
         assert _checkpointed(real, after) == {"c0": sorted(assignment(after)["c0"])}
         assert _checkpointed(real, before) == {}  # kubelet never asked for it again
         assert (await real.pod("before"))["status"]["phase"] == "Running"
-        found = await _kubelet_findings(real, expected_pods=2)
+        found = await kubelet_findings(real, expected_pods=2)
         assert not found.s1, found.s1
         # "before", whose checkpoint entry this test deleted, is judged from the config kubelet
         # handed the runtime: its assignment, and none of "after"'s devices
@@ -344,7 +315,7 @@ async def test_kubelet_restart_without_its_checkpoint(real: GPUCluster) -> None:
 
 
 @pytest.mark.core
-async def test_finished_pod_left_on_the_node(real: GPUCluster) -> None:
+async def test_finished_pod_left_on_thereal_node(real: GPUCluster) -> None:
     """A pod whose container exits (``sim.nodelock.io/run-seconds``, restartPolicy Never) ends
     Succeeded and stays on the node (kubelet 1.33 still lists it in PodResources); the node's next
     GPU pod gets exactly its assignment, and both are judged from kubelet's records."""
@@ -359,7 +330,7 @@ async def test_finished_pod_left_on_the_node(real: GPUCluster) -> None:
     await real.create_pod("next", [1], node=node)
     nxt = (await _run_all(real, ["next"]))["next"]
     assert _handed(real, nxt)["c0"] == sorted(assignment(nxt)["c0"])
-    found = await _kubelet_findings(real, expected_pods=2)
+    found = await kubelet_findings(real, expected_pods=2)
     assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
     audited = _audit(real)
     assert audited.returncode == 0, audited.stdout + audited.stderr
@@ -376,7 +347,7 @@ async def test_kubelet_killed_mid_handoff(real: GPUCluster, checkpoint: str) -> 
     node = real.nodes[0]
     plugin = f"deviceplugin-{node}"
     line = sleeping_at("allocate.start")
-    path = _node(real, node).plugin_dir / "kubelet_internal_checkpoint"
+    path = real_node(real, node).plugin_dir / "kubelet_internal_checkpoint"
     async with slow_admission(real, node, seconds=3):
         logged = log_count(real, plugin, line)
         await real.create_pod("pair", [1, 1], node=node)
@@ -395,7 +366,7 @@ async def test_kubelet_killed_mid_handoff(real: GPUCluster, checkpoint: str) -> 
     assert _handed(real, pod) == want
     assert _checkpointed(real, pod) == want
     await real.wait_holder(node, None)
-    found = await _kubelet_findings(real, expected_pods=1)
+    found = await kubelet_findings(real, expected_pods=1)
     assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
 
 
@@ -433,7 +404,7 @@ async def test_takeover_after_a_holder_kubelet_rejected(real: GPUCluster) -> Non
     assert _handed(real, nxt)["c0"] == sorted(assignment(nxt)["c0"])
     assert int(nxt["metadata"]["annotations"]["nodelock.io/token"]) > token
     await real.wait_holder(node, None)
-    found = await _kubelet_findings(real, expected_pods=2)
+    found = await kubelet_findings(real, expected_pods=2)
     assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
 
 
@@ -452,7 +423,7 @@ async def test_a_container_of_the_pod_kubelet_lost_the_devices_of_restarts_mid_h
     await real.kube.create(pod_path(real.namespace), pod)
     before = (await _run_all(real, ["before"]))["before"]
     first = _handed(real, before)["c0"]
-    path = _node(real, node).plugin_dir / "kubelet_internal_checkpoint"
+    path = real_node(real, node).plugin_dir / "kubelet_internal_checkpoint"
     seen = plugin_registrations(real.cluster, node)
     real.cluster.kill_component(f"kubelet-{node}")
     path.unlink()
