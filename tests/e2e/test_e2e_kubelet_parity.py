@@ -70,7 +70,9 @@ from tests.e2e.kit import (
     wait_registrations,
 )
 
-pytestmark = [pytest.mark.e2e]
+# every scenario is `core`: each pins kubelet behaviour cited above at v1.31.9 and v1.37.2, so
+# `make test` runs it on the oldest supported release too
+pytestmark = [pytest.mark.e2e, pytest.mark.core]
 
 RUN_SECONDS = "sim.nodelock.io/run-seconds"
 ALLOCATIONS = "nodelock_deviceplugin_allocations_total"
@@ -239,7 +241,6 @@ async def test_restarts_with_and_without_checkpoint_then_container_restart(
     assert (await asyncio.to_thread(_listed, c)).get(("keep", "c0")) == frozenset()
 
 
-@pytest.mark.core
 async def test_restart_without_checkpoint_rejects_a_running_pod_the_node_shows_no_gpus_for(
     parity: GPUCluster,
 ) -> None:
