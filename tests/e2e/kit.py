@@ -17,7 +17,13 @@ from devcluster.gpunodes import NodeSpec
 from devcluster.invariants import Findings, allocated, check_locks_free, check_pods
 from devcluster.namespaces import create_namespace
 from devcluster.processes import Proc, alive, group_members
-from devcluster.realkubelet import RealNode, kubelet_records, read_checkpoint, read_containers
+from devcluster.realkubelet import (
+    CheckpointEntry,
+    RealNode,
+    kubelet_records,
+    read_checkpoint,
+    read_containers,
+)
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, MIG_RESOURCE_PREFIX, parse_inventory
 from kube import failpoints
 from kube.client import JSON, KubeClient, lease_path, namespace_path, node_path, pod_path
@@ -286,6 +292,28 @@ def asks_for_devices(pod: Mapping[str, Any]) -> bool:
 def real_node(c: GPUCluster, name: str) -> RealNode:
     """The files of real-kubelet node ``name`` (``devcluster.realkubelet``)."""
     return RealNode(c.cluster.state_dir / "nodes" / name)
+
+
+def checkpoint_entries(c: GPUCluster, node: str, uid: str) -> list[CheckpointEntry]:
+    """Real-kubelet node ``node``'s device checkpoint entries for the pod of ``uid``."""
+    path = real_node(c, node).plugin_dir / "kubelet_internal_checkpoint"
+    return [e for e in read_checkpoint(path) if e.pod_uid == uid]
+
+
+async def wait_allocatable(
+    c: GPUCluster, counts: Mapping[str, str], *, node: str | None = None, timeout_s: float = 30.0
+) -> None:
+    """Wait until ``node``'s (default: the first node's) published allocatable holds ``counts``
+    (resource -> count, as the Node shows it)."""
+    path = node_path(node or c.nodes[0])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        allocatable = (await c.kube.get(path))["status"].get("allocatable", {})
+        if all(allocatable.get(r) == n for r, n in counts.items()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"allocatable is {allocatable} after {timeout_s}s, not {counts}")
+        await asyncio.sleep(0.2)
 
 
 async def kubelet_findings(c: GPUCluster, *, expected_pods: int) -> Findings:

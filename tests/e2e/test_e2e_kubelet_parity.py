@@ -51,7 +51,7 @@ from devcluster.gpunodes import (
 )
 from devcluster.realkubelet import KubeletKind
 from deviceplugin.kubeletview import KubeletViewError, list_pod_resources
-from kube.client import JSON, node_path, pod_path
+from kube.client import JSON, pod_path
 from tests.e2e.kit import (
     BYPASS,
     LEASE_S,
@@ -66,6 +66,7 @@ from tests.e2e.kit import (
     plugin_registrations,
     sleeping_at,
     slow_admission,
+    wait_allocatable,
     wait_log,
     wait_registrations,
 )
@@ -157,19 +158,6 @@ async def _restart_kubelet(
         await wait_registrations(c.cluster, node, seen, timeout_s=60)
 
 
-async def _wait_allocatable(c: GPUCluster, count: int, *, timeout_s: float = 30.0) -> None:
-    """Wait until the node's published allocatable count of the resource is ``count``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        node = await c.kube.get(node_path(c.nodes[0]))
-        allocatable = node["status"].get("allocatable", {}).get(RESOURCE)
-        if allocatable == str(count):
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"allocatable {RESOURCE} is {allocatable} after {timeout_s}s")
-        await asyncio.sleep(0.2)
-
-
 async def _wait_listed(
     c: GPUCluster, key: tuple[str, str], *, timeout_s: float = 20.0
 ) -> frozenset[str]:
@@ -212,7 +200,7 @@ async def test_restarts_with_and_without_checkpoint_then_container_restart(
     # premise: the Node shows the GPUs again. kubelet restarted with its checkpoint publishes 0 of
     # the resource until the plugin registers again; the next kubelet, without a checkpoint,
     # admits the running pod against the Node as published and would reject it on a 0
-    await _wait_allocatable(c, 4)
+    await wait_allocatable(c, {RESOURCE: "4"})
     await _restart_kubelet(c, drop_checkpoint=True)
     assert await _wait_listed(c, ("keep", "c0")) == frozenset()  # running, no devices
     assert (await c.pod("keep"))["status"]["phase"] == "Running"
@@ -264,7 +252,7 @@ async def test_restart_without_checkpoint_rejects_a_running_pod_the_node_shows_n
     c.cluster.stop_component(plugin, forget=False)
     try:
         await _restart_kubelet(c, plugin_up=False)
-        await _wait_allocatable(c, 0)
+        await wait_allocatable(c, {RESOURCE: "0"})
         assert await _wait_listed(c, ("held", "c0")) == devices
         assert (await c.pod("held"))["status"]["phase"] == "Running"
 
@@ -286,7 +274,7 @@ async def test_restart_without_checkpoint_rejects_a_running_pod_the_node_shows_n
     finally:
         c.cluster.restart_component(plugin)
         await wait_registrations(c.cluster, node, seen, timeout_s=60)
-        await _wait_allocatable(c, 4)
+        await wait_allocatable(c, {RESOURCE: "4"})
     assert await _allocations(c) == 0  # the plugin, started again, was asked for nothing
 
 

@@ -36,6 +36,7 @@ from tests.e2e.kit import (
     RESOURCE,
     GPUCluster,
     assignment,
+    checkpoint_entries,
     exited_at,
     for_one_test,
     gpu_cluster_of_its_own,
@@ -92,12 +93,8 @@ def _handed(c: GPUCluster, pod: JSON) -> dict[str, list[str]]:
 
 
 def _checkpointed(c: GPUCluster, pod: JSON) -> dict[str, list[str]]:
-    path = real_node(c, pod["spec"]["nodeName"]).plugin_dir / "kubelet_internal_checkpoint"
-    return {
-        e.container: list(e.device_ids)
-        for e in read_checkpoint(path)
-        if e.pod_uid == pod["metadata"]["uid"] and e.resource == RESOURCE
-    }
+    entries = checkpoint_entries(c, pod["spec"]["nodeName"], pod["metadata"]["uid"])
+    return {e.container: list(e.device_ids) for e in entries if e.resource == RESOURCE}
 
 
 def _listed(c: GPUCluster, node: str) -> dict[tuple[str, str, str], list[str]]:

@@ -23,22 +23,23 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from devcluster.gpunodes import pod_resources_socket
-from devcluster.realkubelet import KubeletKind, read_checkpoint
+from devcluster.realkubelet import KubeletKind
 from deviceplugin.kubeletview import list_pod_resources
 from handoff.wire import DEFAULT_RESOURCE
-from kube.client import node_path, pod_path
+from kube.client import pod_path
 from tests.e2e.conftest import MIG_LAYOUT, SHARING_GPU_MIB, short_locks
 from tests.e2e.kit import (
     GPUCluster,
     assignment,
+    checkpoint_entries,
     for_one_test,
     gpu_cluster_of_its_own,
     kubelet_findings,
     log_count,
     plugin_registrations,
-    real_node,
     sleeping_at,
     slow_admission,
+    wait_allocatable,
     wait_registrations,
 )
 from tests.e2e.test_e2e_mig import MIG1, pod
@@ -76,19 +77,6 @@ async def real_mig(real_mig_cluster: GPUCluster) -> AsyncIterator[GPUCluster]:
             await c.cleanup()
 
 
-async def _wait_allocatable(
-    c: GPUCluster, counts: dict[str, str], *, timeout_s: float = 30.0
-) -> None:
-    """Wait until the node's published allocatable holds ``counts`` (resource -> count)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        allocatable = (await c.kube.get(node_path(c.nodes[0])))["status"].get("allocatable", {})
-        if all(allocatable.get(r) == n for r, n in counts.items()):
-            return
-        assert asyncio.get_running_loop().time() < deadline, f"allocatable is {allocatable}"
-        await asyncio.sleep(0.2)
-
-
 def _listed(c: GPUCluster, name: str) -> dict[str, frozenset[str]]:
     """kubelet's PodResources ``List`` for pod ``name``'s container ``c0``: resource -> IDs."""
     socket = pod_resources_socket(c.cluster.state_dir, c.nodes[0])
@@ -103,11 +91,10 @@ def _listed(c: GPUCluster, name: str) -> dict[str, frozenset[str]]:
 
 def _checkpointed(c: GPUCluster, uid: str) -> dict[str, frozenset[str]]:
     """kubelet's device checkpoint for the pod of ``uid``'s container ``c0``: resource -> IDs."""
-    path = real_node(c, c.nodes[0]).plugin_dir
     return {
         e.resource: frozenset(e.device_ids)
-        for e in read_checkpoint(path / "kubelet_internal_checkpoint")
-        if e.pod_uid == uid and e.container == "c0"
+        for e in checkpoint_entries(c, c.nodes[0], uid)
+        if e.container == "c0"
     }
 
 
@@ -123,7 +110,7 @@ async def test_kubelet_lists_an_answered_resource_before_its_checkpoint_names_it
         # every endpoint of the restarted plugin (whole GPUs, 1g, 3g) registered, and the Node
         # shows their devices again, so the pod is placed and admitted with both resources
         await wait_registrations(c.cluster, node, registered + ENDPOINTS - 1)
-        await _wait_allocatable(c, {DEFAULT_RESOURCE: "1", MIG1: "4"})
+        await wait_allocatable(c, {DEFAULT_RESOURCE: "1", MIG1: "4"})
         before = log_count(c, plugin, sleeping)
         created = await c.kube.create(
             pod_path(c.namespace), pod("both", {DEFAULT_RESOURCE: 1, MIG1: 1})
