@@ -4,6 +4,10 @@ kube-scheduler is restarted with our ``extender_entry`` (nodeCacheCapable true a
 replica or two behind a round-robin proxy) and restored afterwards.  Nodes are Node objects made
 by the test; no kubelet runs, so bound pods stay Pending.  ``Releaser`` releases each lock once its
 holder is bound, as the device plugin would after Allocate.
+
+Every test is `core`: each holds kube-scheduler's side of the extender protocol (its calls, the
+nodes it sends in each mode, its own GPU count, the reason it shows) to the real kube-scheduler,
+so `make test` runs them on the oldest supported release too.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from tests.integration.extender_kit import (
     running_extender,
     wait_for,
 )
+
+pytestmark = [pytest.mark.core]
 
 
 @dataclass
