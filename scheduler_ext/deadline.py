@@ -2,8 +2,9 @@
 
 kube-scheduler gives a bind call at most the extender's ``httpTimeout``: its HTTP extender client
 is an ``http.Client`` whose ``Timeout`` is that setting (``NewHTTPExtender`` in
-``pkg/scheduler/extender.go``, Kubernetes v1.31.9 and v1.37.2).  An answer after that reaches nobody, and a
-binding written after it binds a pod the scheduler has already given up on and will try again.
+``pkg/scheduler/extender.go``, Kubernetes v1.31.9 and v1.37.2).  An answer after that reaches
+nobody, and a binding written after it binds a pod the scheduler has already given up on and
+will try again.
 
 ``BindDeadline`` is that instant, less ``ANSWER_SLACK_S`` for the answer's way back, on the
 extender's monotonic clock.  The bind checks it at its named steps (after its wait, before and

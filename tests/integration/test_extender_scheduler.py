@@ -287,3 +287,41 @@ async def _bind(ext: Extender, pod: dict[str, Any], node: str) -> str:
     meta = pod["metadata"]
     args = BindingArgs(meta["name"], meta["namespace"], meta["uid"], NodeName(node))
     return (await ext.binder.bind(args)).error
+
+
+async def test_a_pod_only_the_extender_rejected_is_retried_when_a_bound_pod_is_deleted(
+    scheduled: Scheduled,
+    releaser: Releaser,
+    kube: KubeClient,
+    namespace: str,
+    nodes: list[str],
+) -> None:
+    """kube-scheduler records a pod an extender rejected under the plugin name ``Extender``,
+    whose enqueue extension registers every cluster event with no hint, so the deletion of a
+    bound pod moves it out of the unschedulable queue (``ExtenderName``, ``schedule_one.go``;
+    ``defaultEnqueueExtension``, ``framework/runtime/framework.go``; ``deletePodFromCache`` /
+    ``deleteAssignedPodFromCache``, ``eventhandlers.go``; v1.31.9 and v1.37.2)."""
+    # kube-scheduler counts 2 GPUs here; the extender sees 1 healthy one
+    node = await gpu_node(kube, nodes, namespace, 2, unhealthy=(1,))
+    await create_pod(kube, namespace, scheduled_pod("first", namespace, 1))
+    assert (await wait_for(lambda: bound(kube, namespace, "first")))["spec"]["nodeName"] == node
+    await wait_for(lambda: _lock_free(scheduled, node))
+    await create_pod(kube, namespace, scheduled_pod("second", namespace, 1))
+    message = await wait_for(lambda: unschedulable_message(kube, namespace, "second"))
+    assert "node has 1 healthy GPUs" in message, message
+    # nothing else happens in the cluster, so it stays unschedulable (kube-scheduler retries
+    # such a pod on its own only after five minutes: DefaultPodMaxInUnschedulablePodsDuration)
+    await asyncio.sleep(3)
+    assert await bound(kube, namespace, "second") is None
+    filters = scheduled.calls(Verb.FILTER)
+    await kube.delete(pod_path(namespace, "first"), grace_period_seconds=0)
+    second = await wait_for(lambda: bound(kube, namespace, "second"), timeout_s=30)
+    assert second["spec"]["nodeName"] == node
+    assert scheduled.calls(Verb.FILTER) > filters
+
+
+async def _lock_free(scheduled: Scheduled, node: str) -> bool:
+    return all(
+        (view := ext.locks.view(NodeName(node))) is not None and view.record.holder is None
+        for ext in scheduled.replicas
+    )
