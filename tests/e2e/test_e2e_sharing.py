@@ -66,9 +66,10 @@ def scheduling_message(pod: dict[str, Any]) -> str:
 
 
 async def nudge(c: GPUCluster, why: str) -> None:
-    """Make kube-scheduler retry its unschedulable pods now: it retries a pod an extender
-    rejected on a node event its plugins care about (a label change), or after five minutes in
-    the unschedulable queue, not on the deletion of another pod (docs/sharing.md)."""
+    """Make kube-scheduler retry its unschedulable pods now, with the deletion already seen by
+    the extender: the retry kube-scheduler makes on the deletion itself can reach the extender
+    first and be rejected again, leaving the pod to the next event or to five minutes in the
+    unschedulable queue (docs/sharing.md, "How a slice is chosen and handed off")."""
     await c.kube.patch(
         node_path(c.nodes[0]), {"metadata": {"labels": {"nodelock.io/e2e-nudge": why}}}
     )

@@ -170,9 +170,9 @@ async def test_two_gpu_pods_land_on_nvlink_pairs_and_required_waits_for_one(
     message = await wait_unschedulable(topo, "needs-pair")
     assert "requires its 2 GPUs connected by NVLink" in message, message
     # once the first pair is whole again, the pod is scheduled onto it.  kube-scheduler retries
-    # a pod rejected by an extender on a node event its plugins care about (here NodeAffinity:
-    # a label change) or after 5 minutes in the unschedulable queue, not on the deletion of
-    # another pod; a label nudges it, as any change to the node would
+    # it on the deletion too, but that retry can reach the extender before the extender saw the
+    # deletion (docs/sharing.md, "How a slice is chosen and handed off"); a label change once
+    # the pod is gone retries it again, as any change to the node would
     await topo.kube.delete(pod_path(topo.namespace, "one"))
     for _ in range(600):
         names = {

@@ -308,7 +308,7 @@ async def test_a_pod_only_the_extender_rejected_is_retried_when_a_bound_pod_is_d
     await wait_for(lambda: _lock_free(scheduled, node))
     await create_pod(kube, namespace, scheduled_pod("second", namespace, 1))
     message = await wait_for(lambda: unschedulable_message(kube, namespace, "second"))
-    assert "node has 1 healthy GPUs" in message, message
+    assert "node has 0 free GPUs of 1" in message, message
     # nothing else happens in the cluster, so it stays unschedulable (kube-scheduler retries
     # such a pod on its own only after five minutes: DefaultPodMaxInUnschedulablePodsDuration)
     await asyncio.sleep(3)
