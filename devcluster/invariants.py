@@ -19,7 +19,7 @@ same shape (without the environment).  Over the pods:
 - **L1** every GPU pod was bound and admitted (Running or Succeeded), except those the caller
   names in ``may_be_unadmitted``.
 
-**kubelet's reuse rule** (``pkg/kubelet/cm/devicemanager/manager.go``, Kubernetes v1.37.2,
+**kubelet's reuse rule** (``pkg/kubelet/cm/devicemanager/manager.go``, v1.31.9 and v1.37.2,
 ``ManagerImpl.Allocate`` and ``devicesToAllocate``): kubelet walks a pod's init containers in
 order, then its app containers, keeping a reuse pool per resource.  Each container takes devices
 from the pool first (as many as it needs, or the whole pool; which ones is Go map order), the rest

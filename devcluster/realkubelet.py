@@ -241,7 +241,7 @@ def read_containers(path: Path) -> list[dict[str, Any]]:
 class CheckpointEntry:
     """One entry of kubelet's device checkpoint: the devices of one resource one container of a
     pod was allocated (``PodDevicesEntry`` in kubelet's
-    ``pkg/kubelet/cm/devicemanager/checkpoint/checkpoint.go``, Kubernetes v1.37.2)."""
+    ``pkg/kubelet/cm/devicemanager/checkpoint/checkpoint.go``, v1.31.9 and v1.37.2)."""
 
     pod_uid: str
     container: str

@@ -343,18 +343,18 @@ def kubelet_confirmed(
     ``resource``) confirms it: a container served for ``resource`` that kubelet has no record
     of is dropped, so it is the one served next.
 
-    kubelet records a container's devices, and writes its checkpoint, after the plugin answered
-    and before it asks for the pod's next container (cm/devicemanager/manager.go
-    ``allocateContainerResources``: ``podDevices.insert``, then ``writeCheckpoint``, v1.31.9
-    lines 915, 919; v1.37.2 lines 955, 959).  It calls Allocate only for a container it has no
-    record of (``devicesToAllocate``, v1.31.9 lines 577, 629; v1.37.2 lines 611, 663), init
-    containers first, then containers, in spec order (cm/topologymanager/scope.go, v1.37.2
-    line 140).  So a served container kubelet has no record of is one it asks for again (it
-    died before writing its checkpoint): the first such container in spec order is the one
-    asking, and no container after it was recorded.  ``recorded`` None (kubelet's checkpoint
-    could not be read) confirms everything: the progress stands as it is (a kubelet asking again
-    for a container it lost then gets the next container's devices, or a device-mismatch
-    refusal; never another pod's devices).
+    kubelet records a container's devices, and writes its checkpoint, after the plugin answered and
+    before it asks for the pod's next container (cm/devicemanager/manager.go
+    ``allocateContainerResources``: ``podDevices.insert``, then ``writeCheckpoint``, v1.31.9 lines
+    915, 919; v1.37.2 lines 955, 959).  It calls Allocate only for a container it has no record of
+    (``devicesToAllocate``, v1.31.9 lines 577, 629; v1.37.2 lines 611, 663), init containers first,
+    then containers, in spec order (cm/topologymanager/scope.go, v1.31.9 line 139, v1.37.2 line
+    140).  So a served container kubelet has no record of is one it asks for again (it died before
+    writing its checkpoint): the first such container in spec order is the one asking, and no
+    container after it was recorded.  ``recorded`` None (kubelet's checkpoint could not be read)
+    confirms everything: the progress stands as it is (a kubelet asking again for a container it
+    lost then gets the next container's devices, or a device-mismatch refusal; never another pod's
+    devices).
 
     Entries of other resources count while kubelet holds the holder's container's devices of
     that resource (``held_other``: resource -> containers, from kubelet's checkpoint and its

@@ -2,11 +2,11 @@
 
 kubelet records a container's devices and writes its checkpoint after the plugin answered
 (cm/devicemanager/manager.go ``allocateContainerResources``: ``podDevices.insert``, then
-``writeCheckpoint``, v1.37.2 lines 955, 959), and calls Allocate only for a container it has no
-record of (``devicesToAllocate``, v1.37.2 lines 611, 663), init containers first, then
-containers, in spec order.  A kubelet that died between the plugin's answer and that write asks
-for the same container again; the plugin's own progress already counts it as served.  Plain
-data, no mocks.
+``writeCheckpoint``, v1.31.9 lines 915, 919; v1.37.2 lines 955, 959), and calls Allocate only for a
+container it has no record of (``devicesToAllocate``, v1.31.9 lines 577, 629; v1.37.2 lines 611,
+663), init containers first, then containers, in spec order.  A kubelet that died between the
+plugin's answer and that write asks for the same container again; the plugin's own progress already
+counts it as served.  Plain data, no mocks.
 """
 
 from __future__ import annotations
