@@ -20,8 +20,11 @@ simulated kubelet's annotation), and the checker (``bench.soak_check``) judges e
 Then the run settles: no new work, no new fault; every GPU pod left must be Running or
 Succeeded within ``L1_BOUND_S`` of the last fault's heal, one probe pod per node must run (a
 lock whose holder left may be taken over), every lock must end free, and ``nodelock audit``
-must find the scheduler's, kubelet's and the plugin's views equal.  After the cluster is down,
-no process, listening port or unix socket of it may be left.
+must find the scheduler's, kubelet's and the plugin's views equal.  The workload's Jobs may
+still start their next pods after it stops, so the final judgment is made on the first sample
+in which every GPU pod is Running, Succeeded or Failed and no lock is held (a pod a moment old
+is not a stuck one), or, when none comes within ``L1_BOUND_S`` of the last heal, on the last.
+After the cluster is down, no process, listening port or unix socket of it may be left.
 
 Prints the faults by kind, the pods created, run and failed (with reasons), the longest lock
 hold and the longest wait from a pod's first sight to Running, and each violation with the
@@ -281,7 +284,7 @@ async def campaign(cluster: Cluster, specs: Sequence[NodeSpec], args: argparse.N
         settled_at = await _settle(run, kube, last_heal)
         probes_s = await _probes(run, kube, nodes)
         await _locks_free(kube)
-        final = await _final(run, kube)
+        final = await _final(run, kube, until=last_heal + L1_BOUND_S)
         supervisor.cancel()
         run.sampling = False
         await sampler
@@ -403,13 +406,34 @@ async def _locks_free(kube: KubeClient) -> None:
         await asyncio.sleep(0.5)
 
 
-async def _final(run: Run, kube: KubeClient) -> tuple[list[JSON], list[JSON]]:
-    for _ in range(30):
+async def _final(run: Run, kube: KubeClient, *, until: float) -> tuple[list[JSON], list[JSON]]:
+    """The sample the end is judged on: the first in which every GPU pod is Running, Succeeded
+    or Failed and no node lock is held, else the last one taken by ``until`` (run time; at
+    least 30 tries to reach the API server)."""
+    last: tuple[list[JSON], list[JSON]] | None = None
+    tries = 0
+    while True:
+        tries += 1
         got = await run.sample(kube)
         if got is not None:
-            return got
+            last = got
+            if _settled(*got):
+                return got
+        if run.now() >= until and (last is not None or tries >= 30):
+            break
         await asyncio.sleep(1)
-    raise RuntimeError("the API server did not answer at the end of the run")
+    if last is None:
+        raise RuntimeError("the API server did not answer at the end of the run")
+    return last
+
+
+def _settled(pods: Sequence[JSON], leases: Sequence[JSON]) -> bool:
+    """Every GPU pod Running, Succeeded or Failed, and no node lock held."""
+    return all(
+        (p.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")
+        for p in pods
+        if asks_for_devices(p)
+    ) and not any((le.get("spec") or {}).get("holderIdentity") for le in leases)
 
 
 async def _clean_namespaces(run: Run, kube: KubeClient) -> None:
