@@ -356,10 +356,7 @@ async def _settle(run: Run, kube: KubeClient, last_heal: float) -> float | None:
         except Exception:
             await asyncio.sleep(1)
             continue
-        waiting = [
-            p for p in pods if p["status"].get("phase") not in ("Running", "Succeeded", "Failed")
-        ]
-        if not waiting:
+        if not _unsettled(pods):
             return run.now()
         await asyncio.sleep(1)
     return None
@@ -427,13 +424,21 @@ async def _final(run: Run, kube: KubeClient, *, until: float) -> tuple[list[JSON
     return last
 
 
-def _settled(pods: Sequence[JSON], leases: Sequence[JSON]) -> bool:
-    """Every GPU pod Running, Succeeded or Failed, and no node lock held."""
-    return all(
-        (p.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")
+def _unsettled(pods: Sequence[JSON]) -> list[JSON]:
+    """The GPU pods not yet Running, Succeeded or Failed."""
+    return [
+        p
         for p in pods
         if asks_for_devices(p)
-    ) and not any((le.get("spec") or {}).get("holderIdentity") for le in leases)
+        and (p.get("status") or {}).get("phase") not in ("Running", "Succeeded", "Failed")
+    ]
+
+
+def _settled(pods: Sequence[JSON], leases: Sequence[JSON]) -> bool:
+    """Every GPU pod Running, Succeeded or Failed, and no node lock held."""
+    return not _unsettled(pods) and not any(
+        (le.get("spec") or {}).get("holderIdentity") for le in leases
+    )
 
 
 async def _clean_namespaces(run: Run, kube: KubeClient) -> None:
