@@ -71,7 +71,7 @@ from scheduler_ext.deadline import (
 from scheduler_ext.metrics import ExtenderMetrics, Result
 from scheduler_ext.need import PodNeed
 from scheduler_ext.protocol import BindingArgs
-from scheduler_ext.state import BadObject, PodState, pod_state
+from scheduler_ext.state import BadObject, PodState
 from scheduler_ext.takeover import (
     DEFAULT_REQUEST_TIMEOUT_S,
     binding_may_still_land,
@@ -180,7 +180,7 @@ class Binder:
             fresh: PodState | None
             try:
                 obj = await self._kube.get(pod_path(namespace, name))
-                fresh = pod_state(obj, keys=self._cache.keys, resource=self._cache.resource)
+                fresh = self._cache.pod_state(obj)
             except NotFound:
                 fresh = None
             except (ApiError, ApiUnavailable, BadObject) as exc:
@@ -295,7 +295,7 @@ class Binder:
             return pod
         try:
             obj = await self._kube.get(pod_path(args.pod_namespace, args.pod_name))
-            pod = pod_state(obj, keys=self._cache.keys, resource=self._cache.resource)
+            pod = self._cache.pod_state(obj)
         except NotFound as exc:
             raise BindFailed(Result.ERROR, f"pod {args.key} not found") from exc
         except (ApiError, ApiUnavailable, BadObject) as exc:
@@ -549,7 +549,7 @@ class Binder:
         pods: list[PodState] = []
         for obj in answer.get("items") or []:
             try:
-                pods.append(pod_state(obj, keys=self._cache.keys, resource=self._cache.resource))
+                pods.append(self._cache.pod_state(obj))
             except BadObject:
                 continue
         return node_gpus(state, [p for p in pods if p.uid != uid])

@@ -37,6 +37,7 @@ from handoff.request import BadPod
 from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
 from lockd.model import NodeName
 from scheduler_ext.choose import FitKey, NodeGPUs
+from scheduler_ext.need import NeedMemo, PodNeed
 from scheduler_ext.sharing import Holding, holdings, sharing_node
 from scheduler_ext.state import BadObject, NodeState, PodState, node_state, pod_state
 
@@ -107,6 +108,19 @@ class ClusterCache:
         self.pods_synced = False
         self.last_event: dict[str, float] = {}  # "nodes"/"pods" -> clock of last event or relist
         self._changed = asyncio.Event()
+        self._needs = NeedMemo(resource, self.keys)
+
+    # ---- parsing ----------------------------------------------------------------------------
+
+    def pod_need(self, obj: Mapping[str, Any]) -> PodNeed:
+        """``need.pod_need`` of ``obj`` for this cache's resource and keys, parsed once for
+        equal containers and annotations (``need.NeedMemo``); raises ``BadPod`` as it does."""
+        return self._needs(obj)
+
+    def pod_state(self, obj: Mapping[str, Any]) -> PodState:
+        """``state.pod_state`` of ``obj`` for this cache's resource and keys, its need from
+        ``pod_need``; raises ``BadObject`` as it does."""
+        return pod_state(obj, keys=self.keys, resource=self.resource, need_of=self._needs)
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -299,7 +313,7 @@ class ClusterCache:
         resourceVersion (most of a running pod's updates: status conditions, the kubelet's
         writes), so nothing is re-indexed."""
         try:
-            state = pod_state(obj, keys=self.keys, resource=self.resource)
+            state = self.pod_state(obj)
         except (BadObject, BadPod) as exc:
             log.warning("ignoring a pod without identity: %s", exc)
             return False

@@ -23,9 +23,12 @@ lowest slots, so the device plugin must accept any subset of the pod's own reuse
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+import orjson
 
 from handoff.placement import NO_WISHES, Wishes, parse_wishes
 from handoff.request import BadPod, ContainerKind, ContainerNeed, container_needs
@@ -103,6 +106,67 @@ def pod_need(pod: Mapping[str, Any], resource: str, keys: Keys | None = None) ->
     except ValueError as exc:
         raise BadPod(str(exc)) from exc
     return need if wishes == NO_WISHES else replace(need, wishes=wishes)
+
+
+NEED_MEMO_SIZE = 4096  # distinct (containers, init containers, annotations) kept by a NeedMemo
+
+
+class NeedMemo:
+    """``pod_need`` for one resource and one set of keys, remembered by what it reads: the
+    pod's ``spec.initContainers``, ``spec.containers`` and ``metadata.annotations``.
+
+    A pod's watch events mostly change its status or its node, never its containers, so the
+    extender parses each pod's need once rather than once per event; pods made from one
+    template share an entry.  Guarantees: the same result (or the same ``BadPod`` message) as
+    ``pod_need`` on the same object; at most ``size`` entries, the least recently used dropped
+    first; a pod whose parts do not serialize as JSON is parsed every time.  Not thread-safe.
+    """
+
+    def __init__(self, resource: str, keys: Keys, *, size: int = NEED_MEMO_SIZE) -> None:
+        self.resource = resource
+        self.keys = keys
+        self._size = size
+        self._kept: OrderedDict[bytes, PodNeed | str] = OrderedDict()  # str: BadPod's message
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def __call__(self, pod: Mapping[str, Any]) -> PodNeed:
+        key = _need_inputs(pod)
+        if key is None:
+            return pod_need(pod, self.resource, self.keys)
+        kept = self._kept.get(key)
+        if kept is not None:
+            self.hits += 1
+            self._kept.move_to_end(key)
+        else:
+            self.misses += 1
+            try:
+                kept = pod_need(pod, self.resource, self.keys)
+            except BadPod as exc:
+                kept = str(exc)
+            self._kept[key] = kept
+            if len(self._kept) > self._size:
+                self._kept.popitem(last=False)
+        if isinstance(kept, str):
+            raise BadPod(kept)
+        return kept
+
+
+def _need_inputs(pod: Mapping[str, Any]) -> bytes | None:
+    """Everything ``pod_need`` reads of ``pod``, as JSON; None when it cannot be serialized (or
+    has no spec or metadata object: ``pod_need`` then says what is wrong)."""
+    spec, meta = pod.get("spec"), pod.get("metadata")
+    if not isinstance(spec, Mapping) or not isinstance(meta, Mapping):
+        return None
+    try:
+        return orjson.dumps(
+            (spec.get("initContainers"), spec.get("containers"), meta.get("annotations"))
+        )
+    except TypeError:
+        return None
 
 
 def mig_needs(pod: Mapping[str, Any]) -> tuple[MigNeed, ...]:

@@ -34,7 +34,7 @@ from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import FitKey, NodeGPUs, Policy, burst_fills_anyway
 from scheduler_ext.events import BindEvents
 from scheduler_ext.metrics import ExtenderMetrics, Result, Verb
-from scheduler_ext.need import PodNeed, pod_need
+from scheduler_ext.need import PodNeed
 from scheduler_ext.promises import Promises
 from scheduler_ext.protocol import (
     BadRequest,
@@ -181,7 +181,7 @@ class Endpoints:
         args = parse_extender_args(body)
         uid = str((args.pod.get("metadata") or {}).get("uid", ""))
         try:
-            need = pod_need(args.pod, self.cache.resource, self.cache.keys)
+            need = self.cache.pod_need(args.pod)
         except BadPod as exc:
             raise BadRequest(f"ExtenderArgs.Pod: {exc}") from exc
         return args, need, uid

@@ -8,7 +8,7 @@ assignment is counted as holding unknown devices).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -95,8 +95,15 @@ class NodeState:
     numa_policy: NumaPolicy = NumaPolicy.NONE  # label <prefix>topology-manager-policy
 
 
-def pod_state(obj: Mapping[str, Any], *, keys: Keys, resource: str) -> PodState:
-    """Parse a Pod object; raises ``BadObject`` only when it lacks name, namespace or uid."""
+def pod_state(
+    obj: Mapping[str, Any],
+    *,
+    keys: Keys,
+    resource: str,
+    need_of: Callable[[Mapping[str, Any]], PodNeed] | None = None,
+) -> PodState:
+    """Parse a Pod object; raises ``BadObject`` only when it lacks name, namespace or uid.
+    ``need_of`` (a ``NeedMemo`` for ``resource`` and ``keys``) stands for ``pod_need``."""
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping):
         raise BadObject("pod has no metadata object")
@@ -120,7 +127,7 @@ def pod_state(obj: Mapping[str, Any], *, keys: Keys, resource: str) -> PodState:
     need: PodNeed | None = None
     need_error: str | None = None
     try:
-        need = pod_need(obj, resource, keys)
+        need = need_of(obj) if need_of is not None else pod_need(obj, resource, keys)
     except BadPod as exc:
         need_error = str(exc)
     assignment: Assignment | None = None

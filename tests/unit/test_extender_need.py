@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from handoff.request import BadPod, ContainerKind, ContainerNeed, parse_quantity
-from scheduler_ext.need import NO_GPUS, plan_slots, pod_need
+from handoff.wire import Keys
+from scheduler_ext.need import NO_GPUS, NeedMemo, plan_slots, pod_need
 
 GPU = "nvidia.com/gpu"
 
@@ -150,3 +151,69 @@ def test_plan_matches_kubelets_reuse_rules(raw: list[tuple[ContainerKind, int]])
     assert need.total >= max(biggest_init, sum(counts[n] for n in long_lived))
     # deterministic
     assert plan_slots(ordered) == need
+
+
+# ---- NeedMemo: the extender's pod_need, parsed once per containers and annotations ----------
+
+
+def test_memo_answers_an_event_that_changed_status_or_node_from_the_first_parse() -> None:
+    memo = NeedMemo(GPU, Keys())
+    first = pod(container("a", 2))
+    need = memo(first)
+    later = {**first, "spec": {**first["spec"], "nodeName": "n1"}, "status": {"phase": "Running"}}
+    assert memo(later) is need
+    assert need == pod_need(later, GPU)
+    assert (memo.hits, memo.misses) == (1, 1)
+
+
+def test_memo_parses_again_when_containers_or_annotations_change() -> None:
+    keys = Keys()
+    memo = NeedMemo(GPU, keys)
+    base = pod(container("a", 1))
+    assert memo(base).total == 1
+    more = pod(container("a", 3))
+    assert memo(more).total == 3
+    pinned = {**base, "metadata": {**base["metadata"], "annotations": {keys.gpu_model: "H100"}}}
+    assert memo(pinned).wishes.models == ("H100",)
+    assert memo(pinned) == pod_need(pinned, GPU, keys)
+    sidecar = pod(container("a", 1), init=(container("s", 1, restartPolicy="Always"),))
+    assert memo(sidecar) == pod_need(sidecar, GPU) != memo(base)
+    assert memo.misses == 4
+
+
+def test_memo_raises_the_same_refusal_every_time() -> None:
+    keys = Keys()
+    memo = NeedMemo(GPU, keys)
+    bad = pod(container("a", "1.5"))
+    for _ in range(2):
+        with pytest.raises(BadPod, match="whole"):
+            memo(bad)
+    assert (memo.hits, memo.misses) == (1, 1)
+    bad_wish = {**pod(container("a", 1)), "metadata": {"annotations": {keys.topology: "maybe"}}}
+    with pytest.raises(BadPod, match="maybe"):
+        memo(bad_wish)
+
+
+def test_memo_keeps_at_most_its_size_least_recently_used_dropped() -> None:
+    memo = NeedMemo(GPU, Keys(), size=2)
+    one, two, three = (pod(container("a", n)) for n in (1, 2, 3))
+    memo(one)
+    memo(two)
+    memo(one)  # two is now the least recently used
+    memo(three)
+    assert len(memo) == 2
+    memo(one)
+    assert memo.misses == 3  # one, two, three; one was kept
+    memo(two)
+    assert memo.misses == 4
+
+
+def test_memo_parses_what_does_not_serialize_every_time() -> None:
+    memo = NeedMemo(GPU, Keys())
+    odd = pod(container("a", 1))
+    odd["metadata"]["annotations"] = {1: "not a string key"}
+    assert memo(odd) == pod_need(odd, GPU)
+    assert memo(odd).total == 1
+    assert (memo.hits, memo.misses, len(memo)) == (0, 0, 0)
+    with pytest.raises(BadPod, match="spec"):
+        memo({"metadata": {}})
