@@ -37,7 +37,7 @@ from handoff.request import BadPod
 from handoff.wire import DEFAULT_RESOURCE, DeviceID, Keys
 from lockd.model import NodeName
 from scheduler_ext.choose import FitKey, NodeGPUs
-from scheduler_ext.need import NeedMemo, PodNeed
+from scheduler_ext.need import NEED_MEMO_SIZE, NeedMemo, PodNeed
 from scheduler_ext.sharing import Holding, holdings, sharing_node
 from scheduler_ext.state import BadObject, NodeState, PodState, node_state, pod_state
 
@@ -51,7 +51,7 @@ def node_gpus(node: NodeState, pods: Iterable[PodState]) -> NodeGPUs:
     """A node's GPU picture from its state and the pods bound to it (pure)."""
     taken: set[DeviceID] = set()
     unattributed = 0
-    whole = tuple(g for g in node.devices if not g.profile)  # MIG instances are not GPUs
+    whole = node.whole  # MIG instances are not GPUs
     shares = sharing_node(whole)
     held: list[Holding] = []  # sharing nodes: each bound pod's slices (scheduler_ext.sharing)
     for pod in pods:
@@ -74,7 +74,7 @@ def node_gpus(node: NodeState, pods: Iterable[PodState]) -> NodeGPUs:
         problem=node.problem,
         numa_policy=node.numa_policy,
         held=tuple(held),
-        mig=tuple(g for g in node.devices if g.profile),
+        mig=node.instances,
     )
 
 
@@ -90,6 +90,7 @@ class ClusterCache:
         keys: Keys | None = None,
         resource: str = DEFAULT_RESOURCE,
         clock: Callable[[], float] = time.monotonic,
+        need_memo_size: int = NEED_MEMO_SIZE,
     ) -> None:
         self.keys = keys or Keys()
         self.resource = resource
@@ -108,7 +109,7 @@ class ClusterCache:
         self.pods_synced = False
         self.last_event: dict[str, float] = {}  # "nodes"/"pods" -> clock of last event or relist
         self._changed = asyncio.Event()
-        self._needs = NeedMemo(resource, self.keys)
+        self._needs = NeedMemo(resource, self.keys, size=need_memo_size)
 
     # ---- parsing ----------------------------------------------------------------------------
 

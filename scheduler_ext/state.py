@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from handoff.holder import PodFacts, pod_facts
@@ -93,6 +94,22 @@ class NodeState:
     problem: str | None  # set when the node cannot take GPU pods (no or bad inventory)
     resource_version: str
     numa_policy: NumaPolicy = NumaPolicy.NONE  # label <prefix>topology-manager-policy
+
+    @cached_property
+    def whole(self) -> tuple[GPU, ...]:
+        """The whole GPUs of ``devices`` (MIG instances are not GPUs): one tuple for the
+        state's life, so the node pictures rebuilt from it share it (``topology._layout``
+        computes the layout once per tuple)."""
+        return (
+            self.devices
+            if all(not g.profile for g in self.devices)
+            else tuple(g for g in self.devices if not g.profile)
+        )
+
+    @cached_property
+    def instances(self) -> tuple[GPU, ...]:
+        """The MIG instances of ``devices``."""
+        return tuple(g for g in self.devices if g.profile)
 
 
 def pod_state(

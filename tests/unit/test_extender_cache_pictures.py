@@ -191,3 +191,41 @@ def test_a_write_rebuilds_only_the_pictures_it_touched() -> None:
     assert after[NodeName("n2")] is before[NodeName("n2")]
     assert after[NodeName("n1")] is not before[NodeName("n1")]
     assert after[NodeName("n1")].available == len(DEVICES) - 1
+    # the rebuilt picture keeps the node's inventory tuple, so its layout is computed once
+    assert after[NodeName("n1")].devices is before[NodeName("n1")].devices
+
+
+def test_a_mig_nodes_pictures_share_its_whole_gpus_and_its_instances() -> None:
+    cache = ClusterCache(resource=RES)
+    gpus = [
+        GPU(DeviceID("GPU-0"), 0, "H100", 81559, 0, True),
+        GPU(
+            DeviceID("MIG-1a"),
+            1,
+            "H100",
+            9984,
+            0,
+            True,
+            profile="1g.10gb",
+            parent=DeviceID("GPU-1"),
+        ),
+    ]
+    inventory = format_inventory(gpus)
+    cache.replace_nodes(
+        [{"metadata": {"name": "n0", "annotations": {"nodelock.io/gpus": inventory}}}]
+    )
+    first = cache.pictures()[NodeName("n0")]
+    assert [g.id for g in first.devices] == ["GPU-0"]
+    assert [g.id for g in first.mig] == ["MIG-1a"]
+    asks = {"name": "c", "resources": {"requests": {RES: "1"}}}
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+        "spec": {"nodeName": "n0", "containers": [asks]},
+        "status": {"phase": "Running"},
+    }
+    cache.apply_pod("ADDED", pod)
+    second = cache.pictures()[NodeName("n0")]
+    assert second is not first
+    assert second.available == 0
+    assert second.devices is first.devices
+    assert second.mig is first.mig
