@@ -6,6 +6,7 @@ Runs, one after another (each starts what it needs and stops it):
   kube-apiserver, against a client-go-style get-then-update baseline;
 - ``bench.extender_bench``: filter and prioritize latency for 5,000 nodes x 8 GPUs, against an
   empty aiohttp handler;
+- ``bench.watch_events``: the extender's CPU per pod watch event, against parsing every event;
 - ``bench.handoff``: pods/s through the extender against the default binder, API requests per
   pod, handoff overhead, lock-aware prioritize on and off;
 - ``bench.allocation``: allocation quality of the topology-aware choice against lowest-index
@@ -24,6 +25,7 @@ RESULTS = "bench/results"
 BENCHMARKS = [
     ["bench.lockd_requests", "--json", f"{RESULTS}/lockd_requests.json"],
     ["bench.extender_bench"],
+    ["bench.watch_events"],
     ["bench.handoff"],
     ["bench.allocation", "--json", f"{RESULTS}/allocation.json"],
 ]
