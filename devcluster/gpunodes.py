@@ -207,7 +207,12 @@ def start_extender(
     )
     cluster.restart_scheduler({"extenders": config["extenders"]})
     data = cluster.state.load()
-    data["settings"]["extender"] = {"url": url, "replicas": urls, "metrics": metrics_urls}
+    data["settings"]["extender"] = {
+        "url": url,
+        "replicas": urls,
+        "metrics": metrics_urls,
+        "http_timeout_s": http_timeout_s,
+    }
     cluster.state.save(data)
     return url
 
@@ -429,6 +434,8 @@ def up_gpu_cluster(
     policy: str = "binpack",
     lock_aware: bool = True,
     extender_args: list[str] | None = None,
+    bind_wait_budget_s: float = DEFAULT_WAIT_BUDGET_S,
+    http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S,
     plugin_args: list[str] | None = None,
     gpu_topology: str | None = None,
     topology_policy: NumaPolicy = NumaPolicy.NONE,
@@ -441,8 +448,9 @@ def up_gpu_cluster(
     kubelet: KubeletKind = KubeletKind.SIM,
 ) -> list[NodeSpec]:
     """Install the GPU pod admission policies (as the chart does on a real cluster), start the
-    extender (``extender_tls``: over HTTPS, ``start_extender``) and ``nodes`` simulated GPU
-    nodes, and wait until all report GPUs.
+    extender (``extender_tls``: over HTTPS, ``start_extender``; ``bind_wait_budget_s`` and
+    kube-scheduler's ``http_timeout_s`` are set together) and ``nodes`` simulated GPU nodes, and
+    wait until all report GPUs.
 
     ``gpu_topology`` names a simulated GPU layout for every node; ``topology_policy`` is the
     simulated kubelets' topology manager policy (published as a node label for the extender).
@@ -477,6 +485,8 @@ def up_gpu_cluster(
         policy=policy,
         lock_aware=lock_aware,
         extra_args=extender_args,
+        bind_wait_budget_s=bind_wait_budget_s,
+        http_timeout_s=http_timeout_s,
         tls=extender_tls,
     )
     for spec in specs:

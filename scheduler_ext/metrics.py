@@ -24,12 +24,19 @@ from kube.build import register_build_info
 from lockd.metrics import WAIT_BUCKETS
 from lockd.model import NodeName
 from scheduler_ext.cache import ClusterCache
+from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
 from scheduler_ext.waiting import GiveUp
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 MAX_WAITING_PODS = 10_000
+
+
+def latency_buckets(http_timeout_s: float) -> tuple[float, ...]:
+    """``LATENCY_BUCKETS`` with kube-scheduler's ``httpTimeout`` among the bounds, so that the
+    answers it no longer waited for are countable: ``_count`` minus ``_bucket{le="<timeout>"}``."""
+    return tuple(sorted({*LATENCY_BUCKETS, float(http_timeout_s)}))
 
 
 class Verb(StrEnum):
@@ -109,7 +116,10 @@ class ExtenderMetrics:
         *,
         registry: CollectorRegistry = REGISTRY,
         clock: Callable[[], float] = time.monotonic,
+        http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S,
     ) -> None:
+        """``http_timeout_s``: kube-scheduler's ``httpTimeout``, a bound of the request-duration
+        buckets (``latency_buckets``)."""
         self.registry = registry
         register_build_info(registry)
         self._queue_depths: Callable[[], dict[NodeName, int]] = dict
@@ -118,7 +128,7 @@ class ExtenderMetrics:
             "nodelock_extender_request_duration_seconds",
             "Time to answer a filter, prioritize or bind call, server side.",
             ["verb"],
-            buckets=LATENCY_BUCKETS,
+            buckets=latency_buckets(http_timeout_s),
             registry=registry,
         )
         self.requests = Counter(

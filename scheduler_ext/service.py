@@ -158,7 +158,9 @@ class Extender:
         self.cache = ClusterCache(
             keys=Keys(settings.annotation_prefix), resource=settings.resource_name
         )
-        self.metrics = ExtenderMetrics(self.cache, registry=registry)
+        self.metrics = ExtenderMetrics(
+            self.cache, registry=registry, http_timeout_s=settings.scheduler_http_timeout_s
+        )
         # the binder's and its locks' requests are held to each bind's deadline
         held_to_deadline = DeadlineClient(kube)
         self.locks = NodeLocks(

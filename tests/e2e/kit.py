@@ -28,8 +28,6 @@ from handoff.wire import DEFAULT_LOCK_NAMESPACE, MIG_RESOURCE_PREFIX, parse_inve
 from kube import failpoints
 from kube.client import JSON, KubeClient, lease_path, namespace_path, node_path, pod_path
 from kube.errors import Forbidden, NotFound
-from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
-from scheduler_ext.metrics import LATENCY_BUCKETS
 
 LEASE_S = 5
 RESOURCE = "nvidia.com/gpu"
@@ -398,11 +396,13 @@ async def extender_sum(c: GPUCluster, name: str, **labels: str) -> float:
 
 async def binds_over_timeout(c: GPUCluster) -> float:
     """Bind calls the extender replicas answered later than kube-scheduler's ``httpTimeout``
-    (from the request-duration histogram, whose last finite bucket is that timeout)."""
-    assert DEFAULT_HTTP_TIMEOUT_S in LATENCY_BUCKETS, "the timeout is no bucket to read"
+    (the one the cluster's extender was started with: a bound of the request-duration
+    histogram's buckets, ``scheduler_ext.metrics.latency_buckets``; a missing bucket reads as
+    every bind over)."""
+    timeout_s = float(c.cluster.settings()["extender"]["http_timeout_s"])
     name = "nodelock_extender_request_duration_seconds"
     total = await extender_sum(c, f"{name}_count", verb="bind")
-    within = await extender_sum(c, f"{name}_bucket", verb="bind", le=f"{DEFAULT_HTTP_TIMEOUT_S}")
+    within = await extender_sum(c, f"{name}_bucket", verb="bind", le=f"{timeout_s}")
     return total - within
 
 

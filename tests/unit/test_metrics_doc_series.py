@@ -93,3 +93,21 @@ def test_device_plugin_refusals_exist_at_zero_for_every_reason() -> None:
     for kind in [*RefusalKind, "allocated"]:
         name = "nodelock_deviceplugin_allocations_total"
         assert sample(metrics.registry, name, result=str(kind)) == 0, kind
+
+
+def test_request_duration_has_kube_schedulers_timeout_among_its_bounds() -> None:
+    """Answers later than kube-scheduler's ``httpTimeout`` are countable whatever the timeout:
+    ``_count`` minus the bucket bounded by it."""
+    registry = CollectorRegistry()
+    metrics = ExtenderMetrics(ClusterCache(), registry=registry, http_timeout_s=14)
+    name = "nodelock_extender_request_duration_seconds"
+    for seconds in (9.0, 13.0, 15.0):
+        metrics.latency.labels(Verb.BIND.value).observe(seconds)
+    count = sample(registry, f"{name}_count", verb="bind")
+    within = sample(registry, f"{name}_bucket", verb="bind", le="14.0")
+    assert (count, within) == (3, 2)
+    # the default timeout (10 s) is a bound of the default buckets
+    default = CollectorRegistry()
+    ExtenderMetrics(ClusterCache(), registry=default)
+    assert sample(default, f"{name}_bucket", verb="bind", le="10.0") == 0
+    assert sample(default, f"{name}_bucket", verb="bind", le="14.0") is None
