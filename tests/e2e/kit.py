@@ -476,12 +476,52 @@ async def slow_admission(e2e: GPUCluster, node: str, *, seconds: float) -> Async
         plugin, env={"NODELOCK_FAILPOINTS": f"allocate.start=sleep:{seconds}"}
     )
     await wait_registrations(e2e.cluster, node, seen)
+    await wait_devices_back(e2e, node)
     try:
         yield
     finally:
         seen = plugin_registrations(e2e.cluster, node)
         e2e.cluster.restart_component(plugin, env={})
         await wait_registrations(e2e.cluster, node, seen)
+        await wait_devices_back(e2e, node)
+
+
+def _devices_short(node: JSON) -> dict[str, tuple[str | None, str | None]]:
+    """The node's device resources (extended resources in its capacity) whose published
+    allocatable is not their capacity: resource -> (capacity, allocatable)."""
+    status = node["status"]
+    capacity, allocatable = status.get("capacity", {}), status.get("allocatable", {})
+    return {
+        r: (n, allocatable.get(r))
+        for r, n in capacity.items()
+        if "/" in r and allocatable.get(r) != n
+    }
+
+
+async def wait_devices_back(
+    e2e: GPUCluster, node: str, *, settle_s: float = 1.0, timeout_s: float = 30.0
+) -> None:
+    """After the node's device plugin registered again (``wait_registrations``), wait until
+    kubelet has its devices again: a pod admitted before then fails with kubelet's "no healthy
+    devices present".  kubelet marks a resource's devices unhealthy when its plugin disconnects
+    and healthy again from the new plugin's first ListAndWatch answer (``PluginDisconnected``,
+    ``markResourceUnhealthy``, ``PluginListAndWatchReceiver`` in
+    ``pkg/kubelet/cm/devicemanager/manager.go``, v1.31.9 and v1.37.2); the Node publishes that as
+    allocatable below, then equal to, capacity at its next status sync.  Done when every device
+    resource's allocatable equals its capacity, once it was seen below or ``settle_s`` after the
+    registration (the Node may still show the value from before the restart until its sync)."""
+    path = node_path(node)
+    registered = time.monotonic()
+    deadline = registered + timeout_s
+    dropped = False
+    while True:
+        short = _devices_short(await e2e.kube.get(path))
+        dropped = dropped or bool(short)
+        if not short and (dropped or time.monotonic() - registered >= settle_s):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{node}: devices not back after {timeout_s}s: {short}")
+        await asyncio.sleep(0.1)
 
 
 # ---- proof that a fault happened ----------------------------------------------------------------

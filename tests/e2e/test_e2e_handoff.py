@@ -22,7 +22,10 @@ from tests.e2e.kit import (
     assignment,
     gpu_pod,
     kubelet_devices,
+    log_count,
+    sleeping_at,
     slow_admission,
+    wait_log,
 )
 
 SHAPES = {
@@ -186,9 +189,12 @@ async def test_bypass_pod_racing_a_handoff_fails_alone_and_the_holder_runs(
     node = e2e.nodes[-1]
     await e2e.allow_bypass()
     e2e.expect_unadmitted("sneaky")
-    async with slow_admission(e2e, node, seconds=3):
+    plugin = f"deviceplugin-{node}"
+    # the holder is scheduled, bound and holds the lock while the bypass pod's Allocate waits
+    async with slow_admission(e2e, node, seconds=5):
+        sleeping = log_count(e2e, plugin, sleeping_at("allocate.start"))
         await e2e.create_pod("sneaky", [1], node=node, bind_directly=True, labels=BYPASS)
-        await asyncio.sleep(0.5)  # kubelet is inside the bypass pod's Allocate
+        await wait_log(e2e, plugin, sleeping_at("allocate.start"), sleeping)  # in its Allocate
         await e2e.create_pod("holder", [1], node=node)
         await e2e.wait_holder(node, e2e.key("holder"))
         sneaky = await e2e.wait_phase("sneaky", ["Failed", "Running"], timeout_s=60)
