@@ -15,6 +15,7 @@ from tests.e2e.kit import (
     GPUCluster,
     plugin_registrations,
     slow_admission,
+    wait_devices_back,
     wait_registrations,
 )
 
@@ -91,6 +92,7 @@ async def test_refused_allocate_says_why_on_the_node(e2e: GPUCluster) -> None:
     seen = plugin_registrations(e2e.cluster, node)
     e2e.cluster.restart_component(plugin)
     await wait_registrations(e2e.cluster, node, seen)
+    await wait_devices_back(e2e, node)  # else kubelet refuses the pod before any Allocate
     before = {
         e["metadata"]["uid"]: int(e.get("count") or 1)
         for e in await events_about(e2e.kube, "default", "Node", node, "AllocateRefused")
