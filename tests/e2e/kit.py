@@ -470,20 +470,23 @@ async def restart_extenders(
 async def slow_admission(e2e: GPUCluster, node: str, *, seconds: float) -> AsyncIterator[None]:
     """Within the block, the node's device plugin takes ``seconds`` over every Allocate (a slow
     admission: the holder stays Pending on the node, bound and not admitted)."""
-    plugin = f"deviceplugin-{node}"
-    seen = plugin_registrations(e2e.cluster, node)
-    e2e.cluster.restart_component(
-        plugin, env={"NODELOCK_FAILPOINTS": f"allocate.start=sleep:{seconds}"}
-    )
-    await wait_registrations(e2e.cluster, node, seen)
-    await wait_devices_back(e2e, node)
+    await restart_plugin(e2e, node, env={"NODELOCK_FAILPOINTS": f"allocate.start=sleep:{seconds}"})
     try:
         yield
     finally:
-        seen = plugin_registrations(e2e.cluster, node)
-        e2e.cluster.restart_component(plugin, env={})
-        await wait_registrations(e2e.cluster, node, seen)
-        await wait_devices_back(e2e, node)
+        await restart_plugin(e2e, node, env={})
+
+
+async def restart_plugin(
+    e2e: GPUCluster, node: str, *, env: Mapping[str, str] | None = None
+) -> None:
+    """Restart the node's device plugin (``env`` replacing its environment when given) and wait
+    until kubelet has its devices again: registered (``wait_registrations``) and served
+    (``wait_devices_back``)."""
+    seen = plugin_registrations(e2e.cluster, node)
+    e2e.cluster.restart_component(f"deviceplugin-{node}", env=env)
+    await wait_registrations(e2e.cluster, node, seen)
+    await wait_devices_back(e2e, node)
 
 
 def _devices_short(node: JSON) -> dict[str, tuple[str | None, str | None]]:

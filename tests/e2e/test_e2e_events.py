@@ -13,10 +13,8 @@ from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
 from tests.e2e.kit import (
     BYPASS,
     GPUCluster,
-    plugin_registrations,
+    restart_plugin,
     slow_admission,
-    wait_devices_back,
-    wait_registrations,
 )
 
 
@@ -88,11 +86,7 @@ async def test_refused_allocate_says_why_on_the_node(e2e: GPUCluster) -> None:
     # Node events live in "default", shared with every earlier test: only an Event this test's
     # refusal wrote (new, or one counted up since) is evidence.  A plugin started afresh has no
     # recent write to rate-limit against (kube/events.py), so its first refusal is written.
-    plugin = f"deviceplugin-{node}"
-    seen = plugin_registrations(e2e.cluster, node)
-    e2e.cluster.restart_component(plugin)
-    await wait_registrations(e2e.cluster, node, seen)
-    await wait_devices_back(e2e, node)  # else kubelet refuses the pod before any Allocate
+    await restart_plugin(e2e, node)  # served again: else kubelet refuses before any Allocate
     before = {
         e["metadata"]["uid"]: int(e.get("count") or 1)
         for e in await events_about(e2e.kube, "default", "Node", node, "AllocateRefused")

@@ -19,6 +19,11 @@ scenario pins, with its source (the same in v1.31.9 and v1.37.2):
   against the Node as last published, raised to what the device manager holds for pods
   (``lifecycle/predicate.go`` ``Admit``; ``UpdatePluginResources``, same manager.go), so a
   running pod whose record was lost with the checkpoint is rejected while the Node shows 0;
+- a plugin that stops leaves its resource's devices unhealthy (``PluginDisconnected``,
+  ``markResourceUnhealthy``): the Node keeps the capacity and shows 0 allocatable, and a pod
+  admitted then fails before any Allocate ("no healthy devices present", ``devicesToAllocate``,
+  all in ``pkg/kubelet/cm/devicemanager/manager.go``); the restarted plugin's first ListAndWatch
+  answer makes them healthy again (``PluginListAndWatchReceiver``);
 - a pod being deleted keeps its devices until its containers have stopped (its preStop hooks
   first: ``killContainer``, ``pkg/kubelet/kuberuntime/kuberuntime_container.go``; a pod counts
   as active until known terminated: ``isPodInactive``, ``pkg/kubelet/kubelet_pods.go``);
@@ -51,7 +56,7 @@ from devcluster.gpunodes import (
 )
 from devcluster.realkubelet import KubeletKind
 from deviceplugin.kubeletview import KubeletViewError, list_pod_resources
-from kube.client import JSON, pod_path
+from kube.client import JSON, node_path, pod_path
 from tests.e2e.kit import (
     BYPASS,
     LEASE_S,
@@ -67,6 +72,7 @@ from tests.e2e.kit import (
     sleeping_at,
     slow_admission,
     wait_allocatable,
+    wait_devices_back,
     wait_log,
     wait_registrations,
 )
@@ -275,6 +281,35 @@ async def test_restart_without_checkpoint_rejects_a_running_pod_the_node_shows_n
         c.cluster.restart_component(plugin)
         await wait_registrations(c.cluster, node, seen, timeout_s=60)
         await wait_allocatable(c, {RESOURCE: "4"})
+    assert await _allocations(c) == 0  # the plugin, started again, was asked for nothing
+
+
+async def test_a_stopped_plugin_leaves_no_healthy_device_until_it_registers_again(
+    parity: GPUCluster,
+) -> None:
+    """While the node's device plugin is down kubelet keeps the resource's capacity, shows 0
+    allocatable and fails a GPU pod's admission before calling Allocate; once the plugin is
+    back, the Node shows every device again (what ``wait_devices_back`` waits for)."""
+    c = parity
+    node = c.nodes[0]
+    await c.allow_bypass()
+    plugin = f"deviceplugin-{node}"
+    seen = plugin_registrations(c.cluster, node)
+    c.cluster.stop_component(plugin, forget=False)
+    try:
+        await wait_allocatable(c, {RESOURCE: "0"}, node=node)
+        assert (await c.kube.get(node_path(node)))["status"]["capacity"][RESOURCE] == "4"
+        await c.create_pod("early", [1], node=node, bind_directly=True, labels=BYPASS)
+        status = (await c.wait_phase("early", ["Failed", "Running"], timeout_s=60))["status"]
+        assert (status["phase"], status.get("reason")) == ("Failed", "UnexpectedAdmissionError")
+        assert (
+            f"no healthy devices present; cannot allocate unhealthy devices {RESOURCE}"
+            in status.get("message", "")
+        ), status
+    finally:
+        c.cluster.restart_component(plugin)
+        await wait_registrations(c.cluster, node, seen, timeout_s=60)
+    await wait_devices_back(c, node)
     assert await _allocations(c) == 0  # the plugin, started again, was asked for nothing
 
 

@@ -14,7 +14,8 @@ from lockd.lease import LeaseFormat
 from lockd.metrics import AcquireResult, LockMetrics, Operation
 from lockd.model import Holder, HolderKey, NodeLockView, NodeName, Outcome
 from scheduler_ext.cache import ClusterCache
-from scheduler_ext.metrics import ExtenderMetrics, Result, Verb
+from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S
+from scheduler_ext.metrics import LATENCY_BUCKETS, ExtenderMetrics, Result, Verb, latency_buckets
 
 NODE = NodeName("gpu-1")
 
@@ -106,7 +107,8 @@ def test_request_duration_has_kube_schedulers_timeout_among_its_bounds() -> None
     count = sample(registry, f"{name}_count", verb="bind")
     within = sample(registry, f"{name}_bucket", verb="bind", le="14.0")
     assert (count, within) == (3, 2)
-    # the default timeout (10 s) is a bound of the default buckets
+    # the default timeout (10 s) is a bound of the default buckets: nothing added
+    assert latency_buckets(DEFAULT_HTTP_TIMEOUT_S) == LATENCY_BUCKETS
     default = CollectorRegistry()
     ExtenderMetrics(ClusterCache(), registry=default)
     assert sample(default, f"{name}_bucket", verb="bind", le="10.0") == 0
