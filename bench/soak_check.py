@@ -58,6 +58,7 @@ CONTEXT_S = 15.0
 HOLDER_UID = f"{DEFAULT_PREFIX}holder-uid"
 TAKEN_OVER = "taken-over"  # lockd.model.Outcome.TAKEN_OVER, as the Lease records it
 KUBELET = "kubelet"  # a sampled pod's field: kubelet's record of it, when read apart from the pod
+DELETED_UNSCHEDULED = "deleted before it had a node"  # failed by the pod GC, not by us
 
 
 @dataclass(frozen=True)
@@ -481,6 +482,8 @@ class Checker:
                 [key_of(pod)],
             )
         for key, (failed_at, reason, node) in self.failures().items():
+            if reason == DELETED_UNSCHEDULED:
+                continue
             if not blamed_fault(events, failed_at, node):
                 self._flag(
                     "L1",
@@ -493,13 +496,19 @@ class Checker:
             v.history = self.history_of(v, events)
 
     def failures(self) -> dict[str, tuple[float, str, str]]:
-        """Pod key -> (when it was first seen Failed, its reason, its node)."""
+        """Pod key -> (when it was first seen Failed, its reason, its node); the reason is
+        ``DELETED_UNSCHEDULED`` for a pod deleted before it had a node, which
+        kube-controller-manager's pod GC marks Failed (``gcUnscheduledTerminating``,
+        ``pkg/controller/podgc/gc_controller.go``, v1.31.9 and v1.37.2): its owner removed it, no
+        kubelet or lock was involved, so it is no L1."""
         out: dict[str, tuple[float, str, str]] = {}
         for sample in self.samples:
             for pod in sample.pods:
                 if _phase(pod) == "Failed" and asks_for_devices(pod) and key_of(pod) not in out:
                     status = pod.get("status") or {}
                     reason = str(status.get("reason") or "no reason")
+                    if not _node(pod) and (pod.get("metadata") or {}).get("deletionTimestamp"):
+                        reason = DELETED_UNSCHEDULED
                     cause = failure_cause(str(status.get("message") or ""))
                     out[key_of(pod)] = (
                         sample.t,

@@ -379,3 +379,13 @@ def test_a_failure_is_summed_up_without_names() -> None:
         "unhealthy devices nvidia.com/gpu, which is unexpected"
     )
     assert failure_cause(gone) == "no healthy devices present"
+
+
+def test_a_pod_deleted_before_it_had_a_node_is_no_l1() -> None:
+    """kube-controller-manager's pod GC marks an unscheduled pod that is being deleted Failed
+    (no reason); only without the deletion is such a failure L1."""
+    deleted = gpu_pod("a", None, phase="Failed", node="")
+    deleted["metadata"]["deletionTimestamp"] = "2026-12-02T17:00:00Z"
+    assert run([Sample(100.0, [deleted], {})]).violations == []
+    failed = gpu_pod("a", None, phase="Failed", node="")
+    assert invariants(run([Sample(100.0, [failed], {})])) == ["L1"]
