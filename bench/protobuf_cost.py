@@ -5,17 +5,19 @@
 Starts a throwaway devcluster (kube-apiserver and etcd only) and reads kube-apiserver's CPU time
 from /proc around each block:
 
-- **writes**: ``--writes`` PUTs of one Lease shaped like a held node lock (the lock's labels
-  and annotations, holder, duration, acquire and renew times), each conditional on the last
-  resourceVersion as lockd's are, body and answer in JSON (``application/json``) or in
-  protobuf (``application/vnd.kubernetes.protobuf``: the ``k8s\\0`` envelope around the
-  ``coordination.k8s.io/v1`` Lease);
+- **writes**: ``--writes`` PUTs of one Lease as lockd writes a held node lock
+  (``LeaseFormat``: the lock's labels and annotations, holder, duration, acquire and renew
+  times), each conditional on the last resourceVersion as lockd's are, body and answer in JSON
+  (``application/json``) or in protobuf (``application/vnd.kubernetes.protobuf``: the ``k8s\\0``
+  envelope around the ``coordination.k8s.io/v1`` Lease); and, as a third kind, the same PUTs in
+  JSON of a bare Lease (no labels or annotations: ``bare``), so that what the lock's own fields
+  cost a write shows apart from what any Lease write costs;
 - **watch events**: the same writes (in JSON) while ``--watchers`` watches of the Lease's
   namespace read every event, all of them asking for JSON or all for protobuf
   (``;stream=watch``); the API server's CPU per event delivered is the block's CPU less the
   writes' own, over writes x watchers.
 
-Blocks alternate JSON and protobuf ``--blocks`` times each; the report gives the median of each
+Blocks alternate the kinds ``--blocks`` times each; the report gives the median of each
 kind.  The protobuf bodies are encoded here by hand (field numbers of
 ``k8s.io/api/coordination/v1/generated.proto`` and ``k8s.io/apimachinery/pkg/apis/meta/v1/
 generated.proto``, Kubernetes 1.37); nothing here decodes protobuf: the benchmark reads the
@@ -35,17 +37,60 @@ from typing import Any
 
 from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.namespaces import create_namespace
+from handoff.wire import (
+    DEFAULT_LOCK_NAMESPACE,
+    DEFAULT_PREFIX,
+    LEASE_ASSIGNMENT,
+    ContainerName,
+    DeviceID,
+    format_assignment,
+)
 from kube.client import KubeClient, lease_path
+from lockd.lease import LeaseFormat
+from lockd.model import FencingToken, Holder, HolderKey, NodeName, Outcome
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
+JSON = "application/json"
+BARE = "bare"  # JSON writes of a Lease without the lock's labels and annotations
+WRITE_KINDS = (JSON, PROTOBUF, BARE)
 NAMESPACE = "bench-protobuf"
 NAME = "gpu-node-01"
-LABELS = {"nodelock.dev/lock": "node"}
-ANNOTATIONS = {
-    "nodelock.dev/token": "1234",
-    "nodelock.dev/holder-uid": "6f1c1e8e-5f55-4c1e-9d0e-3a3c7b1d2e4f",
-}
 HOLDER = "bench-nodelock/p17"
+
+
+def _held_lock_metadata() -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations of a node lock as lockd writes it in a burst: held by
+    ``HOLDER`` (its UID and one-GPU assignment) after an earlier handoff that ended
+    ``allocated`` (the ``last-*`` record)."""
+    form = LeaseFormat(DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX)
+    now = "2026-01-01T00:00:00.000000Z"
+
+    def holder(key: str, uid: str) -> Holder:
+        gpu = DeviceID(f"GPU-{uid}")
+        return Holder(
+            HolderKey(key),
+            uid,
+            {LEASE_ASSIGNMENT: format_assignment({ContainerName("main"): [gpu]})},
+        )
+
+    first = form.new_lease(
+        NodeName(NAME),
+        holder("bench-nodelock/p16", "6f1c1e8e-5f55-4c1e-9d0e-3a3c7b1d2e40"),
+        duration_s=15,
+        now=now,
+    )
+    released = form.released(first, outcome=Outcome.ALLOCATED, now=now)
+    held = form.acquired(
+        released,
+        holder(HOLDER, "6f1c1e8e-5f55-4c1e-9d0e-3a3c7b1d2e4f"),
+        token=FencingToken(2),
+        duration_s=15,
+        now=now,
+    )
+    return dict(held["metadata"]["labels"]), dict(held["metadata"]["annotations"])
+
+
+LABELS, ANNOTATIONS = _held_lock_metadata()
 
 
 # -- a minimal protobuf writer (wire types 0 and 2 are all a Lease needs) ----------------------
@@ -140,8 +185,9 @@ def _rfc3339_micro(seconds: float) -> str:
     return f"{stamp}.{int(seconds % 1 * 1e6):06d}Z"
 
 
-def lease_json(now: float, rv: str = "") -> bytes:
-    """The same Lease in JSON."""
+def lease_json(now: float, rv: str = "", *, bare: bool = False) -> bytes:
+    """The same Lease in JSON; ``bare``: without its labels and annotations (an update then
+    removes them)."""
     return json.dumps(
         {
             "apiVersion": "coordination.k8s.io/v1",
@@ -150,8 +196,7 @@ def lease_json(now: float, rv: str = "") -> bytes:
                 "name": NAME,
                 "namespace": NAMESPACE,
                 **({"resourceVersion": rv} if rv else {}),
-                "labels": LABELS,
-                "annotations": ANNOTATIONS,
+                **({} if bare else {"labels": LABELS, "annotations": ANNOTATIONS}),
             },
             "spec": {
                 "holderIdentity": HOLDER,
@@ -178,7 +223,7 @@ async def _call(kube: KubeClient, method: str, path: str, body: bytes, kind: str
     """Send ``body`` as ``kind``, the answer asked in ``kind`` too; the Lease's new
     resourceVersion."""
     api: Any = kube._api  # the bench sets its own Accept and Content-Type
-    sent: Any = json.loads(body) if kind == "application/json" else body  # JSON: the client encodes
+    sent: Any = json.loads(body) if kind == JSON else body  # JSON: the client encodes
     resp = await api.call_api(
         path,
         method,
@@ -200,10 +245,15 @@ _rv = [""]  # the Lease's last resourceVersion: every PUT is a conditional updat
 
 
 async def writes(kube: KubeClient, n: int, kind: str) -> None:
+    """``n`` conditional PUTs of the Lease as ``kind`` (``BARE``: JSON, without the lock's
+    labels and annotations)."""
     path = lease_path(NAMESPACE, NAME)
-    encode = lease_protobuf if kind == PROTOBUF else lease_json
     for _ in range(n):
-        _rv[0] = await _call(kube, "PUT", path, encode(time.time(), _rv[0]), kind)
+        if kind == PROTOBUF:
+            body = lease_protobuf(time.time(), _rv[0])
+        else:
+            body = lease_json(time.time(), _rv[0], bare=kind == BARE)
+        _rv[0] = await _call(kube, "PUT", path, body, PROTOBUF if kind == PROTOBUF else JSON)
 
 
 async def _drain(kube: KubeClient, kind: str, ready: asyncio.Event, counts: list[int]) -> None:
@@ -233,7 +283,7 @@ async def watched_writes(kube: KubeClient, n: int, watchers: int, kind: str) -> 
     tasks = [asyncio.create_task(_drain(kube, kind, r, counts)) for r in readies]
     await asyncio.gather(*(r.wait() for r in readies))
     await asyncio.sleep(0.5)
-    await writes(kube, n, "application/json")
+    await writes(kube, n, JSON)
     await asyncio.sleep(0.5)  # the last events delivered
     for t in tasks:
         t.cancel()
@@ -248,18 +298,18 @@ async def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         await create_namespace(kube, NAMESPACE)
         created = await kube.create(lease_path(NAMESPACE), json.loads(lease_json(time.time())))
         _rv[0] = created["metadata"]["resourceVersion"]
-        await writes(kube, 50, "application/json")  # warm both paths up
-        await writes(kube, 50, PROTOBUF)
+        for kind in WRITE_KINDS:  # warm every path up
+            await writes(kube, 50, kind)
         samples: dict[str, dict[str, list[float]]] = {"write": {}, "watch": {}}
         for _ in range(args.blocks):
-            for kind in ("application/json", PROTOBUF):
+            for kind in WRITE_KINDS:
                 before = cpu_s(pid)
                 await writes(kube, args.writes, kind)
                 used = cpu_s(pid) - before
                 samples["write"].setdefault(kind, []).append(used / args.writes)
-        plain = statistics.median(samples["write"]["application/json"])
+        plain = statistics.median(samples["write"][JSON])
         for _ in range(args.blocks):
-            for kind in ("application/json", PROTOBUF):
+            for kind in (JSON, PROTOBUF):
                 before = cpu_s(pid)
                 got = await watched_writes(kube, args.writes, args.watchers, kind)
                 used = cpu_s(pid) - before
@@ -267,11 +317,13 @@ async def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
                 samples["watch"].setdefault(kind, []).append(per_event)
                 out["event_bytes"][kind] = got / (args.writes * args.watchers)
         out["write_bytes"] = {
-            "application/json": len(lease_json(time.time(), _rv[0])),
+            JSON: len(lease_json(time.time(), _rv[0])),
             PROTOBUF: len(lease_protobuf(time.time(), _rv[0])),
+            BARE: len(lease_json(time.time(), _rv[0], bare=True)),
         }
-    for kind in ("application/json", PROTOBUF):
+    for kind in WRITE_KINDS:
         out["write_ms"][kind] = statistics.median(samples["write"][kind]) * 1000
+    for kind in (JSON, PROTOBUF):
         out["event_ms"][kind] = statistics.median(samples["watch"][kind]) * 1000
     out["samples"] = samples
     return out
@@ -283,11 +335,17 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> str:
         f"({args.writes} writes x {args.blocks} blocks each; {args.watchers} watchers)",
         f"{'':<36}{'PUT ms':>9}{'body B':>9}{'event ms':>10}{'event B':>9}",
     ]
-    for kind in ("application/json", PROTOBUF):
+    for kind in (JSON, PROTOBUF):
         lines.append(
             f"{kind:<36}{r['write_ms'][kind]:>9.3f}{r['write_bytes'][kind]:>9}"
             f"{r['event_ms'][kind]:>10.3f}{r['event_bytes'].get(kind, 0):>9.0f}"
         )
+    label = f"{JSON}, bare Lease"
+    lines.append(f"{label:<36}{r['write_ms'][BARE]:>9.3f}{r['write_bytes'][BARE]:>9}")
+    lines.append(
+        "bare Lease: the same PUTs without the lock's labels and annotations; "
+        f"lock-shaped / bare: {r['write_ms'][JSON] / r['write_ms'][BARE]:.2f}"
+    )
     return "\n".join(lines)
 
 
