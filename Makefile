@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup bytecode system-deps test lint go-check unit demo bench binaries proto generate generated-files clean
+.PHONY: setup bytecode system-deps test lint go-check unit demo bench device-bundle binaries proto generate generated-files clean
 
 setup: $(VENV)/.installed
 
@@ -75,6 +75,11 @@ demo: setup binaries bytecode
 
 bench: setup binaries bytecode
 	$(BIN)/python -m bench
+
+# What the device check needs on a lent GPU machine, which reaches no package index: wheels and
+# the cached binaries in .device/ (bench/device_bundle.sh prints the device calls that carry it).
+device-bundle: setup binaries
+	bash bench/device_bundle.sh
 
 proto: setup
 	$(BIN)/python -m proto.generate
