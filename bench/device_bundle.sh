@@ -57,22 +57,25 @@ done
   --dest .device/wheels --requirement .device/requirements.txt
 
 echo "==> binaries from $CACHE: ${ENTRIES[*]}"
-tar -C "$CACHE" -cf - "${ENTRIES[@]}" | xz -6 -T0 | split -b "${PART_MIB}M" -d - .device/cache.tar.xz.
+tar -C "$CACHE" -cf - "${ENTRIES[@]}" | xz -6 -T0 \
+  | split -b "${PART_MIB}M" -d - .device/cache.tar.xz.
 (cd .device && sha256sum cache.tar.xz.* wheels/*.whl > SHA256SUMS)
 # the commit the bundle was made at (the lent machine's copy of the tree has no .git)
-echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+changes')" \
-  > .device/COMMIT
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+git diff --quiet HEAD 2>/dev/null || commit="$commit+changes"
+echo "$commit" > .device/COMMIT
 
 parts=(.device/cache.tar.xz.*)
 echo
-echo "device bundle: $(du -sh .device | cut -f1) in .device/ (${#parts[@]} binary parts, wheels $(du -sh .device/wheels | cut -f1))"
+echo "device bundle: $(du -sh .device | cut -f1) in .device/ (${#parts[@]} binary parts," \
+     "wheels $(du -sh .device/wheels | cut -f1))"
 echo "Carry it in this order, one device call each, the machine still warm between them:"
 n=${#parts[@]}
 for ((i = 0; i < n; i++)); do
   if ((i < n - 1)); then
     echo "  run carry=[\"${parts[i]}\"] command=\"ls -l ${parts[i]}\""
   else
-    echo "  run carry=[\"${parts[i]}\", \".device/wheels\", \".device/SHA256SUMS\", \".device/COMMIT\"]" \
-         "command=\"bash bench/device_check.sh\""
+    echo "  run carry=[\"${parts[i]}\", \".device/wheels\", \".device/SHA256SUMS\"," \
+         "\".device/COMMIT\"] command=\"bash bench/device_check.sh\""
   fi
 done

@@ -106,7 +106,8 @@ fi
   echo "date: $(date -u +%FT%TZ)"
   echo "cores: $(nproc)"
   grep -E '^(MemTotal)' /proc/meminfo
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || cat .device/COMMIT 2>/dev/null || echo unknown)"
+  commit="$(git rev-parse --short HEAD 2>/dev/null || cat .device/COMMIT 2>/dev/null)"
+  echo "commit: ${commit:-unknown}"
   if command -v nvidia-smi >/dev/null; then nvidia-smi -L; else echo "nvidia-smi: not found"; fi
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
