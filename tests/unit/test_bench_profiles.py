@@ -34,6 +34,16 @@ def wait_for(predicate, timeout_s: float = 20.0) -> bool:  # type: ignore[no-unt
     return False
 
 
+def exec_done_cmdline(proc: processes.Proc, started: Path) -> list[bytes]:
+    """The command line of ``proc`` once its program runs (it wrote ``started``).
+
+    Popen returns when the child's close-on-exec pipe closes, which the kernel does in
+    ``begin_new_exec`` before ``create_elf_tables`` sets the new argument area, so a read right
+    after spawn can see an empty command line (fs/exec.c, fs/binfmt_elf.c)."""
+    assert wait_for(started.exists), processes.log_tail(proc)
+    return Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+
+
 def test_a_hooked_component_writes_the_profile_of_what_it_ran_between_the_signals(
     tmp_path: Path,
 ) -> None:
@@ -49,9 +59,7 @@ def test_a_hooked_component_writes_the_profile_of_what_it_ran_between_the_signal
     )
     try:
         assert proc.argv == [sys.executable, "-m", "busyprog"]  # recorded unwrapped
-        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
-        assert b"--profiled" in cmdline
-        assert wait_for((tmp_path / "started").exists), processes.log_tail(proc)
+        assert b"--profiled" in exec_done_cmdline(proc, tmp_path / "started")
         os.kill(proc.pid, signal.SIGUSR1)
         time.sleep(0.5)
         os.kill(proc.pid, signal.SIGUSR2)
@@ -75,7 +83,7 @@ def test_without_the_variable_nothing_is_wrapped(tmp_path: Path) -> None:
         "extender", [sys.executable, "-m", "busyprog"], log_dir=tmp_path / "logs", env=env
     )
     try:
-        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        cmdline = exec_done_cmdline(proc, tmp_path / "started")
         assert b"--profiled" not in cmdline
         assert b"busyprog" in cmdline
     finally:
