@@ -10,10 +10,10 @@ BIN    := $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	touch $@
 
 # Every devcluster component is a fresh Python process; compiled bytecode saves each one
