@@ -7,8 +7,8 @@ committed; ``tests/unit/test_proto_generate.py`` regenerates them into a tempora
 fails when they differ, so the stubs cannot drift from the ``.proto`` files or the toolchain.
 
 Needs the ``dev`` extra (grpcio-tools, mypy-protobuf).  Output depends only on the ``.proto``
-files and the versions of those tools, which ``pyproject.toml`` pins; to move to newer ones,
-raise the pins, reinstall (``make setup``) and commit what this writes.
+files and the versions of those tools, which ``pyproject.toml`` and ``constraints.txt`` pin; to
+move to newer ones, raise both pins, reinstall (``make setup``) and commit what this writes.
 """
 
 from __future__ import annotations
