@@ -17,9 +17,11 @@ are (IDs ``MIG-<uuid5>``, stable like the GPUs', each with its parent's health, 
 links).  Reconfiguring a GPU's MIG layout while the plugin runs changes the inventory but not
 the MIG resources the plugin serves (those are fixed at start).  ``layout`` names one
 of ``LAYOUTS`` and gives every device its NUMA node and links (``layout_of``); it overrides
-``numaNodes``.  The file is polled
-(every 0.2 s) and reloaded when its content changes; a file that does not parse keeps the last
-good inventory and is logged, so a half-written edit never drops devices.
+``numaNodes``.  The file is read again
+when inotify reports it written or replaced (``deviceplugin.dirwatch``; every 5 s in any case,
+every 0.2 s where inotify cannot be used) and reloaded when its content changed; a file that
+does not parse keeps the last good inventory and is logged, so a half-written edit never drops
+devices.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.devices import DeviceBackendError, DeviceState
+from deviceplugin.dirwatch import DirChanges
 from handoff.topology import NO_TOPO, Topo
 from handoff.wire import GPU, DeviceID, valid_mig_profile
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_MEMORY_MIB = 81559
-POLL_S = 0.2
+POLL_S = 0.2  # without inotify
+RECHECK_S = 5.0  # with inotify
 _NAMESPACE = uuid.UUID("6f1b2c52-0d55-4a4c-9a43-7e0c8f6b7a11")  # nodelock's simulated GPUs
 
 log = logging.getLogger(__name__)
@@ -266,8 +270,16 @@ class SimulatedBackend:
         if self._file is None:
             await asyncio.Event().wait()  # nothing ever changes
             return
-        while True:
-            await asyncio.sleep(POLL_S)
+        changes = DirChanges(self._file.parent, [self._file.name])
+        try:
+            await self._follow(changes, state)
+        finally:
+            changes.close()
+
+    async def _follow(self, changes: DirChanges, state: DeviceState) -> None:
+        assert self._file is not None
+        while True:  # the first wait starts the watch and returns at once: a first look
+            await changes.wait(RECHECK_S if changes.available else POLL_S)
             try:
                 text = self._file.read_text(encoding="utf-8")
             except OSError as exc:
