@@ -218,7 +218,8 @@ class ClusterCache:
                 return False
             event = self._changed
             try:
-                await asyncio.wait_for(event.wait(), timeout=left)
+                async with asyncio.timeout(left):  # not wait_for: it can drop a cancellation
+                    await event.wait()
             except TimeoutError:
                 return predicate()
         return True

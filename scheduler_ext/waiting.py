@@ -363,7 +363,10 @@ class BindQueues:
         if left <= 0:
             return
         try:
-            await asyncio.wait_for(waiter.wake.wait(), timeout=left)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that
+            # arrives as the wake-up is set, and the bind would go on after its caller was stopped
+            async with asyncio.timeout(left):
+                await waiter.wake.wait()
         except TimeoutError:
             waiter.timed_out = True
 

@@ -94,7 +94,7 @@ class _Park:
 class ModelQueues(BindQueues):
     """``BindQueues`` with its one timed wait parked for the model.
 
-    GLUE (``BindQueues.sleep``: an ``asyncio.wait_for`` on the waiter's wake-up, with its
+    GLUE (``BindQueues.sleep``: an ``asyncio.timeout`` around the waiter's wake-up, with its
     deadline as the timeout): the coroutine parks, and the model resumes it once the waiter was
     woken or its deadline passed (``Replica.resumable``); resumed without a wake-up, it timed
     out.  Everything else is the project's ``BindQueues``."""

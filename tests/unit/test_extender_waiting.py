@@ -282,3 +282,27 @@ def test_prioritize_tolerates_an_eighth_of_the_budget_before_steering_away() -> 
     assert queues.steering_tolerance_s() == pytest.approx(0.5)
     queues.hold.add(3.0)  # very long holds: at least half a hold
     assert queues.steering_tolerance_s() == pytest.approx(1.5)
+
+
+async def test_a_waiter_cancelled_as_it_is_woken_stays_cancelled() -> None:
+    """A bind whose task is cancelled (the extender stopping) in the same turn as its wake-up
+    ends with the cancellation: it neither waits on nor takes its turn."""
+    clock, lock = Clock(), Lock()
+    queues = BindQueues(budget_s=4.0, clock=clock)
+    lock.hold("holder")
+    turns: list[str] = []
+
+    async def bind() -> None:
+        async with queues.turn(N, "p1", "ns/p1") as turn:
+            await turn.ready(lock)
+            turns.append("p1")
+
+    task = asyncio.create_task(bind())
+    await settle()  # parked: the lock is held
+    lock.free()
+    queues.notify(N)  # the Lease watch's wake-up ...
+    task.cancel()  # ... and the cancellation, in the same turn of the loop
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert turns == []
+    assert queues.depths() == {}
