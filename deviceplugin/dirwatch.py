@@ -32,6 +32,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+POLL_S = 0.2  # the waiters' polling period where inotify cannot be used
+RECHECK_S = 5.0  # with inotify: a look without a change, in case one was missed
+
 # <sys/inotify.h>
 IN_MODIFY = 0x00000002
 IN_ATTRIB = 0x00000004
@@ -122,6 +125,11 @@ class DirChanges:
     def available(self) -> bool:
         """Whether inotify is watching the directory now."""
         return self._fd is not None
+
+    def period(self, poll_s: float = POLL_S) -> float:
+        """How long a waiter waits for a change: ``RECHECK_S`` while inotify watches, ``poll_s``
+        otherwise."""
+        return RECHECK_S if self.available else poll_s
 
     def open(self) -> bool:
         """Start watching (again, after the directory was removed); whether it is watched."""

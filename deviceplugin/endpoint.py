@@ -5,7 +5,8 @@ second.  When kubelet restarts it deletes every socket in the plugin directory a
 ``kubelet.sock``; the plugin notices either and serves a fresh socket and registers again.  It
 follows both names with inotify (``deviceplugin.dirwatch``), so it looks at once after a change
 and otherwise every ``RECHECK_S`` (5 s); where inotify cannot be used it polls every ``POLL_S``
-(0.2 s).  Either way it is back within about a second of the new kubelet listening.
+(0.2 s), both from ``dirwatch``.  Either way it is back within about a second of the new
+kubelet listening.
 
 Guarantees: at most one gRPC server per endpoint at a time; Register is retried (every second at
 most) until kubelet accepts it, and never sent while the plugin's socket is missing.
@@ -22,15 +23,13 @@ from pathlib import Path
 
 import grpc
 
-from deviceplugin.dirwatch import DirChanges
+from deviceplugin.dirwatch import POLL_S, DirChanges
 from deviceplugin.metrics import PluginMetrics
 from proto import deviceplugin_v1beta1_pb2 as pb
 from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-POLL_S = 0.2  # without inotify
-RECHECK_S = 5.0  # with inotify: a look without a change, in case one was missed
 REGISTER_TIMEOUT_S = 5.0
 REGISTER_RETRY_S = 1.0
 STOP_GRACE_S = 0.5
@@ -141,7 +140,7 @@ class Endpoint:
                     registered_with = kubelet
                 else:
                     next_try = loop.time() + REGISTER_RETRY_S
-            period = RECHECK_S if self._changes.available else self._poll_s
+            period = self._changes.period(self._poll_s)
             if kubelet is not None and kubelet != registered_with:  # a Register to retry
                 period = min(period, max(0.0, next_try - loop.time()))
             await self._changes.wait(period)

@@ -42,8 +42,6 @@ from handoff.wire import GPU, DeviceID, valid_mig_profile
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_MEMORY_MIB = 81559
-POLL_S = 0.2  # without inotify
-RECHECK_S = 5.0  # with inotify
 _NAMESPACE = uuid.UUID("6f1b2c52-0d55-4a4c-9a43-7e0c8f6b7a11")  # nodelock's simulated GPUs
 
 log = logging.getLogger(__name__)
@@ -279,7 +277,7 @@ class SimulatedBackend:
     async def _follow(self, changes: DirChanges, state: DeviceState) -> None:
         assert self._file is not None
         while True:  # the first wait starts the watch and returns at once: a first look
-            await changes.wait(RECHECK_S if changes.available else POLL_S)
+            await changes.wait(changes.period())
             try:
                 text = self._file.read_text(encoding="utf-8")
             except OSError as exc:
