@@ -16,6 +16,7 @@ recorded command line stays the unwrapped one, so a restart wraps it afresh.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -195,12 +196,26 @@ def log_tail(proc: Proc, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+_RECENT_PORTS = 256
+_handed_ports: collections.deque[int] = collections.deque(maxlen=_RECENT_PORTS)
+_handed_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that this process has not
+    handed out among its last 256 answers.
+
+    The kernel may give the port it just freed again (seen on Linux: two calls in a row, before
+    the first port's component listened, returned the same port), so answers are remembered and
+    a repeat is held bound while the kernel is asked for another."""
+    with _handed_lock, contextlib.ExitStack() as held:
+        while True:
+            s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+            if port not in _handed_ports:
+                _handed_ports.append(port)
+                return port
 
 
 def check_port_free(port: int, what: str) -> None:
