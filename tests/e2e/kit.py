@@ -16,7 +16,7 @@ from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.gpunodes import NodeSpec
 from devcluster.invariants import Findings, allocated, check_locks_free, check_pods
 from devcluster.namespaces import create_namespace
-from devcluster.processes import Proc, alive, group_members
+from devcluster.processes import Proc, alive, group_members, log_tail
 from devcluster.realkubelet import (
     CheckpointEntry,
     RealNode,
@@ -418,10 +418,20 @@ def plugin_registrations(cluster: Cluster, node: str) -> int:
 async def wait_registrations(
     cluster: Cluster, node: str, more_than: int, *, timeout_s: float = 30.0
 ) -> None:
+    """Wait until the node's device plugin has registered more than ``more_than`` times; on
+    timeout the error carries the end of the plugin's and kubelet's logs."""
     deadline = time.monotonic() + timeout_s
     while plugin_registrations(cluster, node) <= more_than:
         if time.monotonic() > deadline:
-            raise AssertionError(f"the device plugin of {node} did not register again")
+            procs = cluster.state.procs()
+            tails = [
+                f"--- the end of {proc.log}:\n{log_tail(proc, 40)}"
+                for name in (f"deviceplugin-{node}", f"kubelet-{node}")
+                if (proc := procs.get(name)) is not None
+            ]
+            raise AssertionError(
+                "\n".join([f"the device plugin of {node} did not register again", *tails])
+            )
         await asyncio.sleep(0.05)
 
 
