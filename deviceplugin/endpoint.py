@@ -8,8 +8,11 @@ and otherwise every ``RECHECK_S`` (5 s); where inotify cannot be used it polls e
 (0.2 s), both from ``dirwatch``.  Either way it is back within about a second of the new
 kubelet listening.
 
-Guarantees: at most one gRPC server per endpoint at a time; Register is retried (every second at
-most) until kubelet accepts it, and never sent while the plugin's socket is missing.
+Guarantees: at most one gRPC server per endpoint at a time; one accepted Register per kubelet
+(per ``kubelet.sock``: kubelet v1.37 refuses a second one on the same socket and then keeps a
+stale record of the first, see ``ALREADY_CONNECTED``); a refused Register is retried after 50 ms,
+doubling up to every second, and at once when ``kubelet.sock`` is replaced; none is sent while
+the plugin's socket is missing.
 Not guaranteed: that kubelet accepted the resource (a kubelet that refuses the version or the
 resource name answers with an error, which is logged and retried).
 """
@@ -30,9 +33,18 @@ from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-REGISTER_TIMEOUT_S = 5.0
+# longer than kubelet's own dial back to the plugin (10 s: ``dial`` in
+# ``pkg/kubelet/cm/devicemanager/plugin/v1beta1/client.go``, v1.31.9 and v1.37.2), so the plugin
+# does not give up, and register again, while kubelet may still accept the first call
+REGISTER_TIMEOUT_S = 15.0
+# a refused Register is tried again after 50 ms, doubling up to every second: a kubelet that is
+# starting refuses for a moment (its socket file exists from bind, it accepts from listen)
+REGISTER_FIRST_RETRY_S = 0.05
 REGISTER_RETRY_S = 1.0
 STOP_GRACE_S = 0.5
+# kubelet's answer to a Register for a socket it already has an endpoint for (``PluginConnected``,
+# ``pkg/kubelet/cm/devicemanager/manager.go``, v1.37.2; v1.31.9 replaces the endpoint instead)
+ALREADY_CONNECTED = "device plugin already connected"
 
 # (st_dev, st_ino, st_ctime_ns): a file recreated under the same name differs even when the
 # file system hands out the freed inode number again
@@ -46,6 +58,13 @@ def file_id(path: Path) -> FileId | None:
     except FileNotFoundError:
         return None
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def register_retry_s(failures: int) -> float:
+    """How long to wait before the next Register after ``failures`` (>= 1) refusals in a row by
+    one ``kubelet.sock``: 50 ms, doubling, at most ``REGISTER_RETRY_S``."""
+    doublings = min(max(failures - 1, 0), 32)  # 2**32 * 50 ms is past any cap
+    return float(min(REGISTER_FIRST_RETRY_S * 2**doublings, REGISTER_RETRY_S))
 
 
 def register_request(socket_name: str, resource: str) -> pb.RegisterRequest:
@@ -122,24 +141,37 @@ class Endpoint:
         return server, sock
 
     async def _stay_registered(self, sock: FileId) -> None:
-        """Return when our socket is gone; (re-)register whenever kubelet's socket is new."""
+        """Return when our socket is gone; register once with each kubelet (each new
+        ``kubelet.sock``), retrying until it accepts."""
         loop = asyncio.get_running_loop()
         registered_with: FileId | None = None
-        next_try = 0.0
+        failed_with: FileId | None = None  # a new kubelet.sock is tried at once
+        next_try, failures = 0.0, 0  # failures in a row on failed_with
         while file_id(self.socket) == sock:
             kubelet = file_id(self.kubelet_socket)
             if kubelet is None and registered_with is not None:
                 log.info("kubelet.sock is gone (kubelet restarting?); waiting for it")
                 registered_with = None
                 self.registered.clear()
-            if kubelet is not None and kubelet != registered_with and loop.time() >= next_try:
+            due = loop.time() >= next_try or kubelet != failed_with
+            if kubelet is not None and kubelet != registered_with and due:
                 if self.registered.is_set():
                     log.info("kubelet.sock was recreated; registering again")
                     self.registered.clear()
                 if await self._register():
-                    registered_with = kubelet
+                    # The kubelet that answered listens on the socket there *now*: the one read
+                    # above may have been a dead kubelet's leftover that a new kubelet replaced
+                    # during the call, and a second Register to the same kubelet must not follow
+                    # (``ALREADY_CONNECTED``).  A kubelet that starts removes our socket first
+                    # (``CleanupPluginDirectory`` before ``Listen`` in ``Start``,
+                    # ``pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go``, v1.31.9 and
+                    # v1.37.2), so a new kubelet is never missed: we serve again and register.
+                    kubelet = file_id(self.kubelet_socket) or kubelet
+                    registered_with, failed_with, failures = kubelet, None, 0
                 else:
-                    next_try = loop.time() + REGISTER_RETRY_S
+                    failures = failures + 1 if kubelet == failed_with else 1
+                    failed_with = kubelet
+                    next_try = loop.time() + register_retry_s(failures)
             period = self._changes.period(self._poll_s)
             if kubelet is not None and kubelet != registered_with:  # a Register to retry
                 period = min(period, max(0.0, next_try - loop.time()))
@@ -153,9 +185,18 @@ class Endpoint:
                 await stub.Register(request, timeout=REGISTER_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
             self._metrics.registrations.labels(result="error").inc()
-            log.warning(
-                "Register with kubelet failed (%s): %s", exc.code().name, exc.details() or ""
-            )
+            details = exc.details() or ""
+            if ALREADY_CONNECTED in details:
+                log.error(
+                    "kubelet refuses to register %s again: it still holds an earlier connection "
+                    "to this socket (%s); kubelet releases it only when it restarts, so restart "
+                    "kubelet on this node (retrying every %.0f s meanwhile)",
+                    self.socket,
+                    details,
+                    REGISTER_RETRY_S,
+                )
+            else:
+                log.warning("Register with kubelet failed (%s): %s", exc.code().name, details)
             return False
         self._metrics.registrations.labels(result="ok").inc()
         self.registrations += 1

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import grpc
 import pytest
 
 from devcluster.gpunodes import nodelock_command, pod_resources_socket
@@ -25,10 +26,14 @@ from devcluster.realkubelet import (
     read_checkpoint,
     read_containers,
 )
+from devcluster.versions import resolve
 from deviceplugin.admission import SIGHTING_PERIOD_S
+from deviceplugin.endpoint import ALREADY_CONNECTED, KUBELET_SOCKET, register_request
 from deviceplugin.kubeletview import list_pod_resources
+from deviceplugin.plugin import DEFAULT_SOCKET
 from kube.client import JSON, node_path, pod_path
 from kube.errors import Forbidden
+from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from tests.e2e.conftest import short_locks
 from tests.e2e.kit import (
     BYPASS,
@@ -47,6 +52,7 @@ from tests.e2e.kit import (
     real_node,
     sleeping_at,
     slow_admission,
+    wait_devices_back,
     wait_log,
     wait_process_gone,
     wait_registrations,
@@ -231,6 +237,58 @@ async def test_plugin_and_kubelet_restarts(real: GPUCluster) -> None:
     assert (await real.pod("before"))["status"]["phase"] == "Running"
     found = await kubelet_findings(real, expected_pods=3)
     assert found.ok, (found.s1, found.s2, found.l1, found.coverage)
+
+
+def one_endpoint_per_socket(kubernetes_version: str) -> bool:
+    """Whether kubelet of ``kubernetes_version`` refuses a second Register on a socket it already
+    has an endpoint for.  From 1.37 it does ("device plugin already connected",
+    ``PluginConnected`` in ``pkg/kubelet/cm/devicemanager/manager.go``, v1.37.2), and the refusal
+    drops its client of the first registration too (``connectClient`` then
+    ``deregisterClient`` by socket path, ``pkg/kubelet/cm/devicemanager/plugin/v1beta1/
+    handler.go``, v1.37.2), so when that connection ends ``runClient`` finds no client and never
+    calls ``PluginDisconnected``: the endpoint stays, and every later Register on that socket is
+    refused until kubelet restarts.  Up to 1.36 the second Register replaces the first
+    (``registerClient`` keeps one client per resource, same file, v1.31.9 and v1.36.3)."""
+    return resolve(kubernetes_version).minor >= 37
+
+
+@pytest.mark.core
+async def test_a_second_register_on_the_plugins_socket(real: GPUCluster) -> None:
+    """Someone else registers the plugin's socket a second time (the plugin itself registers
+    once per kubelet).  Up to 1.36 kubelet accepts it and the restarted plugin registers again;
+    from 1.37 kubelet refuses it and then refuses the restarted plugin too, which says so in its
+    log, until kubelet restarts; then the plugin registers and a pod gets its devices."""
+    node = real.nodes[0]
+    plugin = f"deviceplugin-{node}"
+    refusal = "kubelet refuses to register"
+    stale = one_endpoint_per_socket(real.cluster.binaries.kubernetes_version)
+    kubelet_sock = real_node(real, node).plugin_dir / KUBELET_SOCKET
+    async with grpc.aio.insecure_channel(f"unix://{kubelet_sock}") as channel:
+        again = pb_grpc.RegistrationStub(channel).Register(
+            register_request(DEFAULT_SOCKET, RESOURCE), timeout=30
+        )
+        if stale:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await again
+            assert ALREADY_CONNECTED in (refused.value.details() or ""), refused.value
+        else:
+            await again
+    seen = plugin_registrations(real.cluster, node)
+    logged = log_count(real, plugin, refusal)
+    real.cluster.restart_component(plugin)
+    if stale:
+        await wait_log(real, plugin, refusal, logged)
+        assert plugin_registrations(real.cluster, node) == seen
+        seen = plugin_registrations(real.cluster, node)
+        real.cluster.restart_component(f"kubelet-{node}")
+        await wait_registrations(real.cluster, node, seen, timeout_s=60)
+    else:
+        await wait_registrations(real.cluster, node, seen)
+        assert log_count(real, plugin, refusal) == logged
+    await wait_devices_back(real, node)
+    await real.create_pod("after", [1], node=node)
+    pod = (await _run_all(real, ["after"]))["after"]
+    assert _handed(real, pod)["c0"] == sorted(assignment(pod)["c0"])
 
 
 @pytest.mark.core

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import secrets
 import shutil
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -23,7 +25,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from deviceplugin import checkpoint
+from deviceplugin import checkpoint, endpoint
 from deviceplugin.answer import DeviceMode
 from deviceplugin.checkpoint import Checkpoint, PendingRelease
 from deviceplugin.plugin import DevicePlugin, PluginConfig
@@ -633,8 +635,9 @@ async def test_a_pending_release_is_retried_after_a_restart(env: Env) -> None:
 class FakeKubelet(pb_grpc.RegistrationServicer):
     """A Registration server on kubelet.sock that, like kubelet, dials the plugin back."""
 
-    def __init__(self, plugin_dir: Path) -> None:
+    def __init__(self, plugin_dir: Path, during_register: Callable[[], None] | None) -> None:
         self.plugin_dir = plugin_dir
+        self.during_register = during_register
         self.requests: asyncio.Queue[tuple[pb.RegisterRequest, pb.DevicePluginOptions]] = (
             asyncio.Queue()
         )
@@ -649,14 +652,18 @@ class FakeKubelet(pb_grpc.RegistrationServicer):
             options = await pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
                 pb.Empty(), timeout=5
             )
+        if self.during_register is not None:
+            self.during_register()
         await self.requests.put((request, options))
         return pb.Empty()
 
 
 @contextlib.asynccontextmanager
-async def kubelet(plugin_dir: Path) -> AsyncIterator[FakeKubelet]:
+async def kubelet(
+    plugin_dir: Path, *, during_register: Callable[[], None] | None = None
+) -> AsyncIterator[FakeKubelet]:
     await asyncio.to_thread(plugin_dir.mkdir, parents=True, exist_ok=True)
-    fake = FakeKubelet(plugin_dir)
+    fake = FakeKubelet(plugin_dir, during_register)
     server = grpc.aio.server()
     pb_grpc.add_RegistrationServicer_to_server(fake, server)
     server.add_insecure_port(f"unix://{plugin_dir / 'kubelet.sock'}")
@@ -717,6 +724,53 @@ async def test_kubelet_sock_recreated_without_touching_our_socket_reregisters(en
             await asyncio.wait_for(k2.requests.get(), WAIT_S)
             await registrations(plugin, 2)
         assert plugin.endpoint.restarts == 0
+
+
+async def test_registers_once_with_a_kubelet_whose_socket_changed_during_register(
+    env: Env,
+) -> None:
+    """kubelet.sock's identity changes while Register is in flight (as when a starting kubelet
+    replaces a dead one's leftover socket just as the plugin dials): the kubelet that answered
+    is the one there now, so the plugin does not register with it a second time (kubelet
+    v1.37.2 refuses a second Register on one socket and then never releases the first:
+    ``deviceplugin.endpoint.ALREADY_CONNECTED``).  A second Register would follow at once: the
+    change wakes the plugin (inotify ``IN_ATTRIB`` on kubelet.sock)."""
+    sock = env.plugin_dir / "kubelet.sock"
+
+    def new_identity() -> None:
+        os.chmod(sock, 0o700)  # a new st_ctime_ns, the listening socket unchanged
+
+    async with kubelet(env.plugin_dir, during_register=new_identity) as k, running(env) as plugin:
+        await asyncio.wait_for(k.requests.get(), WAIT_S)
+        await registrations(plugin, 1)
+        with pytest.raises(TimeoutError):  # a second Register would come within milliseconds
+            await asyncio.wait_for(k.requests.get(), 1.0)
+        assert plugin.endpoint.registrations == 1
+        assert plugin.endpoint.registered.is_set()
+
+
+async def test_a_refused_register_is_tried_again_at_once_on_a_new_kubelet_sock(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead kubelet's kubelet.sock refuses the connection; when a new kubelet replaces it the
+    plugin registers at once, not at its next retry (here an hour away)."""
+    monkeypatch.setattr(endpoint, "REGISTER_FIRST_RETRY_S", 3600.0)
+    monkeypatch.setattr(endpoint, "REGISTER_RETRY_S", 3600.0)
+    env.plugin_dir.mkdir(parents=True, exist_ok=True)
+    leftover = socket.socket(socket.AF_UNIX)
+    leftover.bind(str(env.plugin_dir / "kubelet.sock"))
+    leftover.close()  # the file stays; nobody listens on it
+    async with running(env) as plugin:
+
+        async def refused() -> float | None:
+            errors = sample(plugin, "nodelock_deviceplugin_registrations_total", result="error")
+            return errors or None
+
+        await eventually(refused, "a refused Register")
+        (env.plugin_dir / "kubelet.sock").unlink()
+        async with kubelet(env.plugin_dir) as k:
+            await asyncio.wait_for(k.requests.get(), WAIT_S)
+            await registrations(plugin, 1)
 
 
 # -- devices and inventory -----------------------------------------------------------------------
