@@ -17,6 +17,7 @@ from deviceplugin.kubeletview import list_pod_resources, read_checkpoint
 from handoff.sharing import FULL_CORES, Slice, Use, commitments, physical_of, pod_slices
 from handoff.wire import GPU, DeviceID, parse_inventory
 from kube.client import node_path, pod_path
+from kube.errors import NotFound
 from nodelock.audit import audit, devcluster_sources
 from tests.e2e.conftest import SHARING_SPLIT
 from tests.e2e.kit import (
@@ -248,8 +249,40 @@ async def wait_replica_sets_ready(c: GPUCluster, *, timeout_s: float) -> list[di
         await asyncio.sleep(0.25)
     raise AssertionError(
         f"not every replica Running in {timeout_s}s: "
-        f"{[(p['metadata']['name'], p.get('status', {}).get('phase')) for p in running]}"
+        f"{[(p['metadata']['name'], p.get('status', {}).get('phase')) for p in running]}\n"
+        + await why_not_running(c)
     )
+
+
+async def why_not_running(c: GPUCluster) -> str:
+    """For a failure message: each pod not Running with its phase, node and last events, and
+    each node's lock holder."""
+    pods: list[dict[str, Any]] = (await c.kube.list(pod_path(c.namespace)))["items"]
+    events: list[dict[str, Any]] = (await c.kube.list(f"/api/v1/namespaces/{c.namespace}/events"))[
+        "items"
+    ]
+    lines = []
+    for p in pods:
+        status = p.get("status", {})
+        if status.get("phase") == "Running":
+            continue
+        name = p["metadata"]["name"]
+        said = [
+            f"{e.get('reason')}: {str(e.get('message'))[:200]}"
+            for e in events
+            if e["involvedObject"].get("name") == name
+        ]
+        lines.append(
+            f"{name} {status.get('phase')} on {p['spec'].get('nodeName')} "
+            f"({status.get('reason')}: {status.get('message')}); events: {said[-4:]}"
+        )
+    for node in c.nodes:
+        try:
+            holder = (await c.lease(node))["spec"].get("holderIdentity")
+        except NotFound:
+            holder = "no Lease"
+        lines.append(f"lock of {node}: {holder}")
+    return "\n".join(lines)
 
 
 async def kubelet_gpu_use(c: GPUCluster, node: str) -> tuple[dict[DeviceID, Use], list[GPU]]:
