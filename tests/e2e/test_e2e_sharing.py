@@ -237,15 +237,29 @@ def replica_sets_path(namespace: str, name: str | None = None) -> str:
 
 
 async def wait_replica_sets_ready(c: GPUCluster, *, timeout_s: float) -> list[dict[str, Any]]:
-    """Wait until every ReplicaSet of ``MIXED`` has all its replicas Running; their pods."""
+    """Wait until every ReplicaSet of ``MIXED`` has all its replicas Running; their pods.
+
+    A pod kubelet fails frees room for its replacement the way a deletion does, so each failed
+    pod gets a ``nudge`` a second after it is first seen Failed, when the extender's watch has
+    seen it too (the replacement's own retry may have reached the extender first: ``nudge``)."""
     deadline = time.monotonic() + timeout_s
     running: list[dict[str, Any]] = []
+    failed_at: dict[str, float] = {}
+    nudged: set[str] = set()
     while time.monotonic() < deadline:
         pods: list[dict[str, Any]] = (await c.kube.list(pod_path(c.namespace)))["items"]
         running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
         per_rs = Counter(p["metadata"]["labels"]["rs"] for p in running)
         if all(per_rs[name] == n for name, n, _ in MIXED):
             return pods
+        now = time.monotonic()
+        for p in pods:
+            if p.get("status", {}).get("phase") == "Failed":
+                failed_at.setdefault(p["metadata"]["name"], now)
+        for name, seen in failed_at.items():
+            if name not in nudged and now - seen >= 1.0:
+                await nudge(c, f"{name}-failed")
+                nudged.add(name)
         await asyncio.sleep(0.25)
     raise AssertionError(
         f"not every replica Running in {timeout_s}s: "
