@@ -5,8 +5,8 @@ second.  When kubelet restarts it deletes every socket in the plugin directory a
 ``kubelet.sock``; the plugin notices either and serves a fresh socket and registers again.  It
 follows both names with inotify (``deviceplugin.dirwatch``), so it looks at once after a change
 and otherwise every ``RECHECK_S`` (5 s); where inotify cannot be used it polls every ``POLL_S``
-(0.2 s), both from ``dirwatch``.  Either way it is back within about a second of the new
-kubelet listening.
+(0.2 s), both from ``dirwatch``.  Either way it registers at its first try after the new
+kubelet listens (a refusal is retried, below).
 
 Guarantees: at most one gRPC server per endpoint at a time; one accepted Register per kubelet
 (per ``kubelet.sock``: kubelet v1.37 refuses a second one on the same socket and then keeps a
@@ -43,7 +43,7 @@ REGISTER_FIRST_RETRY_S = 0.05
 REGISTER_RETRY_S = 1.0
 STOP_GRACE_S = 0.5
 # kubelet's answer to a Register for a socket it already has an endpoint for (``PluginConnected``,
-# ``pkg/kubelet/cm/devicemanager/manager.go``, v1.37.2; v1.31.9 replaces the endpoint instead)
+# ``pkg/kubelet/cm/devicemanager/manager.go``, v1.37.2; v1.31.9 to v1.36.3 replace the endpoint)
 ALREADY_CONNECTED = "device plugin already connected"
 
 # (st_dev, st_ino, st_ctime_ns): a file recreated under the same name differs even when the
