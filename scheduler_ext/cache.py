@@ -102,6 +102,7 @@ class ClusterCache:
         self._keys: dict[NodeName, FitKey] = {}  # every known node's picture's fit key
         self._with_key: dict[FitKey, NodeGPUs] = {}  # a picture per fit key seen (some stale)
         self._stale: set[NodeName] = set()  # pictures the write in progress invalidated
+        self._changed_nodes: set[NodeName] = set()  # pictures rebuilt since take_changed_nodes
         self._gone: OrderedDict[str, None] = OrderedDict()  # UIDs seen deleted
         self._pending_sizes: Counter[int] = Counter()  # GPUs per unbound GPU pod -> pods
         self._pending_gpus = 0
@@ -226,8 +227,19 @@ class ClusterCache:
 
     # ---- writing ----------------------------------------------------------------------------
 
+    def take_changed_nodes(self) -> set[NodeName]:
+        """The nodes whose pictures were rebuilt since the last call (a superset of those
+        whose pictures differ), forgotten as they are returned."""
+        changed, self._changed_nodes = self._changed_nodes, set()
+        return changed
+
+    def has_changed_nodes(self) -> bool:
+        """Whether ``take_changed_nodes`` would return any node."""
+        return bool(self._changed_nodes)
+
     def _refresh(self) -> None:
         """Rebuild the pictures of the nodes the last write touched (only those)."""
+        self._changed_nodes |= self._stale
         for name in self._stale:
             node = self._nodes.get(name)
             if node is None:

@@ -112,6 +112,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "node lock (naming its holder), an expired lock taken over; at most one write per "
         "pod and reason a minute (default on)",
     )
+    p.add_argument(
+        "--ask-again-turned-away",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="once the cache shows room for a pod that filter turned away from every node in the "
+        "last 30 s, update the pod (annotation <prefix>room-seen) so that kube-scheduler tries "
+        "it again at once instead of after up to five minutes; needs patch on pods "
+        '(docs/extender.md, "Pods turned away"; default off)',
+    )
     p.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", default=None, help="private key of --tls-cert (PEM)")
     p.add_argument(
@@ -152,6 +161,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         metrics_host=args.metrics_address,
         metrics_port=args.metrics_port,
         events=args.events,
+        ask_again=args.ask_again_turned_away,
     )
     check_settings(settings)
     return settings

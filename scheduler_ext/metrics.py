@@ -192,6 +192,14 @@ class ExtenderMetrics:
             ["reason"],
             registry=registry,
         )
+        self.asked_again = Counter(
+            "nodelock_extender_turned_away_asked_again",
+            "Pods filter turned away for want of room, updated so that kube-scheduler asks "
+            "again once the cache saw room for them, by result (asked; gone: the pod was "
+            "deleted; failed: the update failed).",
+            ["result"],
+            registry=registry,
+        )
         self._first_contention: OrderedDict[str, tuple[float, int]] = OrderedDict()
         registry.register(_CacheGauges(cache, lambda: self._queue_depths()))
         # Every series a dashboard or alert asks for exists (at 0) before its first event.
@@ -205,6 +213,8 @@ class ExtenderMetrics:
             self.relists.labels(resource)
         for reason in GiveUp:
             self.wait_refusals.labels(reason.value)
+        for outcome in ("asked", "gone", "failed"):
+            self.asked_again.labels(outcome)
 
     def follow_queues(self, depths: Callable[[], dict[NodeName, int]]) -> None:
         """Report ``depths()`` (node -> queued binds) as the queue-depth gauge."""

@@ -47,6 +47,7 @@ from scheduler_ext.protocol import (
     parse_binding_args,
     parse_extender_args,
 )
+from scheduler_ext.retries import Due, TurnedAway
 from scheduler_ext.state import BadObject, node_state
 from scheduler_ext.takeover import copy_unneeded, holder_accounted
 from scheduler_ext.verbs import (
@@ -104,6 +105,8 @@ class Endpoints:
         # node -> (cache picture, (holder, holder finished), picture with its devices taken)
         self._overlays: dict[NodeName, tuple[NodeGPUs, object, NodeGPUs]] = {}
         self.promises = Promises()
+        self.turned_away = TurnedAway()
+        self.turned_away_added = asyncio.Event()  # set when filter turns a pod away
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -121,34 +124,10 @@ class Endpoints:
         matching ``KeyIndex``: the cache's pictures and keys with each held lock's holder
         overlaid.  Costs a few lookups per held lock and none per node; a held lock's expiry is
         read only when its holder is unknown to the cache (the expiry then decides)."""
+        if args.nodes is None:
+            return self._cached_gpus_of(pod_uid)
         keys = self.cache.keys
         cache = self.cache
-        if args.nodes is None:
-            pictures = self.cache.pictures()
-            fit_keys = self.cache.fit_keys()
-            holders = self.locks.holders()  # the held locks only: few, whatever the node count
-            if not holders:
-                return pictures.get, KeyIndex(fit_keys.get, self._with_key({}))
-            merged = dict(pictures)
-            merged_keys = dict(fit_keys)
-            overlaid: dict[FitKey, NodeGPUs] = {}
-            for name, holder in holders.items():
-                gpus = pictures.get(name)
-                if gpus is None or holder.uid == pod_uid:
-                    continue
-                # the holder's Lease copy is not needed (takeover.lease_copy_needed)
-                done = copy_unneeded(cache, holder.uid, partial(self.locks.expired, name))
-                memo = self._overlays.get(name)  # same picture, holder, holder state: reuse
-                if memo is not None and memo[0] is gpus and memo[1] == (holder, done):
-                    over = memo[2]
-                else:
-                    over = gpus if done else with_holder(gpus, holder, keys=keys)
-                    self._overlays[name] = (gpus, (holder, done), over)
-                merged[name] = over
-                if over is not gpus:
-                    merged_keys[name] = over.fit_key
-                    overlaid[over.fit_key] = over
-            return merged.get, KeyIndex(merged_keys.get, self._with_key(overlaid))
         # not node-cache capable: the scheduler sent the Node objects; read inventories there
         given = dict(zip(args.node_names, args.nodes, strict=True))
 
@@ -164,6 +143,50 @@ class Endpoints:
             )
 
         return from_args, None
+
+    def _cached_gpus_of(
+        self, pod_uid: str
+    ) -> tuple[Callable[[NodeName], NodeGPUs | None], KeyIndex]:
+        """``_gpus_of`` from the cache's nodes: its pictures with each held lock's holder
+        overlaid (but ``pod_uid``'s own lock)."""
+        keys = self.cache.keys
+        cache = self.cache
+        pictures = self.cache.pictures()
+        fit_keys = self.cache.fit_keys()
+        holders = self.locks.holders()  # the held locks only: few, whatever the node count
+        if not holders:
+            return pictures.get, KeyIndex(fit_keys.get, self._with_key({}))
+        merged = dict(pictures)
+        merged_keys = dict(fit_keys)
+        overlaid: dict[FitKey, NodeGPUs] = {}
+        for name, holder in holders.items():
+            gpus = pictures.get(name)
+            if gpus is None or holder.uid == pod_uid:
+                continue
+            # the holder's Lease copy is not needed (takeover.lease_copy_needed)
+            done = copy_unneeded(cache, holder.uid, partial(self.locks.expired, name))
+            memo = self._overlays.get(name)  # same picture, holder, holder state: reuse
+            if memo is not None and memo[0] is gpus and memo[1] == (holder, done):
+                over = memo[2]
+            else:
+                over = gpus if done else with_holder(gpus, holder, keys=keys)
+                self._overlays[name] = (gpus, (holder, done), over)
+            merged[name] = over
+            if over is not gpus:
+                merged_keys[name] = over.fit_key
+                overlaid[over.fit_key] = over
+        return merged.get, KeyIndex(merged_keys.get, self._with_key(overlaid))
+
+    def due_again(self) -> list[Due]:
+        """The pods filter turned away that fit now on a node whose cached picture changed
+        since the last call (``retries.TurnedAway.due``), each named once."""
+        changed = self.cache.take_changed_nodes()
+        if not changed or not len(self.turned_away):
+            self.turned_away.due((), lambda _: None, time.monotonic())  # expiry only
+            return []
+        gpus_of, _ = self._cached_gpus_of("")
+        due = self.turned_away.due(changed, gpus_of, time.monotonic())
+        return [d for d in due if not self.cache.seen_bound_or_gone(d.uid)]
 
     def _with_key(self, overlaid: dict[FitKey, NodeGPUs]) -> Callable[[FitKey], NodeGPUs]:
         """``KeyIndex.picture``: the overlaid pictures first, then the cache's."""
@@ -209,6 +232,13 @@ class Endpoints:
         self.metrics.filter_nodes.labels("passed").inc(len(out.passed))
         self.metrics.filter_nodes.labels("failed").inc(len(out.failed))
         self.metrics.filter_nodes.labels("unresolvable").inc(len(out.unresolvable))
+        if out.passed or not out.failed:
+            self.turned_away.forget(uid)
+        else:  # turned away, for want of room on out.failed: watched for room (retries.py)
+            meta = args.pod.get("metadata") or {}
+            key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+            self.turned_away.turned_away(uid, key, need, out.failed, time.monotonic())
+            self.turned_away_added.set()
         body = filter_result(args, out.passed, out.failed, out.unresolvable)
         self._done(Verb.FILTER, Result.OK, started)
         return _json(body)

@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from kube.client import JSON, KubeClient, node_path, pod_path
+from kube.errors import ApiError, ApiUnavailable, Conflict, Forbidden, NotFound
 from kube.events import EventRecorder
 from kube.opsport import OpsServer
 from kube.process import freeze_long_lived
@@ -69,6 +70,7 @@ class Settings:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0  # 0: any free port (``Extender.metrics_url`` says which)
     events: bool = True  # Kubernetes Events on pods and nodes (rate-limited)
+    ask_again: bool = False  # update turned-away pods once room appears (needs patch on pods)
 
     @property
     def tls(self) -> bool:
@@ -253,6 +255,8 @@ class Extender:
             )
         )
         self._tasks.append(asyncio.create_task(self.binder.sweep(), name="locks left behind"))
+        if self.settings.ask_again:
+            self._tasks.append(asyncio.create_task(self._ask_again(), name="turned away"))
         ssl_ctx = None
         if self.settings.tls_cert is not None and self.settings.tls_key is not None:
             ssl_ctx = server_ssl_context(
@@ -287,6 +291,49 @@ class Extender:
             synced = await self.cache.wait_until(lambda: self.cache.synced, timeout_s=wait_synced_s)
             if not synced:
                 log.warning("caches not listed after %.0fs; serving anyway", wait_synced_s)
+
+    async def _ask_again(self) -> None:
+        """Whenever the cache's picture of a node changes, update each pod filter turned away
+        that fits there now (``Endpoints.due_again``), so that kube-scheduler asks for it again:
+        kube-scheduler requeues an unscheduled pod on any update of it (``isPodUpdated``,
+        ``internal/queue/scheduling_queue.go``, v1.31.9; the ``Pod/Update`` event, which
+        ``Extender`` registers for, ``backend/queue/scheduling_queue.go``, v1.37.2).  The update
+        is one annotation (``<prefix>room-seen``: the node and the time), its UID a
+        precondition.  Runs until cancelled."""
+        key = f"{self.settings.annotation_prefix}room-seen"
+        endpoints = self.endpoints
+        while True:
+            if not len(endpoints.turned_away):  # nothing to watch: no wake-up per cache change
+                await endpoints.turned_away_added.wait()
+                endpoints.turned_away_added.clear()
+                continue
+            await self.cache.wait_until(
+                self.cache.has_changed_nodes, timeout_s=endpoints.turned_away.window_s
+            )
+            for due in endpoints.due_again():
+                namespace, _, name = due.key.partition("/")
+                stamp = f"{due.node} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+                body = {"metadata": {"uid": due.uid, "annotations": {key: stamp}}}
+                try:
+                    await self.kube.patch(pod_path(namespace, name), body)
+                except (NotFound, Conflict):  # deleted, or a new pod of that name (its UID)
+                    self.metrics.asked_again.labels("gone").inc()
+                    continue
+                except (ApiError, ApiUnavailable) as exc:
+                    self.metrics.asked_again.labels("failed").inc()
+                    log.warning(
+                        "cannot update %s so that kube-scheduler tries it again on %s, where "
+                        "room appeared: %s%s",
+                        due.key,
+                        due.node,
+                        exc,
+                        " (the extender's role needs patch on pods)"
+                        if isinstance(exc, Forbidden)
+                        else "",
+                    )
+                    continue
+                self.metrics.asked_again.labels("asked").inc()
+                log.info("room on %s for %s, turned away before: asked again", due.node, due.key)
 
     async def stop(self) -> None:
         """Stop serving and watching (Events under way get a moment to be written)."""
