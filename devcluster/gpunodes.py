@@ -186,6 +186,7 @@ def start_extender(
             f"--bind-wait-budget={bind_wait_budget_s:g}",
             f"--scheduler-http-timeout={http_timeout_s:g}",
             f"--apiserver-request-timeout={APISERVER_REQUEST_TIMEOUT_S}",
+            "--ask-again-turned-away",  # as the chart runs it (extender.askAgainTurnedAway)
             *tls_args,
             *(extra_args or []),
         ]

@@ -109,6 +109,7 @@ MANIFEST_FILES: dict[str, str] = {
     "rbac-scheduler.yaml": "10-rbac.yaml",
     "admission-assignment.yaml": "20-admission.yaml",
     "admission-device-plugin.yaml": "20-admission.yaml",
+    "admission-extender-pods.yaml": "20-admission.yaml",
     "admission-gpu-pods.yaml": "20-admission.yaml",
     "admission-locks.yaml": "20-admission.yaml",
     "admission-scheduler-name.yaml": "25-admission-scheduler-name.yaml",

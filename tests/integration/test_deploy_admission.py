@@ -496,6 +496,51 @@ async def test_device_plugin_writes_only_its_own_nodes_inventory(
     assert KEYS.gpus not in annotations_of(node_b)
 
 
+@pytest.mark.core  # the policy's CEL on the oldest supported release too
+async def test_extender_changes_only_the_room_seen_annotation_of_a_pod(
+    setup: Setup, admin: KubeClient
+) -> None:
+    """``extender.askAgainTurnedAway`` (the default) grants the extender ``patch`` on pods; the
+    policy ``nodelock-extender-pod-updates`` leaves it only the ``room-seen`` annotation."""
+    work = setup.release.workload_namespace
+    room_seen = f"{KEYS.prefix}room-seen"
+    await admin.create(pod_path(work), pod("turned-away", {"team": "vision"}))
+    path = pod_path(work, "turned-away")
+    async with client(setup, "extender") as extender:
+
+        async def refused_by_policy() -> bool:
+            try:
+                await extender.patch(path, {"metadata": {"annotations": {"team": "x"}}})
+            except Forbidden as exc:
+                return "ValidatingAdmissionPolicy" in str(exc)
+            return False
+
+        await eventually(refused_by_policy, what="the extender pod-update policy is enforced")
+        # the merge patch the extender sends (scheduler_ext/service.py), UID as a precondition
+        uid = (await admin.get(path))["metadata"]["uid"]
+        seen = {"metadata": {"uid": uid, "annotations": {room_seen: "n1 2026-12-06T00:00:00Z"}}}
+        await extender.patch(path, seen)
+        assert annotations_of(await admin.get(path)) == {
+            "team": "vision",
+            room_seen: "n1 2026-12-06T00:00:00Z",
+        }
+        patches: list[JSON] = [
+            {"metadata": {"annotations": {"team": "x"}}},
+            {"metadata": {"annotations": {"team": None}}},
+            {"metadata": {"annotations": {"other": "x"}}},
+            {"metadata": {"labels": {"app": "x"}}},
+            {"metadata": {"finalizers": ["example.com/keep"]}},
+            {"spec": {"activeDeadlineSeconds": 30}},
+        ]
+        for patch in patches:
+            message = await forbidden(extender.patch(path, patch))
+            assert f"only the {room_seen} annotation" in message, patch
+    after = await admin.get(path)
+    assert annotations_of(after) == {"team": "vision", room_seen: "n1 2026-12-06T00:00:00Z"}
+    assert "activeDeadlineSeconds" not in after["spec"]
+    await admin.delete(path, grace_period_seconds=0)
+
+
 # ---- GPU pods go through the extender ----------------------------------------------------------
 
 BYPASS = "nodelock.io/bypass"

@@ -397,6 +397,7 @@ def test_roles_grant_exactly_what_the_parts_use(helm: Path) -> None:
     assert rules(objs, "ClusterRole", "nodelock-extender") == {
         *(("", r, v) for r in ("pods", "nodes") for v in read),
         ("", "pods/binding", "create"),
+        ("", "pods", "patch"),  # extender.askAgainTurnedAway: nodelock-extender-pod-updates
         *events,
     }
     assert rules(objs, "Role", "nodelock-extender-locks") == {

@@ -97,6 +97,9 @@ EXTENDER_NEEDS = [
     "get pods in OTHER",
     *(f"{verb} nodes" for verb in READ),
     "create pods/binding in OTHER",
+    # the room-seen annotation of a pod filter turned away (extender.askAgainTurnedAway, the
+    # default); the admission policy nodelock-extender-pod-updates confines it to that
+    "patch pods in OTHER",
     *(f"{verb} leases.coordination.k8s.io in LOCK" for verb in (*READ, "create", "update")),
     "create events in OTHER",  # a bind waiting or refused, on the pod
     "patch events in OTHER",  # the same Event counted up (no event storm)
@@ -173,7 +176,11 @@ DRA_READ = {
     for r in ("deviceclasses", "resourceslices")
     for v in ("get", "list")
 }
-EXTENDER_DENIED = [*DANGEROUS, "update nodes", "patch nodes"]
+EXTENDER_DENIED = [
+    *(d for d in DANGEROUS if d != "patch pods in OTHER"),
+    "update nodes",
+    "patch nodes",
+]
 DEVICE_PLUGIN_DENIED = [
     *DANGEROUS,
     "create leases.coordination.k8s.io in LOCK",
@@ -299,12 +306,14 @@ def rules_review(cluster: Cluster, bearer: str, namespace: str) -> set[Rule]:
             {
                 *((g, r, "", v) for g, r in (("", "pods"), ("", "nodes")) for v in READ),
                 ("", "pods/binding", "", "create"),
+                ("", "pods", "", "patch"),
                 *(("coordination.k8s.io", "leases", "", v) for v in (*READ, "create", "update")),
                 *EVENTS,
             },
             {
                 *((g, r, "", v) for g, r in (("", "pods"), ("", "nodes")) for v in READ),
                 ("", "pods/binding", "", "create"),
+                ("", "pods", "", "patch"),
                 *EVENTS,
             },
         ),
