@@ -146,6 +146,21 @@ def devices_in(pod: Mapping[str, Any]) -> set[str]:
     return {d for ids in assignment_of(pod).values() for d in ids}
 
 
+async def bound(kube: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The pod, once bound to a node (None before)."""
+    pod = await kube.get(pod_path(namespace, name))
+    return pod if pod["spec"].get("nodeName") else None
+
+
+async def unschedulable_message(kube: KubeClient, namespace: str, name: str) -> str | None:
+    """kube-scheduler's message on the pod's ``PodScheduled=False, Unschedulable`` condition."""
+    pod = await kube.get(pod_path(namespace, name))
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message", ""))
+    return None
+
+
 async def wait_for(predicate: Any, *, timeout_s: float = 60.0, every_s: float = 0.1) -> Any:
     """Poll ``await predicate()`` until it returns something truthy; fail after the timeout."""
     loop = asyncio.get_running_loop()

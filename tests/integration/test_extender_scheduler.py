@@ -34,6 +34,7 @@ from scheduler_ext.protocol import BindingArgs
 from scheduler_ext.service import Extender
 from tests.integration.extender_kit import (
     Releaser,
+    bound,
     create_gpu_node,
     create_pod,
     delete_nodes,
@@ -41,6 +42,7 @@ from tests.integration.extender_kit import (
     devices_in,
     pod_body,
     running_extender,
+    unschedulable_message,
     wait_for,
 )
 
@@ -141,19 +143,6 @@ async def gpu_node(kube: KubeClient, nodes: list[str], test: str, gpus: int, **k
 
 def scheduled_pod(name: str, test: str, gpus: int) -> dict[str, Any]:
     return pod_body(name, test=test, gpus=gpus, scheduler="default-scheduler")
-
-
-async def bound(kube: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
-    pod = await kube.get(pod_path(namespace, name))
-    return pod if pod["spec"].get("nodeName") else None
-
-
-async def unschedulable_message(kube: KubeClient, namespace: str, name: str) -> str | None:
-    pod = await kube.get(pod_path(namespace, name))
-    for cond in pod.get("status", {}).get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-            return str(cond.get("message", ""))
-    return None
 
 
 async def test_gpu_pods_land_only_where_gpus_are_free(

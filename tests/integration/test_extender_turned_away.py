@@ -31,10 +31,12 @@ from scheduler_ext.metrics import Verb
 from scheduler_ext.service import Extender, Settings
 from tests.integration.extender_kit import (
     Releaser,
+    bound,
     create_gpu_node,
     create_pod,
     delete_nodes,
     pod_body,
+    unschedulable_message,
     wait_for,
 )
 
@@ -112,19 +114,6 @@ def _asked(ext: Extender) -> float:
     )
 
 
-async def _bound(kube: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
-    pod = await kube.get(pod_path(namespace, name))
-    return pod if pod["spec"].get("nodeName") else None
-
-
-async def _unschedulable(kube: KubeClient, namespace: str, name: str) -> str | None:
-    pod = await kube.get(pod_path(namespace, name))
-    for cond in pod.get("status", {}).get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-            return str(cond.get("message", ""))
-    return None
-
-
 async def test_a_pod_turned_away_on_a_stale_picture_is_asked_for_again_when_room_appears(
     lagging: tuple[Extender, HeldPodEvents, str], kube: KubeClient, namespace: str
 ) -> None:
@@ -137,14 +126,14 @@ async def test_a_pod_turned_away_on_a_stale_picture_is_asked_for_again_when_room
         async with Releaser(kube, lock_ns):
             first = pod_body("first", test=namespace, gpus=1, scheduler="default-scheduler")
             await create_pod(kube, namespace, first)
-            bound = await wait_for(lambda: _bound(kube, namespace, "first"))
-            assert bound["spec"]["nodeName"] == node
+            first_pod = await wait_for(lambda: bound(kube, namespace, "first"))
+            assert first_pod["spec"]["nodeName"] == node
             second = pod_body("second", test=namespace, gpus=1, scheduler="default-scheduler")
             await create_pod(kube, namespace, second)
-            message = await wait_for(lambda: _unschedulable(kube, namespace, "second"))
+            message = await wait_for(lambda: unschedulable_message(kube, namespace, "second"))
             assert "node has 0 free GPUs of 1" in message, message
             await asyncio.sleep(3)  # past the pod's back-off: the deletion retries it at once
-            assert await _bound(kube, namespace, "second") is None
+            assert await bound(kube, namespace, "second") is None
             filters = _filters(ext)
             held.held = True
             await kube.delete(pod_path(namespace, "first"), grace_period_seconds=0)
@@ -152,10 +141,10 @@ async def test_a_pod_turned_away_on_a_stale_picture_is_asked_for_again_when_room
             # turned it away again
             await wait_for(lambda: _later(filters, ext), timeout_s=30)
             await asyncio.sleep(1)
-            assert await _bound(kube, namespace, "second") is None
+            assert await bound(kube, namespace, "second") is None
             assert any(kind == "DELETED" for kind, _ in held.kept), held.kept
             held.let_go()
-            placed = await wait_for(lambda: _bound(kube, namespace, "second"), timeout_s=30)
+            placed = await wait_for(lambda: bound(kube, namespace, "second"), timeout_s=30)
             assert placed["spec"]["nodeName"] == node
             assert _asked(ext) >= 1
             annotations = placed["metadata"].get("annotations") or {}
