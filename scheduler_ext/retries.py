@@ -99,6 +99,14 @@ class TurnedAway:
                 if not uids:
                     del self._on_node[node]
 
+    def expire(self, now: float) -> None:
+        """Forget the pods turned away longer than ``window_s`` before ``now``."""
+        while self._entries:
+            uid, oldest = next(iter(self._entries.items()))
+            if now - oldest.at <= self.window_s:
+                break
+            self.forget(uid)
+
     def due(
         self,
         changed: Iterable[NodeName],
@@ -107,11 +115,7 @@ class TurnedAway:
     ) -> list[Due]:
         """The remembered pods that fit now on a node in ``changed`` (its picture changed),
         forgotten as they are named; entries older than ``window_s`` are dropped first."""
-        while self._entries:
-            uid, oldest = next(iter(self._entries.items()))
-            if now - oldest.at <= self.window_s:
-                break
-            self.forget(uid)
+        self.expire(now)
         out: list[Due] = []
         for node in sorted(set(changed)):
             for uid in sorted(self._on_node.get(node, ())):

@@ -51,6 +51,7 @@ from scheduler_ext.retries import Due, TurnedAway
 from scheduler_ext.state import BadObject, node_state
 from scheduler_ext.takeover import copy_unneeded, holder_accounted
 from scheduler_ext.verbs import (
+    Filtered,
     KeyIndex,
     filter_nodes,
     prioritize_nodes,
@@ -94,7 +95,10 @@ class Endpoints:
         *,
         ready: Callable[[], list[str]] | None = None,
         events: BindEvents | None = None,
+        turned_away: TurnedAway | None = None,
     ) -> None:
+        """``turned_away``: where filter remembers the pods it turns away (``due_again``);
+        None, as without ``--ask-again-turned-away``, remembers none."""
         self.cache = cache
         self.events = events
         self.locks = locks
@@ -105,7 +109,7 @@ class Endpoints:
         # node -> (cache picture, (holder, holder finished), picture with its devices taken)
         self._overlays: dict[NodeName, tuple[NodeGPUs, object, NodeGPUs]] = {}
         self.promises = Promises()
-        self.turned_away = TurnedAway()
+        self.turned_away = turned_away
         self.turned_away_added = asyncio.Event()  # set when filter turns a pod away
 
     # ---- helpers ----------------------------------------------------------------------------
@@ -181,8 +185,10 @@ class Endpoints:
         """The pods filter turned away that fit now on a node whose cached picture changed
         since the last call (``retries.TurnedAway.due``), each named once."""
         changed = self.cache.take_changed_nodes()
+        if self.turned_away is None:
+            return []
         if not changed or not len(self.turned_away):
-            self.turned_away.due((), lambda _: None, time.monotonic())  # expiry only
+            self.turned_away.expire(time.monotonic())
             return []
         gpus_of, _ = self._cached_gpus_of("")
         due = self.turned_away.due(changed, gpus_of, time.monotonic())
@@ -232,16 +238,23 @@ class Endpoints:
         self.metrics.filter_nodes.labels("passed").inc(len(out.passed))
         self.metrics.filter_nodes.labels("failed").inc(len(out.failed))
         self.metrics.filter_nodes.labels("unresolvable").inc(len(out.unresolvable))
-        if out.passed or not out.failed:
-            self.turned_away.forget(uid)
-        else:  # turned away, for want of room on out.failed: watched for room (retries.py)
-            meta = args.pod.get("metadata") or {}
-            key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-            self.turned_away.turned_away(uid, key, need, out.failed, time.monotonic())
-            self.turned_away_added.set()
+        if self.turned_away is not None:
+            self._remember(args, uid, need, out)
         body = filter_result(args, out.passed, out.failed, out.unresolvable)
         self._done(Verb.FILTER, Result.OK, started)
         return _json(body)
+
+    def _remember(self, args: ExtenderArgs, uid: str, need: PodNeed, out: Filtered) -> None:
+        """Remember a pod filter turned away for want of room on ``out.failed`` (and forget one
+        it passed), for ``due_again`` (``retries.py``)."""
+        assert self.turned_away is not None
+        if out.passed or not out.failed:
+            self.turned_away.forget(uid)
+            return
+        meta = args.pod.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        self.turned_away.turned_away(uid, key, need, out.failed, time.monotonic())
+        self.turned_away_added.set()
 
     async def prioritize(self, request: web.Request) -> web.Response:
         started = time.perf_counter()

@@ -36,6 +36,7 @@ from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, check_bind_timing
 from scheduler_ext.deadline import DeadlineClient
 from scheduler_ext.events import BindEvents
 from scheduler_ext.metrics import ExtenderMetrics
+from scheduler_ext.retries import TurnedAway
 from scheduler_ext.server import DEFAULT_MAX_BODY_BYTES, Endpoints, ServerOptions, make_app
 from scheduler_ext.takeover import DEFAULT_REQUEST_TIMEOUT_S
 
@@ -201,6 +202,7 @@ class Extender:
                 max_body_bytes=settings.max_body_bytes,
             ),
             events=self.events if settings.events else None,
+            turned_away=TurnedAway() if settings.ask_again else None,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -302,13 +304,15 @@ class Extender:
         precondition.  Runs until cancelled."""
         key = f"{self.settings.annotation_prefix}room-seen"
         endpoints = self.endpoints
+        turned_away = endpoints.turned_away
+        assert turned_away is not None  # settings.ask_again
         while True:
-            if not len(endpoints.turned_away):  # nothing to watch: no wake-up per cache change
+            if not len(turned_away):  # nothing to watch: no wake-up per cache change
                 await endpoints.turned_away_added.wait()
                 endpoints.turned_away_added.clear()
                 continue
             await self.cache.wait_until(
-                self.cache.has_changed_nodes, timeout_s=endpoints.turned_away.window_s
+                self.cache.has_changed_nodes, timeout_s=turned_away.window_s
             )
             for due in endpoints.due_again():
                 namespace, _, name = due.key.partition("/")

@@ -97,3 +97,12 @@ def test_an_unknown_node_names_nobody() -> None:
     nothing: dict[NodeName, NodeGPUs] = {}
     assert away.due([N1], nothing.get, now=1.0) == []
     assert len(away) == 1
+
+
+def test_expire_forgets_only_what_is_older_than_the_window() -> None:
+    away = TurnedAway(window_s=30)
+    away.turned_away("old", "ns/old", need(1), [N1], now=0.0)
+    away.turned_away("new", "ns/new", need(1), [N2], now=10.0)
+    away.expire(now=35.0)
+    assert len(away) == 1
+    assert away.due([N2], cluster(n2=(1, 0)).get, now=36.0) == [Due("new", "ns/new", N2)]
