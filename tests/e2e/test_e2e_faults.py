@@ -197,9 +197,11 @@ async def test_clock_skew_of_sixty_seconds_changes_nothing(e2e: GPUCluster) -> N
     try:
         names = [f"s{i}" for i in range(8)]
         pinned = names[:3]
-        await asyncio.gather(
-            *(e2e.create_pod(n, [1], node=plugin_node if n in pinned else None) for n in names)
-        )
+        # the pinned pods are bound first: binpacking would otherwise fill their node with
+        # unpinned pods created at the same moment, and a pinned pod could fit nowhere
+        await asyncio.gather(*(e2e.create_pod(n, [1], node=plugin_node) for n in pinned))
+        await asyncio.gather(*(e2e.wait_bound(n) for n in pinned))
+        await asyncio.gather(*(e2e.create_pod(n, [1]) for n in names if n not in pinned))
         pods = [await e2e.wait_phase(n, ["Running"], timeout_s=120) for n in names]
         for p in pods:
             assert kubelet_devices(p)["c0"] == sorted(assignment(p)["c0"])
