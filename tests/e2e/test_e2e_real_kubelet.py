@@ -517,3 +517,52 @@ async def test_a_container_of_the_pod_kubelet_lost_the_devices_of_restarts_mid_h
 def _time(stamp: str) -> datetime:
     """An API timestamp (RFC 3339, UTC)."""
     return datetime.fromisoformat(stamp)
+
+
+@pytest.mark.core
+async def test_a_pod_admitted_while_the_plugin_is_down_leaves_its_lock_to_the_next_pod(
+    real: GPUCluster,
+) -> None:
+    """kubelet restarted without its device checkpoint while the node's plugin is down admits
+    the GPU pod bound meanwhile with no devices (its device manager does not know the resource
+    yet) and, the plugin still down, starts its container with none.  kubelet wrote the pod's
+    container statuses, so the pod has left the handoff: its lock expires and the node's next
+    pod takes it over and runs with exactly its assignment.  No device is given twice, and
+    ``nodelock audit`` names the pod that runs without its devices."""
+    node = real.nodes[1]
+    plugin = f"deviceplugin-{node}"
+    path = real_node(real, node).plugin_dir / "kubelet_internal_checkpoint"
+    real.cluster.stop_component(plugin, forget=False)
+    real.cluster.stop_component(f"kubelet-{node}", forget=False)
+    path.unlink(missing_ok=True)
+    try:
+        await real.create_pod("early", [1], node=node)
+        lease = await real.wait_holder(node, real.key("early"))
+        token = int(lease["spec"]["leaseTransitions"])
+        early = await real.wait_bound("early")
+        assert early["spec"]["nodeName"] == node
+        real.cluster.restart_component(f"kubelet-{node}")
+        early = await real.wait_phase("early", ["Running"], timeout_s=60)
+    finally:
+        seen = plugin_registrations(real.cluster, node)
+        real.cluster.restart_component(plugin)
+        await wait_registrations(real.cluster, node, seen, timeout_s=60)
+    assert _checkpointed(real, early) == {}
+    assert _handed(real, early) == {"c0": []}  # kubelet handed the runtime no device
+    # the pod has left the handoff but still holds the lock, until it expires
+    assert (await real.lease(node))["spec"]["holderIdentity"] == real.key("early")
+    await asyncio.sleep(3 * SIGHTING_PERIOD_S)  # the plugin reads List: "early" admitted before
+    await real.create_pod("next", [1], node=node)
+    nxt = await real.wait_phase("next", ["Running"], timeout_s=LEASE_S + 60)
+    assert _handed(real, nxt)["c0"] == sorted(assignment(nxt)["c0"])
+    assert int(nxt["metadata"]["annotations"]["nodelock.io/token"]) > token
+    assert not set(assignment(nxt)["c0"]) & set(assignment(early)["c0"])
+    await real.wait_holder(node, None)
+    found = await kubelet_findings(real, expected_pods=2)
+    assert found.s1 == [], found.s1
+    missing = f"{real.key('early')} is Running but kubelet's record of its devices is missing"
+    assert found.s2 == [missing], found.s2
+    audited = _audit(real)
+    assert audited.returncode == 1, audited.stdout + audited.stderr
+    named = [line.split() for line in audited.stdout.splitlines() if real.key("early") in line]
+    assert [row[:3] for row in named] == [[node, "no-kubelet-record", real.key("early")]], named
