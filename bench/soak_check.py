@@ -13,8 +13,9 @@ workload action).  Over it:
 - **S3**: a lock whose holder has left the handoff (its pod gone, admitted, finished, or bound
   elsewhere) is not renewed any more once ``lease_s`` plus ``S3_SLACK_S`` have passed since it
   left (it expires, so the next bind may take it over); a lock is never taken over from a holder
-  still in handoff (the Lease records ``last-outcome: taken-over`` for a pod that a sample shows
-  bound there with that token, Pending and not admitted); at the end every lock is free
+  still in handoff, nor released ``expired`` (the Lease records ``last-outcome: taken-over`` or
+  ``expired`` for a pod that a sample shows bound there with that token, Pending and not
+  admitted); at the end every lock is free
   (``check_locks_free``);
 - **L1** at the end: every GPU pod still there is Running or Succeeded, and a pod that Failed
   did so where a fault explains it (``blamed_fault``: a fault of its node's device plugin,
@@ -57,6 +58,7 @@ FAULT_BLAME_S = 30.0  # a pod failing this long after a fault healed is not blam
 CONTEXT_S = 15.0
 HOLDER_UID = f"{DEFAULT_PREFIX}holder-uid"
 TAKEN_OVER = "taken-over"  # lockd.model.Outcome.TAKEN_OVER, as the Lease records it
+EXPIRED = "expired"  # lockd.model.Outcome.EXPIRED: released by an extender's sweep
 KUBELET = "kubelet"  # a sampled pod's field: kubelet's record of it, when read apart from the pod
 DELETED_UNSCHEDULED = "deleted before it had a node"  # failed by the pod GC, not by us
 
@@ -298,11 +300,12 @@ class Checker:
 
     def _takeovers(self, sample: Sample, pods: Sequence[Mapping[str, Any]]) -> None:
         """S3's other half: a lock is never handed on while its holder is in handoff.  A lock
-        taken over from pod P, token T, while P (bound to the node with token T) is still
-        Pending there and not admitted, was handed on from under a holder kubelet may admit."""
+        taken over from pod P, token T, or released ``expired`` by an extender's sweep, while P
+        (bound to the node with token T) is still Pending there and not admitted, was handed on
+        from under a holder kubelet may admit."""
         by_key = {key_of(p): p for p in pods}
         for node, view in sample.leases.items():
-            if view.last_outcome != TAKEN_OVER or not view.last_holder:
+            if view.last_outcome not in (TAKEN_OVER, EXPIRED) or not view.last_holder:
                 continue
             pod = by_key.get(view.last_holder)
             if pod is None or (view.holder, view.holder_uid) == (
@@ -316,10 +319,11 @@ class Checker:
             if meta["annotations"].get(self.keys.token) != str(view.last_token):
                 continue
             if _in_handoff(pod, node):
+                how = "taken over" if view.last_outcome == TAKEN_OVER else "released expired"
                 self._flag(
                     "S3",
                     sample.t,
-                    f"{node}'s lock (token {view.last_token}) was taken over from "
+                    f"{node}'s lock (token {view.last_token}) was {how} from "
                     f"{view.last_holder} while it was Pending there, bound with that token and "
                     f"not admitted (now token {view.token}, {view.holder or 'free'})",
                     [view.last_holder, node],

@@ -109,7 +109,7 @@ def model() -> JSON:
                     ),
                 ],
                 "Lock releases by handoff outcome (device plugins: allocated, rejected; "
-                "extender: bind-failed) and bind calls by result.",
+                "extender: bind-failed, expired) and bind calls by result.",
                 unit="ops",
             ),
             Panel(

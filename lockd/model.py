@@ -24,6 +24,7 @@ class Outcome(StrEnum):
     BIND_FAILED = "bind-failed"
     BROKEN = "broken"
     TAKEN_OVER = "taken-over"
+    EXPIRED = "expired"  # released once expired, its holder gone, finished or admitted
 
 
 @dataclass(frozen=True)

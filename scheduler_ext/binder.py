@@ -74,8 +74,10 @@ from scheduler_ext.protocol import BindingArgs
 from scheduler_ext.state import BadObject, PodState
 from scheduler_ext.takeover import (
     DEFAULT_REQUEST_TIMEOUT_S,
+    Judgement,
     binding_may_still_land,
     bound_elsewhere,
+    expired_and_left,
     holder_accounted,
     judge,
 )
@@ -87,7 +89,7 @@ log = logging.getLogger(__name__)
 CONFIRM_WAIT_S = 2.0
 UNKNOWN_HOLDER_WAIT_S = 0.2
 DEFAULT_WAIT_BUDGET_S = 4.0
-SWEEP_S = 2.0  # how often locks left behind by a pod bound elsewhere are looked for
+SWEEP_S = 2.0  # how often locks left behind (holder bound elsewhere, expired and left) are sought
 MIN_BINDING_BUDGET_S = 0.5
 PROVEN_OUTCOMES = frozenset({Outcome.ALLOCATED.value, Outcome.REJECTED.value})
 
@@ -220,8 +222,7 @@ class Binder:
 
     async def release_bound_elsewhere(self) -> int:
         """Release every held lock whose holder this cache saw bound to another node (see
-        ``takeover.bound_elsewhere``); returns how many it released.  Each release is fenced by
-        the lock's token, so a lock that changed hands meanwhile is left alone."""
+        ``takeover.bound_elsewhere``); returns how many it released."""
 
         def node_of(uid: str) -> NodeName | None:
             pod = self._cache.pod(uid)
@@ -229,34 +230,57 @@ class Binder:
 
         released = 0
         for node, holder in bound_elsewhere(self._locks.holders(), node_of):
-            view = self._locks.view(node)
-            if view is None or view.record.holder is None or view.record.holder.uid != holder.uid:
-                continue
-            held = HeldLock(
-                node, view.record.holder, view.record.token, view.record.resource_version
-            )
-            try:
-                await self._locks.release(held, outcome=Outcome.BIND_FAILED)
-            except (LockError, ApiError, ApiUnavailable) as exc:
-                log.info("lock of %s left by %s not released: %s", node, holder.key, exc)
-                continue
-            self.queues.notify(node)
-            released += 1
-            log.info(
-                "released the lock of %s (token %d): its holder %s is bound to %s",
-                node,
-                held.token,
-                holder.key,
-                node_of(holder.uid),
-            )
+            why = f"its holder {holder.key} is bound to {node_of(holder.uid)}"
+            released += await self._release_left(node, holder, Outcome.BIND_FAILED, why)
         return released
 
+    async def release_expired_left(self) -> int:
+        """Release every expired lock whose holder this cache saw leave the handoff for good
+        (``takeover.expired_and_left``: gone, finished, admitted); returns how many."""
+
+        def cached_judgement(node: NodeName, holder: Holder) -> Judgement:
+            return judge(
+                self._cache.pod(holder.uid),
+                holder_uid=holder.uid,
+                node=node,
+                fresh=False,
+                known_gone=self._cache.is_gone(holder.uid),
+            )
+
+        released = 0
+        for node, holder, why in expired_and_left(
+            self._locks.holders(), expired=self._locks.expired, cached_judgement=cached_judgement
+        ):
+            released += await self._release_left(node, holder, Outcome.EXPIRED, why)
+        return released
+
+    async def _release_left(
+        self, node: NodeName, holder: Holder, outcome: Outcome, why: str
+    ) -> int:
+        """Release ``node``'s lock if ``holder`` still holds it, fenced by the token (a lock
+        that changed hands meanwhile is left alone); 1 if released."""
+        view = self._locks.view(node)
+        if view is None or view.record.holder is None or view.record.holder.uid != holder.uid:
+            return 0
+        held = HeldLock(node, view.record.holder, view.record.token, view.record.resource_version)
+        try:
+            await self._locks.release(held, outcome=outcome)
+        except (LockError, ApiError, ApiUnavailable) as exc:
+            log.info("lock of %s left by %s not released: %s", node, holder.key, exc)
+            return 0
+        self.queues.notify(node)
+        log.info("released the lock of %s (token %d, %s): %s", node, held.token, outcome, why)
+        return 1
+
     async def sweep(self, *, every_s: float = SWEEP_S) -> None:
-        """Release locks left behind (``release_bound_elsewhere``) every ``every_s``; forever."""
+        """Release locks left behind every ``every_s``, forever: those whose holder is bound
+        elsewhere (``release_bound_elsewhere``) and expired ones whose holder left the handoff
+        (``release_expired_left``)."""
         while True:
             await asyncio.sleep(every_s)
             try:
                 await self.release_bound_elsewhere()
+                await self.release_expired_left()
             except Exception:  # a sweep must never stop the extender
                 log.exception("releasing locks left behind failed")
 

@@ -32,6 +32,7 @@ __all__ = [
     "Judgement",
     "binding_may_still_land",
     "copy_unneeded",
+    "expired_and_left",
     "holder_accounted",
     "holder_state",
     "judge",
@@ -137,6 +138,32 @@ def copy_unneeded(cache: ClusterCache, uid: str, expired: Callable[[], bool]) ->
     return not lease_copy_needed(
         accounted_for=accounted_for, known=known, expired=not known and expired()
     )
+
+
+def expired_and_left(
+    held: Mapping[NodeName, Holder],
+    *,
+    expired: Callable[[NodeName], bool],
+    cached_judgement: Callable[[NodeName, Holder], Judgement],
+) -> list[tuple[NodeName, Holder, str]]:
+    """The held locks that have expired and whose holder the cache saw leave the handoff for
+    good, with why (pure).
+
+    Nothing else would end such a lock until a bind for its node takes it over: the device
+    plugin releases only a lock it served or refused, and a holder admitted without it (kubelet
+    admitting before the plugin registered), rejected while the plugin was down, or deleted
+    left it held.  Only a cached judgement that allows (``judge`` with ``fresh`` False: the
+    states that never revert for a UID) counts; one that asks for a fresh read is left to a
+    Bind's takeover, which reads the pod.
+    """
+    out: list[tuple[NodeName, Holder, str]] = []
+    for node, holder in sorted(held.items()):
+        if not expired(node):
+            continue
+        verdict = cached_judgement(node, holder)
+        if verdict.allowed:
+            out.append((node, holder, verdict.why))
+    return out
 
 
 def bound_elsewhere(

@@ -520,15 +520,16 @@ def _time(stamp: str) -> datetime:
 
 
 @pytest.mark.core
-async def test_a_pod_admitted_while_the_plugin_is_down_leaves_its_lock_to_the_next_pod(
+async def test_a_pod_admitted_while_the_plugin_is_down_has_its_lock_released_once_expired(
     real: GPUCluster,
 ) -> None:
     """kubelet restarted without its device checkpoint while the node's plugin is down admits
     the GPU pod bound meanwhile with no devices (its device manager does not know the resource
     yet) and, the plugin still down, starts its container with none.  kubelet wrote the pod's
-    container statuses, so the pod has left the handoff: its lock expires and the node's next
-    pod takes it over and runs with exactly its assignment.  No device is given twice, and
-    ``nodelock audit`` names the pod that runs without its devices."""
+    container statuses, so the pod has left the handoff: once its lock expired the extenders'
+    sweep releases it (``expired``), and the node's next pod runs with exactly its assignment.
+    No device is given twice, and ``nodelock audit`` names the pod that runs without its
+    devices."""
     node = real.nodes[1]
     plugin = f"deviceplugin-{node}"
     path = real_node(real, node).plugin_dir / "kubelet_internal_checkpoint"
@@ -549,11 +550,18 @@ async def test_a_pod_admitted_while_the_plugin_is_down_leaves_its_lock_to_the_ne
         await wait_registrations(real.cluster, node, seen, timeout_s=60)
     assert _checkpointed(real, early) == {}
     assert _handed(real, early) == {"c0": []}  # kubelet handed the runtime no device
-    # the pod has left the handoff but still holds the lock, until it expires
-    assert (await real.lease(node))["spec"]["holderIdentity"] == real.key("early")
+    # the pod has left the handoff; no plugin releases its lock, the extenders' sweep does once
+    # it expired
+    lease = await real.wait_holder(node, None, timeout_s=LEASE_S + 30)
+    last = lease["metadata"]["annotations"]
+    assert (last["nodelock.io/last-holder"], last["nodelock.io/last-outcome"]) == (
+        real.key("early"),
+        "expired",
+    ), last
+    assert int(last["nodelock.io/last-token"]) == token
     await asyncio.sleep(3 * SIGHTING_PERIOD_S)  # the plugin reads List: "early" admitted before
     await real.create_pod("next", [1], node=node)
-    nxt = await real.wait_phase("next", ["Running"], timeout_s=LEASE_S + 60)
+    nxt = await real.wait_phase("next", ["Running"], timeout_s=60)
     assert _handed(real, nxt)["c0"] == sorted(assignment(nxt)["c0"])
     assert int(nxt["metadata"]["annotations"]["nodelock.io/token"]) > token
     assert not set(assignment(nxt)["c0"]) & set(assignment(early)["c0"])

@@ -645,3 +645,43 @@ class Replica:
             return f"release failed ({type(exc).__name__})"
         self.queues.notify(task.held.node)
         return f"released token {task.held.token} bind-failed"
+
+    # -- locks left behind ----------------------------------------------------------------------
+
+    def sweep(self) -> list[str]:
+        """``Binder.release_expired_left``: release each expired lock whose holder this
+        replica's cache saw leave the handoff for good (``takeover.expired_and_left``)."""
+        held: dict[NodeName, Holder] = {}
+        for node in self.locks.obs.nodes():
+            view = self.locks.view(node)
+            if view is not None and view.record.holder is not None:
+                held[node] = view.record.holder
+
+        def expired(node: NodeName) -> bool:
+            view = self.locks.view(node)
+            return view is not None and view.expired
+
+        def cached(node: NodeName, holder: Holder) -> takeover.Judgement:
+            return judge(
+                self.cache.pod(holder.uid),
+                holder_uid=holder.uid,
+                node=node,
+                fresh=False,
+                known_gone=self.cache.is_gone(holder.uid),
+            )
+
+        done: list[str] = []
+        for node, holder, why in takeover.expired_and_left(
+            held, expired=expired, cached_judgement=cached
+        ):
+            view = self.locks.view(node)
+            assert view is not None
+            lock = HeldLock(node, holder, view.record.token, view.record.resource_version)
+            try:
+                self.locks.release(lock, outcome=Outcome.EXPIRED)
+            except (LockError, ApiUnavailable, NotFound, Conflict) as exc:
+                done.append(f"{node}: release failed ({type(exc).__name__})")
+                continue
+            self.queues.notify(node)
+            done.append(f"{node}: released token {lock.token} expired ({why})")
+        return done

@@ -50,6 +50,8 @@ class Hole(StrEnum):
     MIG_HOLDER = "mig-holder"  # MIG: filter counts a lock holder's instances as taken
     # found by this model: progress-ahead-of-kubelet for a container of several resources
     MIG_PROGRESS_AHEAD = "mig-progress-ahead"
+    # the extender's sweep of expired locks released one whose holder is still in handoff
+    SWEEP_IN_HANDOFF = "sweep-in-handoff"
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -147,6 +149,11 @@ AVOIDED_BY: dict[Hole, str] = {
         "Avoided: a bind never takes the lock after its wait's end (a head that is ready only "
         "after its wait ended gives up instead), so its binding window ends before its deadline"
     ),
+    Hole.SWEEP_IN_HANDOFF: (
+        "the extender's sweep (Binder.release_expired_left) releases an expired lock whose "
+        "holder is still Pending on the node and not admitted, so the next bind takes the free "
+        "lock while kubelet may still admit the holder.  Avoided: the extender never sweeps"
+    ),
 }
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
@@ -186,6 +193,8 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     # taken like its GPUs (scheduler_ext.verbs.with_holder)
     Hole.MIG_PROGRESS_AHEAD,  # fixed: a container's entry of another resource counts while
     # kubelet's List or checkpoint holds its devices (decide.kubelet_confirmed, held_other)
+    Hole.SWEEP_IN_HANDOFF,  # never a hole: the sweep releases only on a cached judgement that
+    # allows (takeover.expired_and_left: gone, finished, admitted, bound elsewhere)
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -212,6 +221,7 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.MIG_RELEASE: frozenset({"S1", "S2", "L1"}),
     Hole.MIG_HOLDER: frozenset({"F1", "S1"}),
     Hole.MIG_PROGRESS_AHEAD: frozenset({"S2"}),
+    Hole.SWEEP_IN_HANDOFF: frozenset({"S3"}),
 }
 
 
@@ -285,4 +295,8 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
     ),
     # the holder's MIG instances left out of what filter and Bind count as taken
     Hole.MIG_HOLDER: _patched({"scheduler_ext.verbs.with_holder": reverted.with_holder_gpus_only}),
+    # the sweep's judgement of the holder deleted: every expired lock is released
+    Hole.SWEEP_IN_HANDOFF: _patched(
+        {"scheduler_ext.takeover.expired_and_left": reverted.expired_and_left_unjudged}
+    ),
 }

@@ -44,6 +44,7 @@ from lockd.model import Holder, HolderKey, NodeName
 from scheduler_ext.choose import NodeGPUs, devices_of
 from scheduler_ext.deadline import BindCancelled, BindDeadline, CallDeadlines
 from scheduler_ext.sharing import sharing_node
+from scheduler_ext.takeover import Judgement
 from scheduler_ext.verbs import DEFAULT_KEYS
 
 
@@ -247,3 +248,15 @@ def with_holder_gpus_only(
         extra = tuple((d, WHOLE) for d in sorted(devices))
         return replace(gpus, taken=gpus.taken | devices, held=(*gpus.held, *extra))
     return replace(gpus, taken=gpus.taken | devices)
+
+
+def expired_and_left_unjudged(
+    held: Mapping[NodeName, Holder],
+    *,
+    expired: Callable[[NodeName], bool],
+    cached_judgement: Callable[[NodeName, Holder], Judgement],
+) -> list[tuple[NodeName, Holder, str]]:
+    """``scheduler_ext.takeover.expired_and_left`` with the holder's judgement taken out: every
+    expired lock counts as left behind."""
+    del cached_judgement
+    return [(node, holder, "expired") for node, holder in sorted(held.items()) if expired(node)]

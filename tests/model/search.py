@@ -177,12 +177,25 @@ FOCUS: dict[Hole, ModelConfig] = {
         max_pods=3,
         prompt=frozenset({"kubelet", "plugin"}),
     ),
+    Hole.SWEEP_IN_HANDOFF: ModelConfig(
+        fault_kinds=frozenset({Fault.ADMISSION_REJECT, Fault.RELEASE_FAILS, Fault.POD_DELETE}),
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=2,
+        prompt=frozenset({"E0", "E1"}),
+    ),
 }
 
 
+# Actions no other hole's search needs, left out of it (each such search keeps the interleavings
+# it was tuned on); the deep and CI profiles take them.
+ONLY_WHEN_SEARCHED = frozenset({Hole.SWEEP_IN_HANDOFF})
+
+
 def focus(hole: Hole, *, avoid: frozenset[Hole] = KNOWN_HOLES) -> ModelConfig:
-    """The configuration that searches for ``hole``: only it allowed of ``avoid``."""
-    return replace(FOCUS[hole], avoid=avoid - {hole}, stop_after_first=True)
+    """The configuration that searches for ``hole``: only it allowed of ``avoid`` (and of
+    ``ONLY_WHEN_SEARCHED``)."""
+    return replace(FOCUS[hole], avoid=(avoid | ONLY_WHEN_SEARCHED) - {hole}, stop_after_first=True)
 
 
 @dataclass(frozen=True)
@@ -220,6 +233,7 @@ SEARCH_SEEDS: dict[Hole, int] = {
     Hole.MIG_RELEASE: 1,
     Hole.MIG_HOLDER: 1,
     Hole.MIG_PROGRESS_AHEAD: 1,
+    Hole.SWEEP_IN_HANDOFF: 1,
 }
 
 

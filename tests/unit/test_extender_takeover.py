@@ -15,9 +15,11 @@ from scheduler_ext.state import PodState, pod_state
 from scheduler_ext.takeover import (
     LATE_BINDING_MARGIN_S,
     HolderState,
+    Judgement,
     binding_may_still_land,
     bound_elsewhere,
     copy_unneeded,
+    expired_and_left,
     holder_accounted,
     holder_state,
     judge,
@@ -240,3 +242,36 @@ def test_locks_whose_holder_is_bound_to_another_node_are_left_behind() -> None:
     nodes = {"u-moved": c, "u-here": b}
     assert bound_elsewhere(held, nodes.get) == [(a, held[a])]
     assert bound_elsewhere({}, nodes.get) == []
+
+
+def test_expired_locks_whose_holder_left_for_good_are_left_behind() -> None:
+    """Only an expired lock whose cached holder is in a state that never reverts (gone,
+    finished, admitted, bound elsewhere) is released; in handoff, not bound, unknown to the
+    cache or not expired: left to a Bind's takeover (which reads the pod)."""
+    nodes = [NodeName(n) for n in "abcdefgh"]
+    pods: dict[str, PodState | None] = {
+        "a": pod(node="a", phase="Running", uid="u-a"),  # admitted
+        "b": pod(node="b", statuses=[WAITING], uid="u-b"),  # admitted, no container created
+        "c": pod(node="c", phase="Failed", uid="u-c"),  # rejected by kubelet
+        "d": None,  # deleted, and the cache saw it go
+        "e": pod(node="e", uid="u-e"),  # Pending here, not admitted: in handoff
+        "f": pod(node=None, uid="u-f"),  # not bound: its binding may still land
+        "g": None,  # unknown to the cache
+        "h": pod(node="h", phase="Running", uid="u-h"),  # admitted, the lock not expired
+    }
+    held = {n: Holder(HolderKey(f"ns/{n}"), f"u-{n}") for n in nodes}
+
+    def cached(node: NodeName, holder: Holder) -> Judgement:
+        return judge(
+            pods[node], holder_uid=holder.uid, node=node, fresh=False, known_gone=node == "d"
+        )
+
+    left = expired_and_left(held, expired=lambda n: n != "h", cached_judgement=cached)
+    assert [(n, h) for n, h, _ in left] == [(n, held[n]) for n in nodes[:4]]
+    assert [why for *_, why in left] == [
+        "holder pod was admitted by kubelet (Running)",
+        "holder pod was admitted by kubelet (Pending)",
+        "holder pod Failed",
+        "holder pod was deleted",
+    ]
+    assert expired_and_left(held, expired=lambda n: False, cached_judgement=cached) == []

@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,14 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from tests.model.__main__ import NOT_FOUND
 from tests.model.holes import BREAKS, KNOWN_HOLES, PLANTS, Hole
-from tests.model.machine import Fault, HandoffModel, ModelConfig, Violation, machine
+from tests.model.machine import (
+    Fault,
+    HandoffModel,
+    ModelConfig,
+    SweepingModel,
+    Violation,
+    machine,
+)
 from tests.model.profiles import CI_EXAMPLES, ci_settings
 from tests.model.search import SEARCH_SEEDS, focus
 
@@ -68,6 +76,7 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.MIG_RELEASE: 100,
     Hole.MIG_HOLDER: 100,
     Hole.MIG_PROGRESS_AHEAD: 250,
+    Hole.SWEEP_IN_HANDOFF: 900,
 }
 INVARIANT = r"(S[1-4]|V1|F1|W[12]|L1)"
 
@@ -703,5 +712,52 @@ def test_replay_mig_progress_ahead_of_kubelet_planted_breaks() -> None:
         Hole.MIG_PROGRESS_AHEAD,
         frozenset({Fault.CHECKPOINT_LOST}),
         lambda m: mig_progress_ahead_steps(m, fixed=False),
+        planted=True,
+    )
+
+
+def sweep_steps(m: HandoffModel, *, reject: bool) -> None:
+    """one-1 is bound and holds n1's lock; kubelet rejects it before any Allocate (``reject``)
+    or has not admitted it yet; the lock's duration passes with no other bind, and E0 sweeps."""
+    m.create_pod(0)  # team/one-1
+    m.schedule(0, "E0", 0)
+    for _ in range(4):  # acquire, confirm, send, bound
+        m.extender_step(0)
+    for watcher in list(m.watchers()):
+        m.deliver_to(watcher)
+    if reject:
+        m.kubelet_rejects(0)
+        m.deliver_to("E0")
+    m.tick(16.0)
+    assert isinstance(m, SweepingModel)
+    m.extender_sweeps("E0")
+
+
+def test_replay_sweep_releases_the_expired_lock_of_a_rejected_holder() -> None:
+    """kubelet rejected the holder before any Allocate, so no plugin releases its lock: once
+    expired, the sweep releases it (``expired``) and the node needs no takeover."""
+    m = replay(
+        Hole.SWEEP_IN_HANDOFF,
+        frozenset({Fault.ADMISSION_REJECT}),
+        partial(sweep_steps, reject=True),
+    )
+    assert any("sweep: n1: released token 1 expired (holder pod Failed" in line for line in m.trace)
+
+
+def test_replay_sweep_leaves_the_expired_lock_of_a_holder_in_handoff() -> None:
+    """The holder is bound and kubelet has not admitted it: however old, the sweep leaves its
+    lock held (the holder's last step is still to come)."""
+    m = replay(Hole.SWEEP_IN_HANDOFF, frozenset(), partial(sweep_steps, reject=False))
+    assert not any("sweep:" in line for line in m.trace)
+    assert any("team/one-1: main: Allocate" in line for line in m.trace)  # settled: served
+
+
+def test_replay_sweep_without_the_judgement_breaks() -> None:
+    """The same steps with the sweep's judgement of the holder deleted: the lock is released
+    while kubelet may still admit its holder (S3)."""
+    replay(
+        Hole.SWEEP_IN_HANDOFF,
+        frozenset(),
+        partial(sweep_steps, reject=False),
         planted=True,
     )

@@ -323,6 +323,27 @@ def test_a_lock_taken_over_from_a_holder_kubelet_may_still_admit_is_s3() -> None
     assert "taken over from ns/a" in checker.violations[0].message
 
 
+def test_a_lock_released_expired_from_a_holder_kubelet_may_still_admit_is_s3() -> None:
+    waiting = gpu_pod("a", None, assigned=["G0"], phase="Pending", token=4)
+    released = LeaseView(
+        holder="",
+        token=4,
+        renew="r1",
+        last_holder="ns/a",
+        last_holder_uid="uid-a",
+        last_token=4,
+        last_outcome="expired",
+    )
+    samples = [
+        Sample(1.0, [waiting], {NODE: lease("ns/a", 4, uid="uid-a")}),
+        Sample(2.0, [waiting], {NODE: released}),
+        Sample(3.0, [gpu_pod("a", ["G0"], token=4)], {}),
+    ]
+    checker = run(samples)
+    assert invariants(checker) == ["S3"]
+    assert "released expired from ns/a" in checker.violations[0].message
+
+
 def test_a_takeover_from_a_holder_that_left_the_handoff_is_no_violation() -> None:
     b = gpu_pod("b", ["G1"], token=5)
     for holder in (
