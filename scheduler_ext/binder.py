@@ -74,9 +74,9 @@ from scheduler_ext.protocol import BindingArgs
 from scheduler_ext.state import BadObject, PodState
 from scheduler_ext.takeover import (
     DEFAULT_REQUEST_TIMEOUT_S,
-    Judgement,
     binding_may_still_land,
     bound_elsewhere,
+    cached_judgement,
     expired_and_left,
     holder_accounted,
     judge,
@@ -237,19 +237,11 @@ class Binder:
     async def release_expired_left(self) -> int:
         """Release every expired lock whose holder this cache saw leave the handoff for good
         (``takeover.expired_and_left``: gone, finished, admitted); returns how many."""
-
-        def cached_judgement(node: NodeName, holder: Holder) -> Judgement:
-            return judge(
-                self._cache.pod(holder.uid),
-                holder_uid=holder.uid,
-                node=node,
-                fresh=False,
-                known_gone=self._cache.is_gone(holder.uid),
-            )
-
         released = 0
         for node, holder, why in expired_and_left(
-            self._locks.holders(), expired=self._locks.expired, cached_judgement=cached_judgement
+            self._locks.holders(),
+            expired=self._locks.expired,
+            cached_judgement=cached_judgement(self._cache),
         ):
             released += await self._release_left(node, holder, Outcome.EXPIRED, why)
         return released

@@ -31,6 +31,7 @@ __all__ = [
     "HolderState",
     "Judgement",
     "binding_may_still_land",
+    "cached_judgement",
     "copy_unneeded",
     "expired_and_left",
     "holder_accounted",
@@ -138,6 +139,22 @@ def copy_unneeded(cache: ClusterCache, uid: str, expired: Callable[[], bool]) ->
     return not lease_copy_needed(
         accounted_for=accounted_for, known=known, expired=not known and expired()
     )
+
+
+def cached_judgement(cache: ClusterCache) -> Callable[[NodeName, Holder], Judgement]:
+    """``judge`` of a lock's holder from ``cache`` alone (``fresh`` False), as the sweep asks
+    ``expired_and_left``."""
+
+    def of(node: NodeName, holder: Holder) -> Judgement:
+        return judge(
+            cache.pod(holder.uid),
+            holder_uid=holder.uid,
+            node=node,
+            fresh=False,
+            known_gone=cache.is_gone(holder.uid),
+        )
+
+    return of
 
 
 def expired_and_left(

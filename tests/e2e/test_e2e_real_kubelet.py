@@ -533,9 +533,11 @@ async def test_a_pod_admitted_while_the_plugin_is_down_has_its_lock_released_onc
     node = real.nodes[1]
     plugin = f"deviceplugin-{node}"
     path = real_node(real, node).plugin_dir / "kubelet_internal_checkpoint"
-    real.cluster.stop_component(plugin, forget=False)
+    # kubelet first: it must not see the plugin go (it would publish 0 GPUs for the node)
     real.cluster.stop_component(f"kubelet-{node}", forget=False)
+    real.cluster.stop_component(plugin, forget=False)
     path.unlink(missing_ok=True)
+    kubelet_back = False
     try:
         await real.create_pod("early", [1], node=node)
         lease = await real.wait_holder(node, real.key("early"))
@@ -543,8 +545,11 @@ async def test_a_pod_admitted_while_the_plugin_is_down_has_its_lock_released_onc
         early = await real.wait_bound("early")
         assert early["spec"]["nodeName"] == node
         real.cluster.restart_component(f"kubelet-{node}")
+        kubelet_back = True
         early = await real.wait_phase("early", ["Running"], timeout_s=60)
     finally:
+        if not kubelet_back:
+            real.cluster.restart_component(f"kubelet-{node}")
         seen = plugin_registrations(real.cluster, node)
         real.cluster.restart_component(plugin)
         await wait_registrations(real.cluster, node, seen, timeout_s=60)

@@ -661,18 +661,9 @@ class Replica:
             view = self.locks.view(node)
             return view is not None and view.expired
 
-        def cached(node: NodeName, holder: Holder) -> takeover.Judgement:
-            return judge(
-                self.cache.pod(holder.uid),
-                holder_uid=holder.uid,
-                node=node,
-                fresh=False,
-                known_gone=self.cache.is_gone(holder.uid),
-            )
-
         done: list[str] = []
         for node, holder, why in takeover.expired_and_left(
-            held, expired=expired, cached_judgement=cached
+            held, expired=expired, cached_judgement=takeover.cached_judgement(self.cache)
         ):
             view = self.locks.view(node)
             assert view is not None
