@@ -651,19 +651,12 @@ class Replica:
     def sweep(self) -> list[str]:
         """``Binder.release_expired_left``: release each expired lock whose holder this
         replica's cache saw leave the handoff for good (``takeover.expired_and_left``)."""
-        held: dict[NodeName, Holder] = {}
-        for node in self.locks.obs.nodes():
-            view = self.locks.view(node)
-            if view is not None and view.record.holder is not None:
-                held[node] = view.record.holder
-
-        def expired(node: NodeName) -> bool:
-            view = self.locks.view(node)
-            return view is not None and view.expired
-
         done: list[str] = []
+        obs, now = self.locks.obs, self.clock.now
         for node, holder, why in takeover.expired_and_left(
-            held, expired=expired, cached_judgement=takeover.cached_judgement(self.cache)
+            obs.holders(),
+            expired=lambda node: obs.expired(node, now),
+            cached_judgement=takeover.cached_judgement(self.cache),
         ):
             view = self.locks.view(node)
             assert view is not None
