@@ -649,23 +649,38 @@ class Replica:
     # -- locks left behind ----------------------------------------------------------------------
 
     def sweep(self) -> list[str]:
-        """``Binder.release_expired_left``: release each expired lock whose holder this
-        replica's cache saw leave the handoff for good (``takeover.expired_and_left``)."""
+        """``Binder.sweep``'s one pass: ``release_bound_elsewhere`` (each held lock whose holder
+        this replica's cache saw bound to another node, ``takeover.bound_elsewhere``), then
+        ``release_expired_left`` (each expired lock whose holder the cache saw leave the handoff
+        for good, ``takeover.expired_and_left``)."""
         done: list[str] = []
         obs, now = self.locks.obs, self.clock.now
+
+        def node_of(uid: str) -> NodeName | None:
+            pod = self.cache.pod(uid)
+            return pod.node if pod is not None else None
+
+        for node, holder in takeover.bound_elsewhere(obs.holders(), node_of):
+            why = f"its holder {holder.key} is bound to {node_of(holder.uid)}"
+            done.append(self._release_left(node, holder, Outcome.BIND_FAILED, why))
         for node, holder, why in takeover.expired_and_left(
             obs.holders(),
             expired=lambda node: obs.expired(node, now),
             cached_judgement=takeover.cached_judgement(self.cache),
         ):
-            view = self.locks.view(node)
-            assert view is not None
-            lock = HeldLock(node, holder, view.record.token, view.record.resource_version)
-            try:
-                self.locks.release(lock, outcome=Outcome.EXPIRED)
-            except (LockError, ApiUnavailable, NotFound, Conflict) as exc:
-                done.append(f"{node}: release failed ({type(exc).__name__})")
-                continue
-            self.queues.notify(node)
-            done.append(f"{node}: released token {lock.token} expired ({why})")
-        return done
+            done.append(self._release_left(node, holder, Outcome.EXPIRED, why))
+        return [line for line in done if line]
+
+    def _release_left(self, node: NodeName, holder: Holder, outcome: Outcome, why: str) -> str:
+        """``Binder._release_left``: release ``node``'s lock if ``holder`` still holds it in this
+        replica's view, fenced by the token; what happened ("" when the lock changed hands)."""
+        view = self.locks.view(node)
+        if view is None or view.record.holder is None or view.record.holder.uid != holder.uid:
+            return ""
+        lock = HeldLock(node, view.record.holder, view.record.token, view.record.resource_version)
+        try:
+            self.locks.release(lock, outcome=outcome)
+        except (LockError, ApiUnavailable, NotFound, Conflict) as exc:
+            return f"{node}: release failed ({type(exc).__name__})"
+        self.queues.notify(node)
+        return f"{node}: released token {lock.token} {outcome.value} ({why})"

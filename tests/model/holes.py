@@ -52,6 +52,8 @@ class Hole(StrEnum):
     MIG_PROGRESS_AHEAD = "mig-progress-ahead"
     # the extender's sweep of expired locks released one whose holder is still in handoff
     SWEEP_IN_HANDOFF = "sweep-in-handoff"
+    # the extender's sweep of locks whose holder is bound elsewhere released one bound here
+    SWEEP_BOUND_HERE = "sweep-bound-here"
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -154,6 +156,11 @@ AVOIDED_BY: dict[Hole, str] = {
         "holder is still Pending on the node and not admitted, so the next bind takes the free "
         "lock while kubelet may still admit the holder.  Avoided: the extender never sweeps"
     ),
+    Hole.SWEEP_BOUND_HERE: (
+        "the extender's sweep (Binder.release_bound_elsewhere) releases a held lock whose holder "
+        "is bound to that lock's own node and not admitted yet, so the next bind takes the free "
+        "lock while kubelet may still admit the holder.  Avoided: the extender never sweeps"
+    ),
 }
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
@@ -195,6 +202,8 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     # kubelet's List or checkpoint holds its devices (decide.kubelet_confirmed, held_other)
     Hole.SWEEP_IN_HANDOFF,  # never a hole: the sweep releases only on a cached judgement that
     # allows (takeover.expired_and_left: gone, finished, admitted, bound elsewhere)
+    Hole.SWEEP_BOUND_HERE,  # never a hole: the sweep releases only a holder the cache saw bound
+    # to another node (takeover.bound_elsewhere)
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -222,6 +231,7 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.MIG_HOLDER: frozenset({"F1", "S1"}),
     Hole.MIG_PROGRESS_AHEAD: frozenset({"S2"}),
     Hole.SWEEP_IN_HANDOFF: frozenset({"S3"}),
+    Hole.SWEEP_BOUND_HERE: frozenset({"S3"}),
 }
 
 
@@ -298,5 +308,10 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
     # the sweep's judgement of the holder deleted: every expired lock is released
     Hole.SWEEP_IN_HANDOFF: _patched(
         {"scheduler_ext.takeover.expired_and_left": reverted.expired_and_left_unjudged}
+    ),
+    # the sweep's check of the holder's node deleted: a lock whose holder is bound anywhere is
+    # released
+    Hole.SWEEP_BOUND_HERE: _patched(
+        {"scheduler_ext.takeover.bound_elsewhere": reverted.bound_anywhere}
     ),
 }

@@ -84,6 +84,10 @@ from tests.model.world import (
 REPLICAS = ("E0", "E1")
 _A_GPU = GPU(gpu_id(NodeName("n"), 0), 0, "model-a", GPU_MEMORY_MIB, 0, healthy=True)
 PROCESSES = frozenset({*REPLICAS, "kubelet", "plugin"})
+# the outcomes a lock is released with without its holder's handoff: a bind that failed (the
+# bind's own release, or the sweep's of a holder bound elsewhere) and the sweep's of an expired
+# lock; none may come while the holder may still be admitted on the node (S3)
+LEFT_BEHIND_OUTCOMES = frozenset({Outcome.BIND_FAILED.value, Outcome.EXPIRED.value})
 
 
 class Fault(StrEnum):
@@ -374,12 +378,12 @@ class HandoffModel(RuleBasedStateMachine):
             old.holder is not None
             and new.holder is None
             and new.last is not None
-            and new.last.outcome == Outcome.EXPIRED.value
+            and new.last.outcome in LEFT_BEHIND_OUTCOMES
             and self.in_handoff(old.holder.uid, node)
         ):
             self.violate(
                 "S3",
-                f"{writer} released the lock of {node} as expired while its holder "
+                f"{writer} released the lock of {node} as {new.last.outcome} while its holder "
                 f"{old.holder.key} is still in handoff",
             )
         if (
@@ -1560,16 +1564,21 @@ def _bigger(a: Slice, b: Slice) -> bool:
     return (a.exclusive, _memory(a), a.cores) > (b.exclusive, _memory(b), b.cores)
 
 
+SWEEP_HOLES = frozenset({Hole.SWEEP_IN_HANDOFF, Hole.SWEEP_BOUND_HERE})
+
+
 class SweepingModel(HandoffModel):
-    """The model with the extender's sweep of expired locks (``Binder.release_expired_left``)
-    as one more action.  A class of its own, so that a search that avoids
-    ``Hole.SWEEP_IN_HANDOFF`` draws the same interleavings from its seed as it did before the
-    sweep existed (a rule that is never enabled still changes Hypothesis's draws)."""
+    """The model with the extender's sweep of locks left behind (``Binder.sweep``: those whose
+    holder is bound elsewhere, and expired ones whose holder left the handoff) as one more
+    action.  A class of its own, so that a search that avoids both ``SWEEP_HOLES`` draws the
+    same interleavings from its seed as it did before the sweep existed (a rule that is never
+    enabled still changes Hypothesis's draws)."""
 
     @precondition(lambda self: self.started)
     @rule(replica=st.sampled_from(REPLICAS))
     def extender_sweeps(self, replica: str) -> None:
-        """``Binder.sweep``'s release of expired locks whose holder left the handoff."""
+        """One pass of ``Binder.sweep``: locks whose holder is bound elsewhere, then expired
+        locks whose holder left the handoff."""
         self.begin_step()
         done = self.replicas[replica].sweep()
         if done:
@@ -1578,8 +1587,8 @@ class SweepingModel(HandoffModel):
 
 def machine(config: ModelConfig, name: str) -> type[HandoffModel]:
     """A ``HandoffModel`` class for ``config`` with its own ``Stats``; with the sweep unless
-    the config avoids ``Hole.SWEEP_IN_HANDOFF``."""
-    base = HandoffModel if Hole.SWEEP_IN_HANDOFF in config.avoid else SweepingModel
+    the config avoids both of its holes (``SWEEP_HOLES``)."""
+    base = HandoffModel if config.avoid >= SWEEP_HOLES else SweepingModel
     return type(name, (base,), {"config": config, "stats": Stats()})
 
 

@@ -260,3 +260,11 @@ def expired_and_left_unjudged(
     expired lock counts as left behind."""
     del cached_judgement
     return [(node, holder, "expired") for node, holder in sorted(held.items()) if expired(node)]
+
+
+def bound_anywhere(
+    held: Mapping[NodeName, Holder], node_of: Callable[[str], NodeName | None]
+) -> list[tuple[NodeName, Holder]]:
+    """``scheduler_ext.takeover.bound_elsewhere`` without its check of the node: every held lock
+    whose holder the cache saw bound, to any node, counts as left behind."""
+    return [(node, holder) for node, holder in sorted(held.items()) if node_of(holder.uid)]

@@ -184,12 +184,18 @@ FOCUS: dict[Hole, ModelConfig] = {
         max_pods=2,
         prompt=frozenset({"E0", "E1"}),
     ),
+    Hole.SWEEP_BOUND_HERE: ModelConfig(
+        fault_kinds=frozenset({Fault.ANSWER_LOST}),
+        templates=("one",),
+        max_pods=2,
+        prompt=frozenset({"E0", "E1"}),
+    ),
 }
 
 
 # Actions no other hole's search needs, left out of it (each such search keeps the interleavings
 # it was tuned on); the deep and CI profiles take them.
-ONLY_WHEN_SEARCHED = frozenset({Hole.SWEEP_IN_HANDOFF})
+ONLY_WHEN_SEARCHED = frozenset({Hole.SWEEP_IN_HANDOFF, Hole.SWEEP_BOUND_HERE})
 
 
 def focus(hole: Hole, *, avoid: frozenset[Hole] = KNOWN_HOLES) -> ModelConfig:
@@ -234,6 +240,7 @@ SEARCH_SEEDS: dict[Hole, int] = {
     Hole.MIG_HOLDER: 1,
     Hole.MIG_PROGRESS_AHEAD: 1,
     Hole.SWEEP_IN_HANDOFF: 1,
+    Hole.SWEEP_BOUND_HERE: 1,
 }
 
 

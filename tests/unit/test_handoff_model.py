@@ -77,6 +77,7 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.MIG_HOLDER: 100,
     Hole.MIG_PROGRESS_AHEAD: 250,
     Hole.SWEEP_IN_HANDOFF: 900,
+    Hole.SWEEP_BOUND_HERE: 300,
 }
 INVARIANT = r"(S[1-4]|V1|F1|W[12]|L1)"
 
@@ -761,3 +762,59 @@ def test_replay_sweep_without_the_judgement_breaks() -> None:
         partial(sweep_steps, reject=False),
         planted=True,
     )
+
+
+def bound_elsewhere_steps(m: HandoffModel) -> None:
+    """one-1's binding to n1 gets no answer and never lands, so E0 keeps n1's lock; once the
+    binding can no longer land, kube-scheduler binds one-1 to n2, and E0 sweeps."""
+    m.create_pod(0)  # team/one-1
+    m.schedule(0, "E0", 0)  # n1
+    for _ in range(3):  # acquire, confirm, send
+        m.extender_step(0)
+    m.binding_answer_lost(0, False, False)  # not applied, and the GET shows it unbound
+    m.tick(16.0)
+    m.tick(16.0)  # past the binding's deadline: it can no longer land
+    for watcher in list(m.watchers()):
+        m.deliver_to(watcher)
+    m.schedule(0, "E0", 1)  # n2
+    for _ in range(4):  # acquire, confirm, send, bound
+        m.extender_step(0)
+    for watcher in list(m.watchers()):
+        m.deliver_to(watcher)
+    assert isinstance(m, SweepingModel)
+    m.extender_sweeps("E0")
+
+
+def test_replay_sweep_releases_the_lock_of_a_holder_bound_elsewhere() -> None:
+    """n1's lock is held by a pod now bound to n2, which no kubelet of n1 will ever admit: the
+    sweep releases it (``bind-failed``) at once, before it expires."""
+    m = replay(Hole.SWEEP_BOUND_HERE, frozenset({Fault.ANSWER_LOST}), bound_elsewhere_steps)
+    assert any(
+        "sweep: n1: released token 1 bind-failed (its holder team/one-1 is bound to n2)" in line
+        for line in m.trace
+    )
+
+
+def bound_here_steps(m: HandoffModel) -> None:
+    """one-1 is bound to n1 and holds its lock; kubelet has not admitted it when E0 sweeps."""
+    m.create_pod(0)  # team/one-1
+    m.schedule(0, "E0", 0)
+    for _ in range(4):  # acquire, confirm, send, bound
+        m.extender_step(0)
+    for watcher in list(m.watchers()):
+        m.deliver_to(watcher)
+    assert isinstance(m, SweepingModel)
+    m.extender_sweeps("E0")
+
+
+def test_replay_sweep_leaves_the_lock_of_a_holder_bound_to_its_node() -> None:
+    """The holder is bound to the lock's own node: the sweep leaves the lock to its handoff."""
+    m = replay(Hole.SWEEP_BOUND_HERE, frozenset(), bound_here_steps)
+    assert not any("sweep:" in line for line in m.trace)
+    assert any("team/one-1: main: Allocate" in line for line in m.trace)  # settled: served
+
+
+def test_replay_sweep_of_holders_bound_anywhere_breaks() -> None:
+    """The same steps with the sweep's check of the holder's node deleted: the lock is released
+    while kubelet may still admit its holder (S3)."""
+    replay(Hole.SWEEP_BOUND_HERE, frozenset(), bound_here_steps, planted=True)
