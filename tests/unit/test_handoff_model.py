@@ -776,7 +776,13 @@ def bound_elsewhere_steps(m: HandoffModel) -> None:
     m.tick(16.0)  # past the binding's deadline: it can no longer land
     for watcher in list(m.watchers()):
         m.deliver_to(watcher)
-    m.schedule(0, "E0", 1)  # n2
+    bind_and_sweep(m, 1)  # n2
+
+
+def bind_and_sweep(m: HandoffModel, choice: int) -> None:
+    """E0 binds the first schedulable pod to the ``choice``-th node that fits (every step of the
+    bind), every watch delivers, and E0 sweeps."""
+    m.schedule(0, "E0", choice)
     for _ in range(4):  # acquire, confirm, send, bound
         m.extender_step(0)
     for watcher in list(m.watchers()):
@@ -798,13 +804,7 @@ def test_replay_sweep_releases_the_lock_of_a_holder_bound_elsewhere() -> None:
 def bound_here_steps(m: HandoffModel) -> None:
     """one-1 is bound to n1 and holds its lock; kubelet has not admitted it when E0 sweeps."""
     m.create_pod(0)  # team/one-1
-    m.schedule(0, "E0", 0)
-    for _ in range(4):  # acquire, confirm, send, bound
-        m.extender_step(0)
-    for watcher in list(m.watchers()):
-        m.deliver_to(watcher)
-    assert isinstance(m, SweepingModel)
-    m.extender_sweeps("E0")
+    bind_and_sweep(m, 0)  # n1
 
 
 def test_replay_sweep_leaves_the_lock_of_a_holder_bound_to_its_node() -> None:
