@@ -92,10 +92,6 @@ asyncio.run(main())
 """
 
 
-def _median_ms(samples: list[float]) -> float:
-    return statistics.median(samples) * 1000
-
-
 def cpu_ns(pid: int) -> int:
     """CPU nanoseconds ``pid``'s threads have run so far, from the scheduler's accounting
     (exact, unlike ``/proc/<pid>/stat``'s clock ticks); threads that ended are left out."""
@@ -272,6 +268,8 @@ async def api_calls(
             (watched,) = await per_call(put, n, gap, me, blocks)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            if seen[0] < n * blocks:  # each PUT's event taken in, or the figure means nothing
+                raise RuntimeError(f"the watch took in {seen[0]} of {n * blocks} events")
             out[gap] = {"put": plain * 1000, "event": (watched - plain) * 1000}
     return out
 
