@@ -17,7 +17,9 @@ environment, and the home directory in a help text is written ``~``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -217,7 +219,28 @@ def chart_section() -> list[str]:
     return lines
 
 
+@contextlib.contextmanager
+def documented_environment() -> Iterator[None]:
+    """The process environment without what changes the parsers' defaults (``XDG_CACHE_HOME``
+    and every ``NODELOCK_*`` variable), restored afterwards: the reference shows the defaults a
+    user without them gets, whatever the environment it is generated or checked in."""
+    saved = {
+        k: v for k, v in os.environ.items() if k == "XDG_CACHE_HOME" or k.startswith("NODELOCK_")
+    }
+    for key in saved:
+        del os.environ[key]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 def render() -> str:
+    with documented_environment():
+        return _render()
+
+
+def _render() -> str:
     lines = [
         "# Configuration reference",
         "",

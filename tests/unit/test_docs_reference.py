@@ -9,6 +9,7 @@ has no description in the schema.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
 import pytest
@@ -105,3 +106,15 @@ def test_a_value_without_description_is_reported() -> None:
         ("a", '`"x"`', "the a"),
         ("b.c", "`3`", ""),
     ]
+
+
+def test_the_reference_does_not_depend_on_the_environment_it_is_made_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user's cache settings must not leak into the documented defaults (nor fail the check)."""
+    plain = reference.render()
+    monkeypatch.setenv("XDG_CACHE_HOME", "/elsewhere/cache")
+    monkeypatch.setenv("NODELOCK_CACHE", "/elsewhere/nodelock")
+    assert reference.render() == plain
+    assert "/elsewhere" not in plain
+    assert os.environ["XDG_CACHE_HOME"] == "/elsewhere/cache"  # restored afterwards
