@@ -15,7 +15,7 @@ process doing it, read around blocks of calls (the median block):
 - **gRPC made**: the same calls, this process's own CPU per call (a ``grpc.aio`` client, as the
   plugin calls kubelet's PodResources ``List`` once per handoff).
 - **checkpoint save**: ``deviceplugin.checkpoint.save`` of a checkpoint with a pending release,
-  not durable (as both of a one-container handoff's saves are) and durable.
+  not durable (as a one-container handoff's one save is) and durable.
 - **Lease PUT**: ``KubeClient.replace`` of a node lock's Lease as lockd writes it (the release),
   conditional on its resourceVersion, against a throwaway devcluster's kube-apiserver; this
   process's CPU per PUT.
@@ -32,7 +32,7 @@ measures.  With a gap, the CPU the processes use idle over the same time (read j
 block, for as long as the block sleeps) is taken off; CPU is read from the scheduler's
 accounting (``/proc/<pid>/task/*/schedstat``, nanoseconds), not from clock ticks.
 
-The last lines add one handoff's calls up per gap (3 served, 1 made, 2 plain saves, 1 PUT, and
+The last lines add one handoff's calls up per gap (3 served, 1 made, 1 plain save, 1 PUT, and
 the watch events the plugin receives per pod: its node's Lease twice, its node's pods about
 three times, each counted at a Lease event's cost).  Everything runs in asyncio as the plugin
 does; what is not in the sum is the plugin's own decision code and the event loop's work
@@ -66,7 +66,7 @@ from proto import deviceplugin_v1beta1_pb2 as pb
 from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
 NAMESPACE = "bench-call-cost"
-HANDOFF = {"served": 3, "made": 1, "save": 2, "put": 1, "event": 5}  # one handoff's calls
+HANDOFF = {"served": 3, "made": 1, "save": 1, "put": 1, "event": 5}  # one handoff's calls
 GAP_BLOCK_S = 3.0  # with a gap, each block's calls spread over about this long
 Call = Callable[[], Awaitable[object]]
 

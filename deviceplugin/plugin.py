@@ -290,6 +290,7 @@ class DevicePlugin:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        await self.admission.flush()
         with contextlib.suppress(TimeoutError):  # Events under way get a moment to be written
             await asyncio.wait_for(self.events.recorder.flush(), timeout=2.0)
         if self.kubelet is not None:

@@ -629,6 +629,39 @@ async def test_a_pending_release_is_retried_after_a_restart(env: Env) -> None:
     del pod
 
 
+async def test_a_release_the_checkpoint_file_still_names_is_repeated_harmlessly(env: Env) -> None:
+    """A finished release reaches the checkpoint file with the plugin's next write, or when it
+    stops; a crash before then leaves it pending in the file, and the restarted plugin repeats
+    it: the token is stale by then, and the lock's next holder keeps the lock."""
+    path = checkpoint.checkpoint_path(env.state_dir, env.node)
+    _, first = await bind(env, "p", {"main": [env.gpu(0)]}, containers=[("main", 1)])
+    async with running(env) as plugin, dial(plugin) as stub:
+        await allocate(stub, env.gpu(0))
+        await eventually(lambda: released(env, first.token), "the first release")
+        assert plugin.admission.pending == ()
+        crashed = checkpoint.load(path, env.node)  # what a crash now would leave
+        assert [p.token for p in crashed.pending] == [first.token]
+    assert checkpoint.load(path, env.node).pending == ()  # the stop wrote it
+    _, second = await bind(env, "q", {"main": [env.gpu(1)]}, containers=[("main", 1)])
+    checkpoint.save(path, crashed)
+    async with running(env) as plugin:
+
+        async def repeated() -> bool | None:
+            done = sample(
+                plugin,
+                "nodelock_deviceplugin_lock_releases_total",
+                outcome="allocated",
+                result="already",
+            )
+            return True if done == 1 and plugin.admission.pending == () else None
+
+        await eventually(repeated, "the repeated release")
+        view = await lease(env)
+        assert view.record.holder is not None
+        assert view.record.holder.key == f"{env.namespace}/q"
+        assert view.record.token == second.token
+
+
 # -- registration --------------------------------------------------------------------------------
 
 

@@ -13,10 +13,12 @@ first (the Lease watch, the node pod watch's copy of the holder, else the pod re
 holder and token before), then fresh reads; a ``TAKEN_OVER`` refusal reads the interrupted pod
 and drops its progress; serving writes the checkpoint before answering and then releases after
 the last container; a refusal that names a lock releases it ``rejected``; a release that fails
-stays pending in the checkpoint and is retried.  GLUE (``deviceplugin.sharing.SharingServicer``):
-on a sharing node kubelet's virtual IDs are folded to their GPUs before the decisions
-(``physical_request``, ``fold``) and GetPreferredAllocation's answer is mapped back to one of
-kubelet's virtual IDs per GPU (``virtual_choice``).  GLUE (``Admission._context``): on a MIG
+stays pending in the checkpoint and is retried; a finished release is dropped from the
+checkpoint in memory only, the file gets it with the next write, and a restart reads the file.
+GLUE (``deviceplugin.sharing.SharingServicer``): on a sharing node kubelet's virtual IDs are
+folded to their GPUs before the decisions (``physical_request``, ``fold``) and
+GetPreferredAllocation's answer is mapped back to one of kubelet's virtual IDs per GPU
+(``virtual_choice``).  GLUE (``Admission._context``): on a MIG
 node every call is decided for the resource of the endpoint kubelet called, that resource's
 devices in the ``Context`` and the other resources' in ``others``; kubelet's List and
 checkpoint are read for that resource.
@@ -102,7 +104,8 @@ class Plugin:
     gpus: int
     split: int = 1  # > 1: a sharing node; kubelet's IDs are virtual (``deviceplugin.sharing``)
     mig: bool = False  # a MIG node: one more GPU, in MIG mode (``world.mig_instances``)
-    cp: Checkpoint = field(init=False)
+    cp: Checkpoint = field(init=False)  # the plugin's checkpoint, in memory
+    saved: Checkpoint = field(init=False)  # what its file holds: a restart reads this
     locks: LockClient = field(init=False)
     leases: Watch = field(init=False)
     pods: Watch = field(init=False)
@@ -119,7 +122,7 @@ class Plugin:
     unknown_since: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.cp = Checkpoint(self.node)
+        self.write(Checkpoint(self.node))
         node = self.node
         self.leases = Watch(self.store, frozenset({Kind.LEASE}), only=lambda e: e.name == node)
         self.pods = Watch(
@@ -130,7 +133,8 @@ class Plugin:
         self.start()
 
     def start(self) -> None:
-        """(Re)start: the checkpoint is kept (it is a file), everything else is new."""
+        """(Re)start: the checkpoint file is read, everything else is new."""
+        self.cp = self.saved
         self.locks = LockClient(self.store, self.clock, name=f"plugin/{self.node}", skew=self.skew)
         self.locks.relist(only=self.node)
         self.leases.restart()
@@ -142,6 +146,11 @@ class Plugin:
         self.pod_cache = None
         self.unknown_since = {}
         self.crash_after_checkpoint = False
+
+    def write(self, cp: Checkpoint) -> None:
+        """Write the checkpoint file (``Admission._save``) and adopt it."""
+        self.cp = cp
+        self.saved = cp
 
     def deliver(self, limit: int | None) -> int:
         n = 0
@@ -249,7 +258,7 @@ class Plugin:
         if holder is not None and holder.key == old.holder and view.record.token == old.token:
             return
         if decide.handoff_abandoned(self._pod(old.holder), old, self.node):
-            self.cp = self.cp.with_progress(None)
+            self.write(self.cp.with_progress(None))
 
     # -- Allocate ------------------------------------------------------------------------------
 
@@ -383,7 +392,7 @@ class Plugin:
         old = self.cp.progress
         assert old is not None
         pod = self._pod(old.holder)
-        self.cp = self.cp.with_progress(None)
+        self.write(self.cp.with_progress(None))
         if decide.handoff_abandoned(pod, old, self.node):
             return self._decide(ids, ctx, fresh_lease=True)
         return refusal
@@ -395,7 +404,7 @@ class Plugin:
         if alloc.last:
             pending = PendingRelease.of(alloc.holder, alloc.token, Outcome.ALLOCATED)
             cp = cp.with_pending(pending)
-        self.cp = cp  # the checkpoint is written before kubelet gets the answer
+        self.write(cp)  # before kubelet gets the answer
         if self.crash_after_checkpoint:
             self.crash_after_checkpoint = False
             raise PluginCrashed(f"plugin/{self.node} crashed after checkpointing {alloc.container}")
@@ -409,7 +418,7 @@ class Plugin:
         cp = self.cp.with_pending(pending)
         if cp.progress is not None and cp.progress.token == token:
             cp = cp.with_progress(None)
-        self.cp = cp
+        self.write(cp)
         self.release(pending)
 
     def release(self, pending: PendingRelease) -> str:
@@ -421,7 +430,7 @@ class Plugin:
             result = f"token {pending.token} needs no release ({type(exc).__name__})"
         except ApiUnavailable:
             return f"release of token {pending.token} failed; kept pending"
-        self.cp = self.cp.without_pending(pending.token)
+        self.cp = self.cp.without_pending(pending.token)  # in memory: the next write carries it
         return result
 
     def retry_releases(self) -> list[str]:

@@ -22,12 +22,14 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
+from lockd import NodeName
 from tests.model.__main__ import NOT_FOUND
 from tests.model.holes import BREAKS, KNOWN_HOLES, PLANTS, Hole
 from tests.model.machine import (
@@ -818,3 +820,35 @@ def test_replay_sweep_of_holders_bound_anywhere_breaks() -> None:
     """The same steps with the sweep's check of the holder's node deleted: the lock is released
     while kubelet may still admit its holder (S3)."""
     replay(Hole.SWEEP_BOUND_HERE, frozenset(), bound_here_steps, planted=True)
+
+
+def test_replay_a_release_a_plugin_crash_takes_back_is_repeated_harmlessly() -> None:
+    """The plugin releases one-1's lock and crashes before its next checkpoint write (a finished
+    release is written with the next one): it restarts with that release pending again, one-2
+    takes n1's lock, and the repeated release finds a newer token and leaves one-2's lock."""
+    config = replace(
+        focus(Hole.SERVED_AFTER_CHECKPOINT_LOSS), fault_kinds=frozenset({Fault.PLUGIN_CRASH})
+    )
+    m = machine(config, "Replay_release_taken_back")()
+    m.start((0.0, 0.0), frozenset({Fault.PLUGIN_CRASH}))
+    m.create_pod(0)  # team/one-1
+    m.schedule(0, "E0", 0)
+    for _ in range(4):  # acquire, confirm, send, bound
+        m.extender_step(0)
+    m.deliver_to("kubelet/n1")
+    m.kubelet_step(0, 0)  # one-1 served; its lock released
+    plugin = m.plugins[NodeName("n1")]
+    assert plugin.cp.pending == ()
+    assert [p.token for p in plugin.saved.pending] == [1]  # the file still names it
+    m.plugin_crashes(0)
+    assert [p.token for p in plugin.cp.pending] == [1]
+    m.create_pod(0)  # team/one-2
+    m.deliver_to("E0")
+    m.schedule(0, "E0", 0)
+    for _ in range(4):  # acquires n1 with token 2
+        m.extender_step(0)
+    m.plugin_retries_releases(0)
+    did(m, "token 1 needs no release")
+    m.check_safety()
+    m.settle()
+    assert any("team/one-2: main: Allocate" in line and "token 2" in line for line in m.trace)
