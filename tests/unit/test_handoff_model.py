@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
+from deviceplugin.checkpoint import Checkpoint
 from lockd import NodeName
 from tests.model.__main__ import NOT_FOUND
 from tests.model.holes import BREAKS, KNOWN_HOLES, PLANTS, Hole
@@ -822,6 +823,10 @@ def test_replay_sweep_of_holders_bound_anywhere_breaks() -> None:
     replay(Hole.SWEEP_BOUND_HERE, frozenset(), bound_here_steps, planted=True)
 
 
+def pending_tokens(cp: Checkpoint) -> list[int]:
+    return [p.token for p in cp.pending]
+
+
 def test_replay_a_release_a_plugin_crash_takes_back_is_repeated_harmlessly() -> None:
     """The plugin releases one-1's lock and crashes before its next checkpoint write (a finished
     release is written with the next one): it restarts with that release pending again, one-2
@@ -838,10 +843,10 @@ def test_replay_a_release_a_plugin_crash_takes_back_is_repeated_harmlessly() -> 
     m.deliver_to("kubelet/n1")
     m.kubelet_step(0, 0)  # one-1 served; its lock released
     plugin = m.plugins[NodeName("n1")]
-    assert plugin.cp.pending == ()
-    assert [p.token for p in plugin.saved.pending] == [1]  # the file still names it
+    assert pending_tokens(plugin.cp) == []
+    assert pending_tokens(plugin.saved) == [1]  # the file still names it
     m.plugin_crashes(0)
-    assert [p.token for p in plugin.cp.pending] == [1]
+    assert pending_tokens(plugin.cp) == [1]
     m.create_pod(0)  # team/one-2
     m.deliver_to("E0")
     m.schedule(0, "E0", 0)
