@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup bytecode system-deps test lint go-check unit demo bench device-bundle binaries proto generate generated-files clean
+.PHONY: setup bytecode system-deps runtime-deps test lint go-check unit demo bench device-bundle binaries proto generate generated-files clean
 
 setup: $(VENV)/.installed
 
@@ -24,11 +24,17 @@ bytecode: setup
 	@$(BIN)/python -m compileall -q $(PACKAGES) >/dev/null
 
 # Debian packages some tests run for real: libfaketime (clock-skew e2e test) and prometheus
-# (dashboards and alert rules evaluated by a real Prometheus).  Installed when missing.
-SYSTEM_PKGS := libfaketime prometheus
+# (dashboards and alert rules evaluated by a real Prometheus), and what the containerd nodes of
+# `devcluster up --runtime containerd` run and build their images with (RUNTIME_PKGS: the
+# container runtime, runc, the CNI plugins, kube-proxy's iptables and conntrack, mmdebstrap and
+# buildah).  Installed when missing.
+RUNTIME_PKGS := containerd runc containernetworking-plugins iptables conntrack mmdebstrap buildah
+SYSTEM_PKGS := libfaketime prometheus $(RUNTIME_PKGS)
 
-system-deps:
-	@missing=""; for p in $(SYSTEM_PKGS); do \
+runtime-deps: PKGS = $(RUNTIME_PKGS)
+system-deps: PKGS = $(SYSTEM_PKGS)
+system-deps runtime-deps:
+	@missing=""; for p in $(PKGS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages the tests use:$$missing"; \

@@ -54,6 +54,7 @@ VERSIONED_CONTROL_PLANE: dict[str, str] = {
 SIMKUBELET = ("nodelock-simkubelet", "./cmd/nodelock-simkubelet")
 CRI = ("nodelock-cri", "./cmd/nodelock-cri")
 KUBELET = ("kubelet", "k8s.io/kubernetes/cmd/kubelet")
+KUBE_PROXY = ("kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy")
 
 Progress = Callable[[str], None]
 
@@ -365,3 +366,24 @@ def ensure_kubelet(
     entry = cache_root(cache) / "kubelet" / release.tag
     what = f"Kubernetes {release.tag} kubelet"
     return _ensure(entry, {name: package}, what=what, build=build, progress=progress) / name
+
+
+def ensure_kube_proxy(
+    *,
+    cache: str | os.PathLike[str] | None = None,
+    build: bool = True,
+    progress: Progress = _stderr,
+    version: str | None = None,
+) -> Path:
+    """Path of kube-proxy of ``version`` (default ``KUBERNETES_VERSION``), built if not cached
+    into ``<cache>/kube-proxy/<tag>`` from that release's wrapper module (containerd nodes run
+    it; the other entries keep their checksums)."""
+    release = resolve(version)
+    name, package = KUBE_PROXY
+    module = None if release.is_default else GoModule(release.gomod, release.ldflags())
+    entry = cache_root(cache) / "kube-proxy" / release.tag
+    what = f"Kubernetes {release.tag} kube-proxy"
+    return (
+        _ensure(entry, {name: package}, what=what, build=build, progress=progress, module=module)
+        / name
+    )

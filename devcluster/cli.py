@@ -11,6 +11,7 @@ from devcluster.binaries import (
     KUBERNETES_VERSION,
     ensure_control_plane,
     ensure_cri,
+    ensure_kube_proxy,
     ensure_kubelet,
     ensure_simkubelet,
 )
@@ -18,7 +19,9 @@ from devcluster.cluster import Cluster, default_state_dir
 from devcluster.errors import DevclusterError
 from devcluster.gpunodes import up_gpu_cluster
 from devcluster.helm import ensure_helm
+from devcluster.install import shown
 from devcluster.realkubelet import KubeletKind
+from devcluster.runtime import SYSTEM_NODE, runtime_cluster
 from devcluster.shape import (
     SHAPE_FORMAT,
     Shape,
@@ -74,8 +77,8 @@ def register(sub: Any) -> None:
     b = dsub.add_parser(
         "build",
         help=f"build (or verify) every binary devcluster runs: the Kubernetes "
-        f"{KUBERNETES_VERSION} control plane and kubelet, the simulated-node harness, the fake "
-        "CRI runtime and helm",
+        f"{KUBERNETES_VERSION} control plane, kubelet and kube-proxy, the simulated-node harness, "
+        "the fake CRI runtime and helm",
     )
     common(b)
     version_flag(b)
@@ -172,6 +175,21 @@ def register(sub: Any) -> None:
         "a harness), or real, the kubelet binary against a fake container runtime "
         "(docs/simkubelet.md; default sim)",
     )
+    u.add_argument(
+        "--runtime",
+        choices=["containerd"],
+        default=None,
+        help="containerd: every node a real kubelet with containerd, runc, CNI and kube-proxy in "
+        "its own network namespace (--nodes GPU nodes and one node without GPUs), nodelock "
+        "installed with its Helm chart from the image built from deploy/Containerfile "
+        "(docs/devcluster-runtime.md; needs root and `make runtime-deps`)",
+    )
+    u.add_argument(
+        "--no-install",
+        action="store_true",
+        help="with --runtime containerd: leave the nodes bare, for the install steps of "
+        "docs/install.md",
+    )
     u.set_defaults(func=_up)
 
     d = dsub.add_parser("down", help="stop everything the cluster started")
@@ -201,6 +219,8 @@ def _build(args: argparse.Namespace) -> int:
     print(f"the fake CRI runtime for real kubelets is {ensure_cri(cache=args.cache_dir)}")
     kubelet = ensure_kubelet(cache=args.cache_dir, version=args.kubernetes_version)
     print(f"kubelet {binaries.kubernetes_version} is {kubelet}")
+    proxy = ensure_kube_proxy(cache=args.cache_dir, version=args.kubernetes_version)
+    print(f"kube-proxy {binaries.kubernetes_version} (containerd nodes) is {proxy}")
     print(f"helm is {ensure_helm(cache=args.cache_dir)}")
     return 0
 
@@ -211,6 +231,10 @@ def _up(args: argparse.Namespace) -> int:
         cache=args.cache_dir, build=not args.no_build, version=args.kubernetes_version
     )
     cluster = Cluster(_state_dir(args), binaries=binaries)
+    if args.runtime is not None:
+        return _up_runtime(args, cluster, started)
+    if args.no_install:
+        raise DevclusterError("--no-install goes with --runtime containerd")
     if args.nodes < 0 or args.gpus_per_node < 1 or args.extender_replicas < 1:
         raise DevclusterError("--nodes must be >= 0, --gpus-per-node and --extender-replicas >= 1")
     try:
@@ -297,6 +321,66 @@ def _up(args: argparse.Namespace) -> int:
     print(f"\nPoint kubectl at it:\n  export KUBECONFIG={cluster.kubeconfig}")
     print(f"  export PATH={binaries.directory}:$PATH   # kubectl {binaries.kubernetes_version}")
     print(f"Stop it with:\n  nodelock devcluster down --state-dir {cluster.state_dir}")
+    return 0
+
+
+# what `up --runtime containerd` does not combine with: the simulated nodes' shapes and wiring
+_NOT_WITH_RUNTIME: dict[str, object] = {
+    "gpu_topology": None,
+    "gpu_split": 1,
+    "shared_nodes": None,
+    "mig": [],
+    "gpu_memory_mib": None,
+    "extender_replicas": 1,
+    "extender_tls": False,
+    "kubelet": KubeletKind.SIM.value,
+    "policy": "binpack",
+    "topology_manager_policy": NumaPolicy.NONE.value,
+}
+
+
+def _up_runtime(args: argparse.Namespace, cluster: Cluster, started: float) -> int:
+    """``up --runtime containerd``: containerd nodes, and the chart installed unless
+    ``--no-install``."""
+    changed = [
+        "--" + k.replace("_", "-") for k, v in _NOT_WITH_RUNTIME.items() if getattr(args, k) != v
+    ]
+    if changed:
+        raise DevclusterError(
+            f"--runtime containerd does not take {', '.join(changed)}: its GPU nodes serve "
+            "whole simulated GPUs through the chart's device plugin, configured by its values"
+        )
+    if args.nodes < 0 or args.gpus_per_node < 1:
+        raise DevclusterError("--nodes must be >= 0 and --gpus-per-node >= 1")
+    if has_data(cluster.state_dir):
+        raise DevclusterError(
+            f"{cluster.state_dir} holds an earlier cluster; containerd nodes start from an empty "
+            f"state: `nodelock devcluster down --purge --state-dir {cluster.state_dir}` first"
+        )
+    t0 = time.monotonic()
+    up_containerd = runtime_cluster(
+        cluster,
+        gpu_nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        install=not args.no_install,
+        apiserver_port=args.apiserver_port,
+        cache=args.cache_dir,
+    )
+    now = time.monotonic()
+    print(
+        f"devcluster is up in {cluster.state_dir}: {args.nodes} GPU nodes x "
+        f"{args.gpus_per_node} GPUs and {SYSTEM_NODE}, on containerd, ready in {now - t0:.1f}s "
+        f"({now - started:.1f}s in all)"
+    )
+    print(f"images: {', '.join(i.ref for i in up_containerd.images.all())}")
+    if up_containerd.helm_command:
+        print(f"nodelock installed with:\n  {shown(up_containerd.helm_command)}")
+    else:
+        print(f"nodelock is not installed; its image is {up_containerd.images.nodelock.ref}")
+    print(f"\nPoint kubectl at it:\n  export KUBECONFIG={cluster.kubeconfig}")
+    kubectl_dir = cluster.binaries.directory
+    print(f"  export PATH={kubectl_dir}:$PATH   # kubectl {cluster.binaries.kubernetes_version}")
+    print(f"Stop it with:\n  nodelock devcluster down --purge --state-dir {cluster.state_dir}")
     return 0
 
 

@@ -31,7 +31,7 @@ import yaml
 from devcluster import processes
 from devcluster.binaries import Binaries, ensure_control_plane
 from devcluster.errors import DevclusterError
-from devcluster.pki import ADMIN, CONTROLLER_MANAGER, PKI, SCHEDULER
+from devcluster.pki import ADMIN, APISERVER_KUBELET_CLIENT, CONTROLLER_MANAGER, PKI, SCHEDULER
 from devcluster.processes import Proc, StateFile
 from handoff.wire import DEFAULT_LOCK_NAMESPACE
 
@@ -103,8 +103,19 @@ class Cluster:
         """The recorded components that still run."""
         return {n: p for n, p in self.state.procs().items() if processes.alive(p)}
 
-    def up(self, *, apiserver_port: int | None = None, timeout_s: float = 120.0) -> None:
-        """Start the control plane and wait until the API server is ready."""
+    def up(
+        self,
+        *,
+        apiserver_port: int | None = None,
+        advertise_address: str | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        """Start the control plane and wait until the API server is ready.
+
+        ``advertise_address`` is where nodes in their own network namespaces reach the API
+        server (``devcluster.netns``): the ``kubernetes`` Service's endpoints name it (the
+        endpoint reconciler runs); without it they name nothing and only this machine's
+        processes reach the API server, on 127.0.0.1."""
         live = self.running()
         if live:
             names = ", ".join(f"{n} (pid {p.pid})" for n, p in live.items())
@@ -132,6 +143,8 @@ class Cluster:
             "etcd_binaries": str(binaries.etcd.parent),
             "kubernetes_version": binaries.kubernetes_version,
         }
+        if advertise_address:
+            data["settings"]["advertise_address"] = advertise_address
         self.state.save(data)
         self.pki.kubeconfig(self.kubeconfig, ADMIN, self.api_url)
         try:
@@ -150,7 +163,14 @@ class Cluster:
             raise
 
     def down(self) -> list[str]:
-        """Stop every component this state directory started; names of those stopped."""
+        """Stop every component this state directory started; names of those stopped.  Nodes
+        with a container runtime go first, their containers and network with them
+        (``devcluster.runtime.stop_runtime_nodes``)."""
+        from devcluster.runtime import stop_runtime_nodes  # runtime builds on this module
+
+        before = set(self.state.procs())
+        if self.state.path.exists():
+            stop_runtime_nodes(self)
         procs = self.state.procs()
         order = [n for n in procs if n not in CONTROL_PLANE_ORDER]
         order += [n for n in reversed(CONTROL_PLANE_ORDER) if n in procs]
@@ -159,7 +179,7 @@ class Cluster:
             processes.stop(procs[name])
             self.state.remove(name)
             stopped.append(name)
-        return stopped
+        return sorted(before - set(procs)) + stopped
 
     def status(self) -> list[ComponentStatus]:
         return [
@@ -259,7 +279,7 @@ class Cluster:
             str(self.binaries.kube_apiserver),
             f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
             "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            *self._advertise_args(),
             f"--secure-port={ports['kube-apiserver']}",
             f"--cert-dir={self.state_dir / 'apiserver-certs'}",
             f"--tls-cert-file={pki.serving_cert}",
@@ -272,12 +292,20 @@ class Cluster:
             "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",
             "--service-cluster-ip-range=10.0.0.0/24",
-            "--endpoint-reconciler-type=none",
+            f"--kubelet-client-certificate={pki.client_cert(APISERVER_KUBELET_CLIENT)}",
+            f"--kubelet-client-key={pki.client_key(APISERVER_KUBELET_CLIENT)}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--allow-privileged=true",
             "--profiling=false",
             f"--request-timeout={APISERVER_REQUEST_TIMEOUT_S}s",
             "--v=1",
         ]
+
+    def _advertise_args(self) -> list[str]:
+        address = self.settings().get("advertise_address")
+        if address:
+            return [f"--advertise-address={address}", "--endpoint-reconciler-type=lease"]
+        return ["--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none"]
 
     def _controller_manager_argv(self, ports: Mapping[str, int]) -> list[str]:
         kubeconfig = self._component_kubeconfig(CONTROLLER_MANAGER)

@@ -99,7 +99,8 @@ def test_image_build_copies_every_package_the_project_installs() -> None:
     containerfile = (REPO_ROOT / "deploy" / "Containerfile").read_text()
     copied = set(re.findall(r"^COPY (\w+)/ \1/$", containerfile, flags=re.MULTILINE))
     assert copied == packages
-    assert "COPY pyproject.toml README.md ./" in containerfile
+    assert "COPY pyproject.toml README.md constraints.txt ./" in containerfile
+    assert "pip install -c constraints.txt ." in containerfile
     assert pyproject["project"]["readme"] == "README.md"
     assert re.search(r'^ENTRYPOINT \["nodelock"\]$', containerfile, flags=re.MULTILINE)
     assert "nodelock" in pyproject["project"]["scripts"]
