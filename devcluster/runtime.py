@@ -40,6 +40,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,10 +244,8 @@ def start_node(
     *,
     timeout_s: float = 90.0,
 ) -> None:
-    """Start ``node``: its namespaces, containerd (images imported), kube-proxy and kubelet."""
-    version = cluster.binaries.kubernetes_version
-    kubelet = ensure_kubelet(version=version)
-    kube_proxy = ensure_kube_proxy(version=version)
+    """Start ``node``'s namespaces and containerd (``start_kubelet`` does the rest, once the
+    images are imported)."""
     node.root.mkdir(parents=True, exist_ok=True)
     (node.root / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
     (node.root / "cni" / "net.d" / "10-devcluster.conflist").write_text(
@@ -290,7 +289,14 @@ def start_node(
         timeout_s,
         str(node.containerd_socket),
     )
-    import_images(node, images)
+
+
+def start_kubelet(cluster: Cluster, node: RuntimeNode, net: netns.NodeNetwork) -> None:
+    """Start ``node``'s kube-proxy and kubelet in its namespaces."""
+    version = cluster.binaries.kubernetes_version
+    kubelet = ensure_kubelet(version=version)
+    kube_proxy = ensure_kube_proxy(version=version)
+    holder_pid = _holder_pid(cluster, node)
     proxy_kubeconfig = _node_kubeconfig(
         cluster, node.root / "kube-proxy.kubeconfig", KUBE_PROXY, net
     )
@@ -299,7 +305,7 @@ def start_node(
     )
     cluster.start_component(
         f"kube-proxy-{node.name}",
-        _enter(holder.pid, [str(kube_proxy), f"--config={node.root / 'kube-proxy.yaml'}"]),
+        _enter(holder_pid, [str(kube_proxy), f"--config={node.root / 'kube-proxy.yaml'}"]),
     )
     kubeconfig = _node_kubeconfig(
         cluster, node.root / "kubelet.kubeconfig", node_identity(node.name), net
@@ -317,7 +323,7 @@ def start_node(
     ]
     if node.gpus:
         argv.append(f"--node-labels={GPU_LABEL}=true")
-    cluster.start_component(f"kubelet-{node.name}", _enter(holder.pid, argv))
+    cluster.start_component(f"kubelet-{node.name}", _enter(holder_pid, argv))
 
 
 def _mounted(pid: int) -> bool:
@@ -419,6 +425,11 @@ def up_runtime_nodes(
         netns.add_node(net, node.index, len(nodes))
     for node in nodes:
         start_node(cluster, node, net, images)
+    with ThreadPoolExecutor(len(nodes)) as pool:  # the import is most of a node's start
+        for done in [pool.submit(import_images, node, images) for node in nodes]:
+            done.result()
+    for node in nodes:
+        start_kubelet(cluster, node, net)
     wait_nodes_ready(cluster, nodes, timeout_s=120.0)
     return nodes
 

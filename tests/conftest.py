@@ -17,7 +17,12 @@ from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.namespaces import create_namespace
 from kube.client import KubeClient, namespace_path
 
-_MARKS = {"unit": pytest.mark.unit, "integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
+_MARKS = {
+    "unit": pytest.mark.unit,
+    "integration": pytest.mark.integration,
+    "e2e": pytest.mark.e2e,
+    "shipped": pytest.mark.shipped,
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,0 +1,321 @@
+"""nodelock as it ships: the image built from deploy/Containerfile, installed with the Helm chart
+on nodes with a real container runtime (containerd, runc, CNI, kube-proxy; devcluster.runtime),
+and what an operator does with it on day two.
+
+One cluster for the module: ``node-system`` and two GPU nodes of 4 simulated GPUs, started bare
+(``--no-install``), then, in order: the install as docs/install.md writes it, GPU pods whose real
+containers print the devices they were given, an upgrade to a new image while a burst of GPU
+pods runs, and the uninstall.  Each test leaves the cluster as the next one expects it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster import processes
+from devcluster.binaries import cache_root, ensure_control_plane
+from devcluster.cluster import Cluster
+from devcluster.images import Builder, ensure_nodelock
+from devcluster.install import NAMESPACE, devcluster_values, install, uninstall, write_values
+from devcluster.realkubelet import read_checkpoint
+from devcluster.runtime import RuntimeCluster, RuntimeNode, import_images, runtime_cluster
+from handoff.wire import DEFAULT_RESOURCE, ContainerName, Keys, parse_assignment
+
+GPUS_PER_NODE = 4
+GPU_NODES = 2
+SCHEDULER = "nodelock-scheduler"
+PRINT_DEVICES = 'echo "NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"'
+
+
+@dataclass
+class Shipped:
+    cluster: Cluster
+    started: RuntimeCluster
+
+    def kubectl(self, *args: str, check: bool = True) -> str:
+        return self.cluster.kubectl(*args, check=check)
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json"))
+
+    @property
+    def gpu_nodes(self) -> list[RuntimeNode]:
+        return [n for n in self.started.nodes if n.gpus]
+
+    def node(self, name: str) -> RuntimeNode:
+        return next(n for n in self.started.nodes if n.name == name)
+
+
+@pytest.fixture(scope="module")
+def shipped(kubernetes_version: str | None) -> Iterator[Shipped]:
+    state = Path(tempfile.mkdtemp(prefix="nls-", dir="/tmp"))
+    cluster = Cluster(state, binaries=ensure_control_plane(version=kubernetes_version))
+    with processes.sigterm_unwinds():
+        try:
+            started = runtime_cluster(
+                cluster, gpu_nodes=GPU_NODES, gpus_per_node=GPUS_PER_NODE, install=False
+            )
+            yield Shipped(cluster, started)
+        finally:
+            cluster.down()
+            if not os.environ.get("NODELOCK_KEEP_STATE"):
+                shutil.rmtree(state, ignore_errors=True)
+
+
+def gpu_pod(name: str, *, command: str, restart: str = "Never") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "gpu-test"}},
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "IMAGE",
+                    "command": ["sh", "-c", command],
+                    "resources": {"limits": {DEFAULT_RESOURCE: 1}},
+                }
+            ],
+        },
+    }
+
+
+def create_pods(s: Shipped, namespace: str, pods: list[dict[str, Any]]) -> None:
+    image = s.started.images.base.ref
+    for pod in pods:
+        pod["spec"]["containers"][0]["image"] = image
+    items = {"apiVersion": "v1", "kind": "List", "items": pods}
+    s.cluster.kubectl("apply", "-n", namespace, "-f", "-", input_text=json.dumps(items))
+
+
+def wait_pods(
+    s: Shipped, namespace: str, done: Any, *, timeout_s: float, what: str
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pods: list[dict[str, Any]] = s.json("get", "pods", "-n", namespace)["items"]
+        if pods and all(done(p) for p in pods):
+            return pods
+        if time.monotonic() > deadline:
+            phases = {p["metadata"]["name"]: p["status"].get("phase") for p in pods}
+            events = s.kubectl("get", "events", "-n", namespace, check=False)
+            pytest.fail(f"pods not {what} within {timeout_s:.0f}s: {phases}\n{events}")
+        time.sleep(1)
+
+
+def new_namespace(s: Shipped) -> str:
+    name = f"gpu-{secrets.token_hex(3)}"
+    s.kubectl("create", "namespace", name)
+    return name
+
+
+def logged_devices(s: Shipped, namespace: str, pod: str) -> list[str]:
+    out = s.kubectl("logs", "-n", namespace, pod)
+    lines = [line for line in out.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    assert len(lines) == 1, out
+    return [d for d in lines[0].split("=", 1)[1].split(",") if d]
+
+
+def assigned(pod: dict[str, Any]) -> list[str]:
+    raw = (pod["metadata"].get("annotations") or {}).get(Keys().assignment)
+    return [str(d) for d in parse_assignment(raw)[ContainerName("main")]]
+
+
+def test_the_chart_installs_from_the_local_image_and_its_pods_run(shipped: Shipped) -> None:
+    s = shipped
+    images = s.started.images
+    values = write_values(s.cluster, devcluster_values(images, gpus_per_node=GPUS_PER_NODE))
+    install(s.cluster, values)
+    pods = s.json("get", "pods", "-n", NAMESPACE)["items"]
+    by_app: dict[str, list[dict[str, Any]]] = {}
+    for p in pods:
+        component = p["metadata"]["labels"].get("app.kubernetes.io/component", "?")
+        by_app.setdefault(component, []).append(p)
+        assert p["status"]["phase"] == "Running", p["status"]
+        for c in p["status"]["containerStatuses"]:
+            assert c["ready"], c
+            assert c["image"] in (
+                images.nodelock.ref,
+                images.scheduler.ref,
+                f"docker.io/{images.nodelock.ref}",
+            ), c["image"]
+    plugin_nodes = sorted(p["spec"]["nodeName"] for p in by_app.get("device-plugin", []))
+    assert plugin_nodes == sorted(n.name for n in s.gpu_nodes)
+    assert len(by_app.get("extender", [])) == 2
+    assert len(by_app.get("scheduler", [])) == 1
+    for node in s.gpu_nodes:
+        alloc = s.json("get", "node", node.name)["status"]["allocatable"]
+        assert alloc[DEFAULT_RESOURCE] == str(GPUS_PER_NODE)
+
+
+def test_gpu_pods_run_real_containers_with_exactly_their_devices(shipped: Shipped) -> None:
+    s = shipped
+    ns = new_namespace(s)
+    count = GPU_NODES * GPUS_PER_NODE
+    create_pods(
+        s, ns, [gpu_pod(f"gpu-{i}", command=f"{PRINT_DEVICES}; sleep 3600") for i in range(count)]
+    )
+    pods = wait_pods(
+        s, ns, lambda p: p["status"].get("phase") == "Running", timeout_s=180, what="Running"
+    )
+    seen: dict[str, str] = {}
+    for pod in pods:
+        name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
+        devices = logged_devices(s, ns, name)
+        assert devices == assigned(pod)
+        assert len(devices) == 1
+        entries = read_checkpoint(
+            s.node(node).kubelet_dir / "device-plugins" / "kubelet_internal_checkpoint"
+        )
+        mine = [e for e in entries if e.pod_uid == pod["metadata"]["uid"]]
+        assert [list(e.device_ids) for e in mine] == [devices]
+        for d in devices:
+            assert d not in seen, f"{d} given to {seen.get(d)} and {name}"
+            seen[d] = name
+    assert len(seen) == count
+    for plugin in s.json("get", "pods", "-n", NAMESPACE, "-l", "nodelock.io/device-plugin=true")[
+        "items"
+    ]:
+        res = subprocess.run(
+            [
+                str(s.cluster.binaries.kubectl),
+                f"--kubeconfig={s.cluster.kubeconfig}",
+                "exec",
+                "-n",
+                NAMESPACE,
+                plugin["metadata"]["name"],
+                "--",
+                "nodelock",
+                "audit",
+                "--node-local",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+    s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+
+
+def _condition_time(pod: dict[str, Any], kind: str) -> datetime:
+    cond = next(c for c in pod["status"]["conditions"] if c["type"] == kind)
+    return datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00"))
+
+
+def _started_finished(pod: dict[str, Any]) -> tuple[datetime, datetime] | None:
+    state = pod["status"]["containerStatuses"][0]["state"].get("terminated")
+    if not state:
+        return None
+    return (
+        datetime.fromisoformat(state["startedAt"].replace("Z", "+00:00")),
+        datetime.fromisoformat(state["finishedAt"].replace("Z", "+00:00")),
+    )
+
+
+def test_an_upgrade_during_a_burst_fails_no_pod_and_gives_no_gpu_twice(
+    shipped: Shipped,
+) -> None:
+    s = shipped
+    images = s.started.images
+    upgraded = ensure_nodelock(
+        Builder(cache_root(None), print), images.base, revision="upgrade-test"
+    )
+    assert upgraded.ref != images.nodelock.ref
+    for node in s.started.nodes:
+        import_images(node, images, extra=(upgraded,))
+    values = write_values(
+        s.cluster,
+        devcluster_values(images, gpus_per_node=GPUS_PER_NODE, nodelock=upgraded),
+        "nodelock-values-upgrade.yaml",
+    )
+    ns = new_namespace(s)
+    burst = 16
+    errors: list[BaseException] = []
+
+    window: list[datetime] = []
+
+    def upgrade() -> None:
+        window.append(datetime.now(UTC))
+        try:
+            install(s.cluster, values)
+        except BaseException as exc:  # reported by the test below
+            errors.append(exc)
+        window.append(datetime.now(UTC))
+
+    create_pods(
+        s, ns, [gpu_pod(f"b-{i}", command=f"{PRINT_DEVICES}; sleep 2") for i in range(burst // 2)]
+    )
+    upgrading = threading.Thread(target=upgrade)
+    upgrading.start()
+    create_pods(
+        s,
+        ns,
+        [gpu_pod(f"b-{i}", command=f"{PRINT_DEVICES}; sleep 2") for i in range(burst // 2, burst)],
+    )
+    upgrading.join(timeout=400)
+    assert not upgrading.is_alive()
+    assert errors == []
+    pods = wait_pods(
+        s,
+        ns,
+        lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+        timeout_s=300,
+        what="finished",
+    )
+    failed = {p["metadata"]["name"]: p["status"] for p in pods}
+    assert {n: st for n, st in failed.items() if st["phase"] != "Succeeded"} == {}
+    scheduled = [_condition_time(p, "PodScheduled") for p in pods]
+    during = [t for t in scheduled if window[0] <= t <= window[1]]
+    assert during, f"no pod was bound while the chart rolled out ({window}): {scheduled}"
+    runs = []
+    for pod in pods:
+        devices = logged_devices(s, ns, pod["metadata"]["name"])
+        assert devices == assigned(pod)
+        span = _started_finished(pod)
+        assert span is not None
+        runs.append((pod["spec"]["nodeName"], devices[0], span, pod["metadata"]["name"]))
+    for a in runs:
+        for b in runs:
+            if a[3] < b[3] and a[:2] == b[:2]:
+                assert a[2][1] <= b[2][0] or b[2][1] <= a[2][0], f"{a} and {b} overlap"
+    plugins = s.json("get", "pods", "-n", NAMESPACE, "-l", "nodelock.io/device-plugin=true")
+    for p in plugins["items"]:
+        assert p["spec"]["containers"][0]["image"] == upgraded.ref
+    leases = s.json("get", "leases", "-n", NAMESPACE)["items"]
+    held = [lease["metadata"]["name"] for lease in leases if lease["spec"].get("holderIdentity")]
+    assert held == []
+    s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+
+
+def test_uninstall_removes_the_release_and_keeps_the_lock_namespace(shipped: Shipped) -> None:
+    s = shipped
+    uninstall(s.cluster)
+    deadline = time.monotonic() + 120
+    while s.json("get", "pods", "-n", NAMESPACE)["items"]:
+        assert time.monotonic() < deadline, "the chart's pods are still there"
+        time.sleep(1)
+    assert s.kubectl("get", "daemonsets,deployments", "-n", NAMESPACE, "-o", "name").strip() == ""
+    kept = s.kubectl("get", "namespace", NAMESPACE, "-o", "name").strip()
+    assert kept == f"namespace/{NAMESPACE}"
+    policies = s.kubectl(
+        "get", "validatingadmissionpolicies,validatingadmissionpolicybindings", "-o", "name"
+    )
+    assert [line for line in policies.splitlines() if "nodelock" in line] == []
