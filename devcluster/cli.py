@@ -19,6 +19,7 @@ from devcluster.cluster import Cluster, default_state_dir
 from devcluster.errors import DevclusterError
 from devcluster.gpunodes import up_gpu_cluster
 from devcluster.helm import ensure_helm
+from devcluster.images import ensure_node_images
 from devcluster.install import shown
 from devcluster.realkubelet import KubeletKind
 from devcluster.runtime import SYSTEM_NODE, runtime_cluster
@@ -82,6 +83,13 @@ def register(sub: Any) -> None:
     )
     common(b)
     version_flag(b)
+    b.add_argument(
+        "--images",
+        action="store_true",
+        help="also build the images containerd nodes run (nodelock's from deploy/Containerfile, "
+        "its base, the pod sandbox, kube-scheduler) and print each one's build time and size "
+        "(docs/containerd-nodes.md; needs root and `make runtime-deps`)",
+    )
     b.set_defaults(func=_build)
 
     u = dsub.add_parser("up", help="start the control plane and wait until it is ready")
@@ -182,7 +190,7 @@ def register(sub: Any) -> None:
         help="containerd: every node a real kubelet with containerd, runc, CNI and kube-proxy in "
         "its own network namespace (--nodes GPU nodes and one node without GPUs), nodelock "
         "installed with its Helm chart from the image built from deploy/Containerfile "
-        "(docs/devcluster-runtime.md; needs root and `make runtime-deps`)",
+        "(docs/containerd-nodes.md; needs root and `make runtime-deps`)",
     )
     u.add_argument(
         "--no-install",
@@ -222,6 +230,16 @@ def _build(args: argparse.Namespace) -> int:
     proxy = ensure_kube_proxy(cache=args.cache_dir, version=args.kubernetes_version)
     print(f"kube-proxy {binaries.kubernetes_version} (containerd nodes) is {proxy}")
     print(f"helm is {ensure_helm(cache=args.cache_dir)}")
+    if args.images:
+        lines: list[str] = []
+        started = time.monotonic()
+        images = ensure_node_images(binaries, cache=args.cache_dir, progress=lines.append)
+        for line in lines:
+            print(line)
+        for image in images.all():
+            size = image.archive.stat().st_size / 2**20
+            print(f"image {image.ref}: {size:.0f} MiB ({image.archive})")
+        print(f"images ready in {time.monotonic() - started:.0f}s")
     return 0
 
 

@@ -2,9 +2,8 @@
 its own network and mount namespace, for installing nodelock as it ships (image, chart, pods).
 
 ``up_runtime_nodes`` adds to a running devcluster control plane one node without GPUs
-(``node-system``, where the Deployments go) and ``gpu_nodes`` nodes labelled
-``nodelock.io/enabled=true`` (where the chart's device plugin DaemonSet runs and serves simulated
-GPUs).  A node is:
+(``node-system``) and ``gpu_nodes`` GPU nodes (``gpu-node-01`` ...: where the chart's device
+plugin DaemonSet runs, once they are labelled, and serves simulated GPUs).  A node is:
 
 - a network namespace on the cluster's bridge (``devcluster.netns``) and a mount namespace, held
   open by a ``netns-<name>`` process (entered with ``nsenter``, not ``ip netns exec``, which would
@@ -16,7 +15,9 @@ GPUs).  A node is:
   plugin's ``restrict_oom_score_adj`` on, as a sandbox that may not lower ``oom_score_adj``
   needs; the overlayfs snapshotter), runc and the CNI bridge plugin;
 - kubelet of the cluster's release against that containerd (cgroupfs driver, no QoS cgroups,
-  ``clusterDNS`` the gateway, where ``devcluster.clusterdns`` answers for Services);
+  ``clusterDNS`` the gateway, where ``devcluster.clusterdns`` answers for Services).  A GPU node
+  is a node like the others until it is labelled ``nodelock.io/enabled=true``, as docs/install.md
+  moves a node over; ``runtime_cluster`` labels them when it installs the chart;
 - kube-proxy of the cluster's release (iptables mode), so pods reach the API server through the
   ``kubernetes`` Service with their in-cluster configuration.
 
@@ -321,8 +322,6 @@ def start_kubelet(cluster: Cluster, node: RuntimeNode, net: netns.NodeNetwork) -
         f"--node-ip={net.node_ip(node.index)}",
         f"--v={os.environ.get('NODELOCK_KUBELET_VERBOSITY', '1')}",
     ]
-    if node.gpus:
-        argv.append(f"--node-labels={GPU_LABEL}=true")
     cluster.start_component(f"kubelet-{node.name}", _enter(holder_pid, argv))
 
 
@@ -532,6 +531,7 @@ def runtime_cluster(
         nodes = up_runtime_nodes(cluster, net, images, gpu_nodes=gpu_nodes)
         command = None
         if install and gpu_nodes:
+            label_gpu_nodes(cluster, nodes)
             values = write_values(cluster, devcluster_values(images, gpus_per_node=gpus_per_node))
             command = install_chart(cluster, values, timeout_s=timeout_s)
             wait_gpus(cluster, [n for n in nodes if n.gpus], gpus_per_node, timeout_s=timeout_s)
@@ -540,6 +540,14 @@ def runtime_cluster(
         netns.teardown(net, gpu_nodes + 1)
         raise
     return RuntimeCluster(images, nodes, command)
+
+
+def label_gpu_nodes(cluster: Cluster, nodes: Sequence[RuntimeNode]) -> None:
+    """Label the GPU nodes ``nodelock.io/enabled=true``, as docs/install.md moves a node over:
+    the chart's device plugin DaemonSet runs there."""
+    for node in nodes:
+        if node.gpus:
+            cluster.kubectl("label", "node", node.name, f"{GPU_LABEL}=true", "--overwrite")
 
 
 def wait_gpus(

@@ -141,6 +141,8 @@ def assigned(pod: dict[str, Any]) -> list[str]:
 def test_the_chart_installs_from_the_local_image_and_its_pods_run(shipped: Shipped) -> None:
     s = shipped
     images = s.started.images
+    for node in s.gpu_nodes:  # docs/install.md, "Node by node": the device plugin goes there
+        s.kubectl("label", "node", node.name, "nodelock.io/enabled=true")
     values = write_values(s.cluster, devcluster_values(images, gpus_per_node=GPUS_PER_NODE))
     install(s.cluster, values)
     pods = s.json("get", "pods", "-n", NAMESPACE)["items"]
