@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup bytecode system-deps runtime-deps test lint go-check unit demo bench device-bundle binaries proto generate generated-files clean
+.PHONY: setup bytecode system-deps runtime-deps images test lint go-check unit demo bench device-bundle binaries proto generate generated-files clean
 
 setup: $(VENV)/.installed
 
@@ -72,7 +72,13 @@ go-check: binaries
 
 # The whole suite on the default Kubernetes release, then the tests marked `core` (the handoff's
 # end-to-end core and the chart's install) on the oldest supported one (docs/support.md).
-test: lint go-check binaries system-deps bytecode
+# The images the containerd nodes of tests/shipped run (nodelock's from deploy/Containerfile, its
+# base, the pod sandbox, kube-scheduler): built with the Debian packages system-deps installs,
+# cached by content; it prints each one's build time and size.
+images: binaries system-deps
+	$(BIN)/nodelock devcluster build --images
+
+test: lint go-check binaries system-deps images bytecode
 	$(BIN)/pytest
 	$(BIN)/pytest -m core --kubernetes-version oldest tests/integration tests/e2e
 

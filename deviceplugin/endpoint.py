@@ -96,7 +96,7 @@ class Endpoint:
         self.socket = plugin_dir / socket_name
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
         self._resource = resource
-        self._servicer = servicer
+        self.servicer = servicer
         self._metrics = metrics
         self._poll_s = poll_s
         self._changes = DirChanges(plugin_dir, (socket_name, KUBELET_SOCKET))
@@ -129,7 +129,7 @@ class Endpoint:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.socket.unlink(missing_ok=True)
         server = grpc.aio.server()
-        pb_grpc.add_DevicePluginServicer_to_server(self._servicer, server)
+        pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
         server.add_insecure_port(f"unix://{self.socket}")
         await server.start()
         sock = file_id(self.socket)

@@ -247,7 +247,8 @@ class DevicePlugin:
 
     def waiting_for(self) -> list[str]:
         """What the plugin still waits for before it is ready (``/readyz``; empty: ready): its
-        socket served and registered with kubelet."""
+        socket served, registered with kubelet, and its devices sent to kubelet on an open
+        ListAndWatch stream (``DevicePluginServicer.listed``)."""
         missing = []
         for e in [self.endpoint, *self.mig_endpoints.values()]:
             which = "" if e is self.endpoint else f" of {e.socket_name}"
@@ -255,6 +256,9 @@ class DevicePlugin:
                 missing.append(f"socket{which}")
             if not e.registered.is_set():
                 missing.append(f"kubelet registration{which}")
+            servicer = e.servicer
+            if isinstance(servicer, DevicePluginServicer) and not servicer.listed:
+                missing.append(f"devices listed to kubelet{which}")
         return missing
 
     async def _follow_health(self) -> None:

@@ -81,6 +81,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._profile = profile
         # None: the plugin's whole-GPU resource (``--resource-name``)
         self._resource = resource_of(profile) if profile else None
+        self._listing = 0  # ListAndWatch streams open that have sent kubelet the devices
+
+    @property
+    def listed(self) -> bool:
+        """Whether a ListAndWatch stream is open and has sent kubelet the devices: until then
+        kubelet's device manager counts none of them healthy, and a pod it admits fails with
+        "no healthy devices present" (``/readyz`` waits for this)."""
+        return self._listing > 0
 
     def devices(self) -> list[GPU]:
         """The devices this servicer advertises: whole GPUs, or the instances of its profile."""
@@ -125,10 +133,18 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         request: pb.Empty,
         context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
-        while True:
-            version = self._state.version
-            yield pb.ListAndWatchResponse(devices=self._devices())
-            await self._state.wait_newer(version)
+        sent = False
+        try:
+            while True:
+                version = self._state.version
+                yield pb.ListAndWatchResponse(devices=self._devices())
+                if not sent:
+                    sent = True
+                    self._listing += 1
+                await self._state.wait_newer(version)
+        finally:
+            if sent:
+                self._listing -= 1
 
     async def GetPreferredAllocation(
         self,

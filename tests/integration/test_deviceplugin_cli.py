@@ -95,11 +95,23 @@ async def test_standalone_simulated_plugin(cluster: Cluster, kube: KubeClient, n
         request = await asyncio.wait_for(kubelet.requests.get(), WAIT_S)
         assert request.endpoint == "nodelock-gpu.sock"
         assert request.resource_name == "nvidia.com/gpu"
+        # registered, but kubelet has no device yet: a pod it admitted now would fail
+        async with aiohttp.ClientSession() as http, http.get(f"{ops}/readyz") as resp:
+            assert resp.status == 503
+            assert "devices listed to kubelet" in await resp.text()
         async with grpc.aio.insecure_channel(f"unix://{plugin_dir / request.endpoint}") as ch:
             stream = pb_grpc.DevicePluginStub(ch).ListAndWatch(pb.Empty())
             devices = await asyncio.wait_for(stream.read(), WAIT_S)
             assert isinstance(devices, pb.ListAndWatchResponse)
             assert [d.ID for d in devices.devices] == [simulated_id(node, i) for i in range(8)]
+            async with aiohttp.ClientSession() as http:
+                for _ in range(int(WAIT_S * 10)):
+                    async with http.get(f"{ops}/readyz") as resp:
+                        if resp.status == 200:
+                            break
+                    await asyncio.sleep(0.1)
+                async with http.get(f"{ops}/readyz") as resp:
+                    assert (resp.status, await resp.text()) == (200, "ok\n")
             stream.cancel()
 
         async def published() -> str | None:
@@ -118,8 +130,6 @@ async def test_standalone_simulated_plugin(cluster: Cluster, kube: KubeClient, n
 
         # the plain-HTTP port: metrics and probes without any credential, and nothing else
         async with aiohttp.ClientSession() as http:
-            async with http.get(f"{ops}/readyz") as resp:
-                assert (resp.status, await resp.text()) == (200, "ok\n")
             async with http.get(f"{ops}/healthz") as resp:
                 assert resp.status == 200
             async with http.get(f"{ops}/metrics") as resp:
