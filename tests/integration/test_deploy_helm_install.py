@@ -117,6 +117,42 @@ def test_gpu_pods_are_given_the_scheduler_where_the_cluster_serves_the_mutating_
     assert '"Verify with a real GPU pod", then "Migrate node by node"' in installed.notes
 
 
+def test_create_namespace_is_refused_by_helm_install_with_what_to_do_instead(
+    installed: Installed,
+) -> None:
+    """Helm stores a release in its namespace before it creates any object, and adopts no
+    Namespace it did not create: ``createNamespace=true`` cannot work with ``helm install``
+    whether the namespace exists or not. The chart says so, before anything is created."""
+    tag = secrets.token_hex(4)
+    for namespace, create in ((f"nl-{tag}", True), (installed.namespace, False)):
+        res = subprocess.run(
+            [
+                str(ensure_helm()),
+                f"--kubeconfig={installed.cluster.kubeconfig}",
+                "install",
+                f"nodelock-{tag}",
+                str(CHART_DIR),
+                "--namespace",
+                namespace,
+                *(["--create-namespace"] if create else []),
+                "--set",
+                "createNamespace=true",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert res.returncode != 0, namespace
+        assert "createNamespace=true renders the Namespace for `helm template`" in res.stderr
+        assert "pass --create-namespace" in res.stderr
+        assert not installed.exists(
+            "validatingadmissionpolicy", f"nodelock-{tag}-gpu-pods", namespaced=False
+        )
+    # it failed while rendering, before Helm created the namespace it was asked to
+    assert not installed.exists("namespace", f"nl-{tag}", namespaced=False)
+
+
 def secret_data(inst: Installed, name: str) -> dict[str, str]:
     data = inst.get("secret", name)["data"]
     assert isinstance(data, dict)
