@@ -103,6 +103,7 @@ MANIFEST_ARGS: tuple[str, ...] = (
 # Which manifest file each chart template goes to (apply order: the file names sort).
 MANIFEST_FILES: dict[str, str] = {
     "namespace.yaml": "00-namespace.yaml",
+    "resourcequota.yaml": "00-namespace.yaml",
     "serviceaccounts.yaml": "10-rbac.yaml",
     "rbac-extender.yaml": "10-rbac.yaml",
     "rbac-device-plugin.yaml": "10-rbac.yaml",

@@ -294,7 +294,10 @@ async def eventually(
 # alpha versions of admissionregistration off by default, kubernetes v1.37.2).
 SERVED_FROM: dict[tuple[str, str], int] = {
     # core/v1 (api/core/v1/types.go): served since 1.0
-    **{("v1", k): 0 for k in ("Namespace", "ServiceAccount", "Secret", "ConfigMap", "Service")},
+    **{
+        ("v1", k): 0
+        for k in ("Namespace", "ServiceAccount", "Secret", "ConfigMap", "Service", "ResourceQuota")
+    },
     # apps/v1 (api/apps/v1/types.go): GA in 1.9
     ("apps/v1", "Deployment"): 9,
     ("apps/v1", "DaemonSet"): 9,

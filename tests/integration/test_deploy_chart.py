@@ -183,8 +183,9 @@ def test_manifests_apply_with_server_side_dry_run(cluster: Cluster) -> None:
                 "devicePlugin.extraEnv[0].name": "B",
                 "devicePlugin.extraEnv[0].value": "2",
                 "dashboards.enabled": "true",
+                "criticalPodsQuota.enabled": "true",
             },
-            id="pod-conventions-dashboards",
+            id="pod-conventions-dashboards-quota",
         ),
         pytest.param(
             {
@@ -576,6 +577,39 @@ def test_gpu_pod_policies_judge_only_opted_in_namespaces_by_default(helm: Path) 
     # the assignment policy refuses only writes of nodelock's own annotations: every namespace
     assignment = find(objects(helm), "ValidatingAdmissionPolicyBinding", "nodelock-assignment")
     assert "matchResources" not in assignment["spec"]
+
+
+def test_critical_priority_classes_can_be_given_a_quota_or_left_out(helm: Path) -> None:
+    """Where the API server admits critical pods outside kube-system only against a quota scoped
+    to their class (GKE), ``criticalPodsQuota`` renders it for the classes the chart's pods use;
+    each priority class can also be left out."""
+    assert not [o for o in objects(helm) if o["kind"] == "ResourceQuota"]
+    quota = find(
+        objects(helm, **{"criticalPodsQuota.enabled": "true"}),
+        "ResourceQuota",
+        "nodelock-critical-pods",
+    )
+    assert quota["spec"] == {
+        "hard": {"pods": "10000"},
+        "scopeSelector": {
+            "matchExpressions": [
+                {
+                    "scopeName": "PriorityClass",
+                    "operator": "In",
+                    "values": ["system-cluster-critical", "system-node-critical"],
+                }
+            ]
+        },
+    }
+    none = {f"{part}.priorityClassName": "" for part in ("extender", "devicePlugin", "scheduler")}
+    objs = objects(helm, **none, **{"criticalPodsQuota.enabled": "true"})
+    assert not [o for o in objs if o["kind"] == "ResourceQuota"]
+    for kind, name in (
+        ("Deployment", "nodelock-extender"),
+        ("Deployment", "nodelock-scheduler"),
+        ("DaemonSet", "nodelock-device-plugin"),
+    ):
+        assert "priorityClassName" not in find(objs, kind, name)["spec"]["template"]["spec"]
 
 
 def test_create_namespace_is_refused_against_a_cluster_only(helm: Path) -> None:
