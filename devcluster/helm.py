@@ -210,7 +210,7 @@ DEVCLUSTER_SETTINGS: dict[str, str] = {
 }
 _DEVCLUSTER_HEADER = (
     "# Generated from deploy/helm/nodelock by `python -m devcluster.helm manifests`: the chart's "
-    "{templates}\n# with {settings} (the devcluster's extender is in the default scheduler).\n"
+    "{templates}\n# with {settings}\n# (the devcluster's extender is in the default scheduler).\n"
     "# Do not edit: change the chart and regenerate (tests/integration/test_deploy_chart.py).\n"
 )
 
@@ -222,7 +222,7 @@ def devcluster_policies(rendered: str) -> str:
         raise DevclusterError(f"the chart rendered none of {', '.join(DEVCLUSTER_TEMPLATES)}")
     header = _DEVCLUSTER_HEADER.format(
         templates=", ".join(DEVCLUSTER_TEMPLATES),
-        settings=", ".join(f"{k}={v}" for k, v in DEVCLUSTER_SETTINGS.items()),
+        settings=",\n#   ".join(f"{k}={v}" for k, v in DEVCLUSTER_SETTINGS.items()),
     )
     return header + "---\n" + "---\n".join(docs)
 
