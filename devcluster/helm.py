@@ -103,6 +103,7 @@ MANIFEST_ARGS: tuple[str, ...] = (
 # Which manifest file each chart template goes to (apply order: the file names sort).
 MANIFEST_FILES: dict[str, str] = {
     "namespace.yaml": "00-namespace.yaml",
+    "resourcequota.yaml": "00-namespace.yaml",
     "serviceaccounts.yaml": "10-rbac.yaml",
     "rbac-extender.yaml": "10-rbac.yaml",
     "rbac-device-plugin.yaml": "10-rbac.yaml",
@@ -163,6 +164,17 @@ def split_documents(rendered: str) -> list[tuple[str, str]]:
     return out
 
 
+# What one file needs the operator to change before applying it, said at its top.
+SCHEDULER_MANIFEST = "50-scheduler.yaml"
+_FILE_NOTES: dict[str, str] = {
+    SCHEDULER_MANIFEST: (
+        "# kube-scheduler must not be newer than the API server: set the image tag below "
+        "({tag}) to your\n# cluster's version before applying "
+        '(docs/install.md, "Plain manifests", has the one-line sed).\n'
+    ),
+}
+
+
 def manifest_files(rendered: str) -> dict[str, str]:
     """The plain manifests (file name -> text) from a ``helm template`` output."""
     settings = ", ".join(f"{k}={v}" for k, v in MANIFEST_SETTINGS.items())
@@ -175,17 +187,30 @@ def manifest_files(rendered: str) -> dict[str, str]:
             )
         files.setdefault(name, []).append(doc)
     header = _HEADER.format(settings=settings, kube_version=KUBERNETES_VERSION)
-    return {name: header + "---\n" + "---\n".join(docs) for name, docs in sorted(files.items())}
+    notes = {
+        name: note.format(tag=MANIFEST_SETTINGS["scheduler.image.tag"])
+        for name, note in _FILE_NOTES.items()
+    }
+    return {
+        name: header + notes.get(name, "") + "---\n" + "---\n".join(docs)
+        for name, docs in sorted(files.items())
+    }
 
 
 # The devcluster's own copy of the GPU pod policies (devcluster.admission applies it): the chart's
 # admission-gpu-pods.yaml for the devcluster's wiring, the extender in the default scheduler.
 DEVCLUSTER_POLICIES = REPO_ROOT / "devcluster" / "admission.yaml"
 DEVCLUSTER_TEMPLATES = ("admission-gpu-pods.yaml",)
-DEVCLUSTER_SETTINGS: dict[str, str] = {"scheduler.enabled": "false"}
+# Every namespace is judged there (the chart judges only opted-in namespaces by default): a
+# devcluster is nodelock's alone, and its tests create GPU pods in namespaces of their own.
+DEVCLUSTER_SETTINGS: dict[str, str] = {
+    "scheduler.enabled": "false",
+    "admission.gpuPods.namespaceSelector.matchExpressions[0].key": "kubernetes.io/metadata.name",
+    "admission.gpuPods.namespaceSelector.matchExpressions[0].operator": "Exists",
+}
 _DEVCLUSTER_HEADER = (
     "# Generated from deploy/helm/nodelock by `python -m devcluster.helm manifests`: the chart's "
-    "{templates}\n# with {settings} (the devcluster's extender is in the default scheduler).\n"
+    "{templates}\n# with {settings}\n# (the devcluster's extender is in the default scheduler).\n"
     "# Do not edit: change the chart and regenerate (tests/integration/test_deploy_chart.py).\n"
 )
 
@@ -197,7 +222,7 @@ def devcluster_policies(rendered: str) -> str:
         raise DevclusterError(f"the chart rendered none of {', '.join(DEVCLUSTER_TEMPLATES)}")
     header = _DEVCLUSTER_HEADER.format(
         templates=", ".join(DEVCLUSTER_TEMPLATES),
-        settings=", ".join(f"{k}={v}" for k, v in DEVCLUSTER_SETTINGS.items()),
+        settings=",\n#   ".join(f"{k}={v}" for k, v in DEVCLUSTER_SETTINGS.items()),
     )
     return header + "---\n" + "---\n".join(docs)
 

@@ -128,8 +128,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--metrics-address",
-        default="0.0.0.0",
-        help="address of the --metrics-port server (default 0.0.0.0)",
+        default="::",
+        help="address of the --metrics-port server (default ::, every address of IPv4 and IPv6; "
+        "0.0.0.0 for IPv4 only)",
     )
     p.add_argument(
         "--device-mode",

@@ -36,13 +36,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--listen",
         default="127.0.0.1:8888",
         help="host:port of the extender protocol: filter, prioritize, bind and the probes, "
-        "never /metrics (default 127.0.0.1:8888)",
+        "never /metrics; [::]:port is every address of IPv4 and IPv6 (default 127.0.0.1:8888)",
     )
     p.add_argument(
         "--metrics-address",
         default="127.0.0.1",
         help="address of the plain-HTTP port serving /metrics, /healthz and /readyz, no client "
-        "certificate needed and no verb reachable (default 127.0.0.1)",
+        "certificate needed and no verb reachable; :: is every address of IPv4 and IPv6 "
+        "(default 127.0.0.1)",
     )
     p.add_argument(
         "--metrics-port",

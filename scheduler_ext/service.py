@@ -24,7 +24,7 @@ from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURC
 from kube.client import JSON, KubeClient, node_path, pod_path
 from kube.errors import ApiError, ApiUnavailable, Conflict, Forbidden, NotFound
 from kube.events import EventRecorder
-from kube.opsport import OpsServer
+from kube.opsport import OpsServer, listening_site
 from kube.process import freeze_long_lived
 from kube.reflector import Reflector
 from lockd.locks import NodeLocks
@@ -270,10 +270,10 @@ class Extender:
             make_app(self.endpoints), access_log=None, handler_cancellation=True
         )
         await self._runner.setup()
-        site = web.TCPSite(
-            self._runner, self.settings.host, self.settings.port, ssl_context=ssl_ctx
-        )
         try:
+            site = listening_site(
+                self._runner, self.settings.host, self.settings.port, ssl_context=ssl_ctx
+            )
             await site.start()
         except OSError as exc:
             await self.stop()

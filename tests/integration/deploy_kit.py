@@ -1,10 +1,11 @@
 """Test support for the deploy tests: the chart installed as a release of its own, real tokens.
 
 ``TestRelease`` renders ``deploy/helm/nodelock`` with a unique release name and namespace (so its
-cluster-scoped objects, ClusterRoles and admission policies, have unique names too), with the pod
-admission policy bound to one labelled workload namespace only, so that it cannot touch other
-tests' pods on the session cluster.  ``install`` applies the identity and policy objects (never
-the workloads: no image runs here); ``uninstall`` deletes everything it applied.
+cluster-scoped objects, ClusterRoles and admission policies, have unique names too), with the
+pod admission policies (the assignment's and the GPU pods') bound to one labelled workload
+namespace only, so that they cannot touch other tests' pods on the session cluster.  ``install``
+applies the identity and policy objects (never the workloads: no image runs here); ``uninstall``
+deletes everything it applied.
 
 Identities are real: ``token`` asks the API server for a service account token (TokenRequest),
 optionally bound to a pod, which gives it the pod's node as the user extra
@@ -95,12 +96,20 @@ class TestRelease:
         settings: Mapping[str, str] | None = None,
         tag: str | None = None,
         cluster: Cluster | None = None,
+        scope_gpu_pods: bool = True,
     ) -> TestRelease:
+        """``scope_gpu_pods=False`` keeps the chart's own scope of the GPU pod policies (the
+        namespaces labelled ``nodelock.io/enabled=true``, which no other test labels)."""
         tag = tag or secrets.token_hex(4)
         name, namespace = f"nodelock-{tag}", f"nl-{tag}"
         values = {
             "createNamespace": "true",
             f"admission.podNamespaceSelector.matchLabels.{TEST_LABEL}": tag,
+            **(
+                {f"admission.gpuPods.namespaceSelector.matchLabels.{TEST_LABEL}": tag}
+                if scope_gpu_pods
+                else {}
+            ),
             **(settings or {}),
         }
         release = cls(name, namespace, f"nl-{tag}-work", tag)
@@ -285,7 +294,10 @@ async def eventually(
 # alpha versions of admissionregistration off by default, kubernetes v1.37.2).
 SERVED_FROM: dict[tuple[str, str], int] = {
     # core/v1 (api/core/v1/types.go): served since 1.0
-    **{("v1", k): 0 for k in ("Namespace", "ServiceAccount", "Secret", "ConfigMap", "Service")},
+    **{
+        ("v1", k): 0
+        for k in ("Namespace", "ServiceAccount", "Secret", "ConfigMap", "Service", "ResourceQuota")
+    },
     # apps/v1 (api/apps/v1/types.go): GA in 1.9
     ("apps/v1", "Deployment"): 9,
     ("apps/v1", "DaemonSet"): 9,

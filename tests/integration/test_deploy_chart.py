@@ -45,7 +45,7 @@ from devcluster.helm import (
 from deviceplugin import cli as deviceplugin_cli
 from handoff.wire import Keys
 from scheduler_ext import cli as extender_cli
-from scheduler_ext.config import ExtenderTLS, extender_entry
+from scheduler_ext.config import MIG_PROFILES, ExtenderTLS, extender_entry
 from tests.integration.deploy_kit import (
     JSON,
     TEST_LABEL,
@@ -183,8 +183,9 @@ def test_manifests_apply_with_server_side_dry_run(cluster: Cluster) -> None:
                 "devicePlugin.extraEnv[0].name": "B",
                 "devicePlugin.extraEnv[0].value": "2",
                 "dashboards.enabled": "true",
+                "criticalPodsQuota.enabled": "true",
             },
-            id="pod-conventions-dashboards",
+            id="pod-conventions-dashboards-quota",
         ),
         pytest.param(
             {
@@ -224,7 +225,9 @@ def test_container_arguments_are_flags_the_nodelock_cli_accepts(helm: Path) -> N
     parser = cli_parser()
     ext_args = container(find(objs, "Deployment", "nodelock-extender"), "extender")["args"]
     ext = parser.parse_args(ext_args)
-    assert (ext.command, ext.lock_namespace, ext.listen) == ("extender", NS, "0.0.0.0:8443")
+    # every address of both families (kube.opsport.listening_site): IPv4, IPv6 and dual-stack
+    assert (ext.command, ext.lock_namespace, ext.listen) == ("extender", NS, "[::]:8443")
+    assert ext.metrics_address == "::"
     assert (ext.tls_cert, ext.tls_key, ext.client_ca) == (
         "/etc/nodelock/tls/tls.crt",
         "/etc/nodelock/tls/tls.key",
@@ -234,6 +237,7 @@ def test_container_arguments_are_flags_the_nodelock_cli_accepts(helm: Path) -> N
     dp = parser.parse_args(dp_args)
     assert (dp.command, dp.lock_namespace, dp.backend) == ("device-plugin", NS, "nvml")
     assert str(dp.plugin_dir) == "/var/lib/kubelet/device-plugins"
+    assert dp.metrics_address == "::"
 
 
 def test_scheduler_configuration_has_the_extenders_own_entry(helm: Path) -> None:
@@ -435,8 +439,9 @@ def test_namespace_selector_label_values_render_as_strings(helm: Path) -> None:
     """A label value that reads as a number (``--set ...matchLabels.team=2024``) stays a string:
     rendered as a number, the API server refuses the policy bindings."""
     selectors = {
-        "admission.podNamespaceSelector.matchLabels.team": "2024",
-        "admission.podNamespaceSelector.matchLabels.tier": "gold",
+        f"admission.{key}.matchLabels.{label}": value
+        for key in ("podNamespaceSelector", "gpuPods.namespaceSelector")
+        for label, value in (("team", "2024"), ("tier", "gold"))
     }
     objs = objects(helm, **selectors)
     bindings = [
@@ -500,6 +505,119 @@ def test_device_plugin_runs_on_labelled_gpu_nodes_as_node_critical(helm: Path) -
     env = {e["name"]: e for e in container(ds, "device-plugin")["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["LD_LIBRARY_PATH"]["value"] == "/nvml"
+
+
+def test_every_device_plugin_daemonset_runs_one_plugin_per_node_during_an_update(
+    helm: Path,
+) -> None:
+    """A surge pod would run beside the old one on its node, both serving kubelet's socket and
+    writing one checkpoint: every DaemonSet (pools too) replaces a node's pod only after the old
+    one is gone (maxSurge 0), one node at a time."""
+    objs = objects(
+        helm, **{"devicePlugin.pools[0].name": "a", "devicePlugin.pools[0].gpuSplit": "2"}
+    )
+    daemonsets = [o for o in objs if o["kind"] == "DaemonSet"]
+    assert len(daemonsets) == 2
+    for ds in daemonsets:
+        assert ds["spec"]["updateStrategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+        }, ds["metadata"]["name"]
+
+
+def test_mig_profiles_sent_to_the_extender_are_a_value(helm: Path) -> None:
+    """kube-scheduler's managedResources are exact names: the MIG profiles come from
+    ``migProfiles`` (default: the extender's own list, checked against ``extender_entry`` above)."""
+
+    def managed(*args: str) -> list[str]:
+        cm = find(objects(helm, *args), "ConfigMap", "nodelock-scheduler-config")
+        [entry] = yaml.safe_load(cm["data"]["config.yaml"])["extenders"]
+        return [r["name"] for r in entry["managedResources"] if "mig-" in r["name"]]
+
+    assert managed() == [f"nvidia.com/mig-{p}" for p in MIG_PROFILES]
+    assert managed("--set-json", 'migProfiles=["1g.10gb", "1g.23gb"]') == [
+        "nvidia.com/mig-1g.10gb",
+        "nvidia.com/mig-1g.23gb",
+    ]
+
+
+def gpu_pod_bindings(objs: list[JSON]) -> list[JSON]:
+    return [
+        o
+        for o in objs
+        if o["kind"].endswith("AdmissionPolicyBinding")
+        and o["spec"]["policyName"].endswith(("-gpu-pods", "-gpu-pods-scheduler"))
+    ]
+
+
+def test_gpu_pod_policies_judge_only_opted_in_namespaces_by_default(helm: Path) -> None:
+    """A fresh install leaves other schedulers' GPU pods alone: both GPU pod policies (the
+    validating one, and the mutating one where served) select only namespaces labelled
+    <annotationPrefix>enabled=true, until the operator gives a selector of their own."""
+    bindings = gpu_pod_bindings(objects(helm))
+    assert len(bindings) == 2
+    for binding in bindings:
+        assert binding["spec"]["matchResources"]["namespaceSelector"] == {
+            "matchLabels": {"nodelock.io/enabled": "true"}
+        }, binding["metadata"]["name"]
+    prefixed = gpu_pod_bindings(objects(helm, annotationPrefix="gpu.example.com/"))
+    assert {json.dumps(b["spec"]["matchResources"]["namespaceSelector"]) for b in prefixed} == {
+        '{"matchLabels": {"gpu.example.com/enabled": "true"}}'
+    }
+    every = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "Exists"}]}
+    widened = objects(
+        helm, "--set-json", f"admission.gpuPods.namespaceSelector={json.dumps(every)}"
+    )
+    assert [
+        b["spec"]["matchResources"]["namespaceSelector"] for b in gpu_pod_bindings(widened)
+    ] == [
+        every,
+        every,
+    ]
+    # the assignment policy refuses only writes of nodelock's own annotations: every namespace
+    assignment = find(objects(helm), "ValidatingAdmissionPolicyBinding", "nodelock-assignment")
+    assert "matchResources" not in assignment["spec"]
+
+
+def test_critical_priority_classes_can_be_given_a_quota_or_left_out(helm: Path) -> None:
+    """Where the API server admits critical pods outside kube-system only against a quota scoped
+    to their class (GKE), ``criticalPodsQuota`` renders it for the classes the chart's pods use;
+    each priority class can also be left out."""
+    assert not [o for o in objects(helm) if o["kind"] == "ResourceQuota"]
+    quota = find(
+        objects(helm, **{"criticalPodsQuota.enabled": "true"}),
+        "ResourceQuota",
+        "nodelock-critical-pods",
+    )
+    assert quota["spec"] == {
+        "hard": {"pods": "10000"},
+        "scopeSelector": {
+            "matchExpressions": [
+                {
+                    "scopeName": "PriorityClass",
+                    "operator": "In",
+                    "values": ["system-cluster-critical", "system-node-critical"],
+                }
+            ]
+        },
+    }
+    none = {f"{part}.priorityClassName": "" for part in ("extender", "devicePlugin", "scheduler")}
+    objs = objects(helm, **none, **{"criticalPodsQuota.enabled": "true"})
+    assert not [o for o in objs if o["kind"] == "ResourceQuota"]
+    for kind, name in (
+        ("Deployment", "nodelock-extender"),
+        ("Deployment", "nodelock-scheduler"),
+        ("DaemonSet", "nodelock-device-plugin"),
+    ):
+        assert "priorityClassName" not in find(objs, kind, name)["spec"]["template"]["spec"]
+
+
+def test_create_namespace_is_refused_against_a_cluster_only(helm: Path) -> None:
+    """``createNamespace`` renders the Namespace offline (``helm template``, the manifests); the
+    refusal against a live cluster is tested with ``helm install`` in test_deploy_helm_install."""
+    objs = objects(helm, createNamespace="true")
+    [ns] = [o for o in objs if o["kind"] == "Namespace"]
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
 
 
 def test_simulated_backend_mounts_no_driver(helm: Path) -> None:
@@ -782,6 +900,10 @@ def test_nvml_init_container_copies_the_drivers_library_alone(helm: Path, tmp_pa
     [init] = ds["spec"]["template"]["spec"]["initContainers"]
     root, out = tmp_path / "driver-root", tmp_path / "nvml"
     out.mkdir()
+    # an ELF header for this machine (the class and machine fields of /bin/sh's), and a 32-bit x86
+    # one (class 1, machine 3), as a driver install's lib/i386-linux-gnu holds
+    native = Path("/bin/sh").resolve().read_bytes()[:20]
+    i386 = b"\x7fELF\x01\x01\x01" + bytes(9) + b"\x03\x00" + b"\x03\x00"
     script = init["command"][-1].replace("/driver-root", str(root)).replace("/nvml/", f"{out}/")
 
     def run() -> subprocess.CompletedProcess[str]:
@@ -791,18 +913,26 @@ def test_nvml_init_container_copies_the_drivers_library_alone(helm: Path, tmp_pa
     # no driver: the init container fails and says where it looked
     missing = run()
     assert missing.returncode != 0
-    assert "libnvidia-ml.so.1 not found" in missing.stderr
+    assert "libnvidia-ml.so.1 for this machine not found" in missing.stderr
+    # the 32-bit library alone, where the search looks first (usr/lib before lib): not taken
+    lib32 = root / "usr" / "lib" / "i386-linux-gnu"
+    lib32.mkdir(parents=True)
+    (lib32 / "libnvidia-ml.so.570.86.15").write_bytes(i386 + b" nvml 32")
+    (lib32 / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.570.86.15")
+    only32 = run()
+    assert only32.returncode != 0
+    assert f"not for this machine: {lib32}/libnvidia-ml.so.1" in only32.stderr
     # a host install: the versioned file behind the soname link, next to the host's libc
-    libdir = root / "usr" / "lib" / "x86_64-linux-gnu"
+    libdir = root / "lib" / "x86_64-linux-gnu"
     libdir.mkdir(parents=True)
-    (libdir / "libnvidia-ml.so.570.86.15").write_bytes(b"\x7fELF nvml")
+    (libdir / "libnvidia-ml.so.570.86.15").write_bytes(native + b" nvml")
     (libdir / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.570.86.15")
-    (libdir / "libc.so.6").write_bytes(b"\x7fELF libc")
+    (libdir / "libc.so.6").write_bytes(native + b" libc")
     found = run()
     assert found.returncode == 0, found.stderr
     copied = out / "libnvidia-ml.so.1"
     assert not copied.is_symlink()
-    assert copied.read_bytes() == b"\x7fELF nvml"
+    assert copied.read_bytes() == native + b" nvml"
     assert sorted(p.name for p in out.iterdir()) == ["libnvidia-ml.so.1"]
 
 

@@ -13,6 +13,7 @@ import secrets
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -117,6 +118,42 @@ def test_gpu_pods_are_given_the_scheduler_where_the_cluster_serves_the_mutating_
     assert '"Verify with a real GPU pod", then "Migrate node by node"' in installed.notes
 
 
+def test_create_namespace_is_refused_by_helm_install_with_what_to_do_instead(
+    installed: Installed,
+) -> None:
+    """Helm stores a release in its namespace before it creates any object, and adopts no
+    Namespace it did not create: ``createNamespace=true`` cannot work with ``helm install``
+    whether the namespace exists or not. The chart says so, before anything is created."""
+    tag = secrets.token_hex(4)
+    for namespace, create in ((f"nl-{tag}", True), (installed.namespace, False)):
+        res = subprocess.run(
+            [
+                str(ensure_helm()),
+                f"--kubeconfig={installed.cluster.kubeconfig}",
+                "install",
+                f"nodelock-{tag}",
+                str(CHART_DIR),
+                "--namespace",
+                namespace,
+                *(["--create-namespace"] if create else []),
+                "--set",
+                "createNamespace=true",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert res.returncode != 0, namespace
+        assert "createNamespace=true renders the Namespace for `helm template`" in res.stderr
+        assert "pass --create-namespace" in res.stderr
+        assert not installed.exists(
+            "validatingadmissionpolicy", f"nodelock-{tag}-gpu-pods", namespaced=False
+        )
+    # it failed while rendering, before Helm created the namespace it was asked to
+    assert not installed.exists("namespace", f"nl-{tag}", namespaced=False)
+
+
 def secret_data(inst: Installed, name: str) -> dict[str, str]:
     data = inst.get("secret", name)["data"]
     assert isinstance(data, dict)
@@ -147,6 +184,41 @@ def test_upgrade_keeps_the_generated_certificates(installed: Installed) -> None:
     template = deploy["spec"]["template"]  # type: ignore[index]
     assert template["metadata"]["annotations"]["checksum/tls"] == checksum
     assert "--policy=spread" in template["spec"]["containers"][0]["args"]
+
+
+def test_the_upgrade_procedure_keeps_the_scheduler_stopped_until_its_last_step(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """docs/install.md, "Upgrade", as written: values saved with `helm get values`, the scheduler
+    scaled to zero, an upgrade that keeps it there (a plain `helm upgrade` would set `replicas`
+    back at once), then the same upgrade without the override starts it again; the device plugin
+    DaemonSet never runs two pods on a node."""
+    release, ns = installed.release, installed.namespace
+    scheduler = f"{release}-scheduler"
+
+    def replicas() -> object:
+        return installed.get("deployment", scheduler)["spec"]["replicas"]  # type: ignore[index]
+
+    values = tmp_path / "nodelock-values.yaml"
+    values.write_text(installed.helm("get", "values", release, "-n", ns, "-o", "yaml"))
+    installed.cluster.kubectl("-n", ns, "scale", "deploy", scheduler, "--replicas=0")
+    chart = str(CHART_DIR)
+    upgrade = ("upgrade", release, chart, "-n", ns, "-f", str(values), "--set", "image.tag=0.0.2")
+    installed.helm(*upgrade, "--set", "scheduler.replicas=0")
+    assert replicas() == 0
+    ds = installed.get("daemonset", f"{release}-device-plugin")
+    assert ds["spec"]["updateStrategy"] == {  # type: ignore[index]
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    template = ds["spec"]["template"]["spec"]  # type: ignore[index]
+    assert template["containers"][0]["image"].endswith(":0.0.2")
+    installed.helm(*upgrade)
+    assert replicas() == 1
+    # the values the operator installed with are still in effect
+    extender = installed.get("deployment", f"{release}-extender")
+    selector = extender["spec"]["template"]["spec"]["nodeSelector"]  # type: ignore[index]
+    assert selector.get(NOWHERE.replace("/", "-")) == "true"
 
 
 def test_uninstall_leaves_the_lock_namespace_and_its_leases(installed: Installed) -> None:

@@ -82,7 +82,8 @@ def served(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         for a in container["args"]
         if not a.startswith(("--listen=", "--metrics-address=", "--metrics-port="))
     ]
-    assert "--metrics-address=0.0.0.0" in container["args"]
+    # the chart's addresses, every address of IPv4 and IPv6, are kept; the tests dial 127.0.0.1
+    assert {"--listen=[::]:8443", "--metrics-address=::"} <= set(container["args"])
     kubeconfig = token_kubeconfig(
         cluster, tmp / "extender.kubeconfig", token(cluster, rel.namespace, rel.extender_sa)
     )
@@ -92,8 +93,8 @@ def served(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         [
             *nodelock_command(),
             *args,
-            f"--listen=127.0.0.1:{port}",
-            "--metrics-address=127.0.0.1",
+            f"--listen=[::]:{port}",
+            "--metrics-address=::",
             f"--metrics-port={metrics_port}",
             f"--kubeconfig={kubeconfig}",
         ],

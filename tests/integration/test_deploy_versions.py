@@ -58,6 +58,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "devicePlugin.pools[0].name": "inference",
         "devicePlugin.pools[0].gpuSplit": "4",
         "admission.gpuPods.denyVisibleDevicesInAllPods": "true",
+        "criticalPodsQuota.enabled": "true",
     },
     "default-scheduler-plain-http": {"scheduler.enabled": "false", "tls.enabled": "false"},
 }

@@ -6,7 +6,9 @@ states the supported versions and the RBAC verbs the chart has (no Helm, no clus
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -21,8 +23,10 @@ from devcluster.helm import (
     CHART_SCHEMA,
     CHART_VALUES,
     MANIFEST_FILES,
+    MANIFEST_SETTINGS,
     MANIFESTS_DIR,
     REPO_ROOT,
+    SCHEDULER_MANIFEST,
     SECTION,
     chart_kube_version,
     chart_readme,
@@ -33,6 +37,7 @@ from devcluster.helm import (
     supported_minors,
     values_leaves,
 )
+from scheduler_ext.config import MIG_PROFILES
 
 INSTALL_DOC = REPO_ROOT / "docs" / "install.md"
 
@@ -271,3 +276,37 @@ def test_install_page_states_the_verbs_the_chart_grants() -> None:
         f"the chart only: {sorted(granted_rules - documented_rules)}"
     )
     assert documented_roles == granted_roles
+
+
+# ---- what the operator changes in the plain manifests, and the values kept in step with code -----
+
+
+def test_the_install_pages_sed_line_sets_kube_schedulers_tag_in_the_manifest(
+    tmp_path: Path,
+) -> None:
+    """kube-scheduler must not be newer than the API server: 50-scheduler.yaml says to set its
+    tag, and the one-line ``sed`` of docs/install.md, run as written, does exactly that."""
+    scheduler = MANIFESTS_DIR / SCHEDULER_MANIFEST
+    text = scheduler.read_text()
+    tag = MANIFEST_SETTINGS["scheduler.image.tag"]
+    assert text.count("image: registry.k8s.io/kube-scheduler:") == 1
+    assert f"image: registry.k8s.io/kube-scheduler:{tag}\n" in text
+    assert f"set the image tag below ({tag}) to your" in text.split("---")[0]
+    [line] = [
+        line.strip()
+        for line in INSTALL_DOC.read_text().splitlines()
+        if line.strip().startswith("sed -i") and SCHEDULER_MANIFEST in line
+    ]
+    copy = tmp_path / "deploy" / "manifests" / SCHEDULER_MANIFEST
+    copy.parent.mkdir(parents=True)
+    copy.write_text(text)
+    env = {"PATH": os.environ["PATH"], "KUBE_VERSION": "v1.31.9"}
+    subprocess.run(["sh", "-c", line], cwd=tmp_path, env=env, check=True, timeout=30)
+    changed = copy.read_text()
+    assert "image: registry.k8s.io/kube-scheduler:v1.31.9\n" in changed
+    assert changed.replace("v1.31.9\n", f"{tag}\n") == text
+
+
+def test_the_mig_profiles_value_defaults_to_the_extenders_list() -> None:
+    values = yaml.safe_load(CHART_VALUES.read_text())
+    assert tuple(values["migProfiles"]) == MIG_PROFILES

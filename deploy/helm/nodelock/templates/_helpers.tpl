@@ -156,8 +156,8 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "nodelock.devicePlugin
     - name: {{ . }}
       ignoredByScheduler: true
     {{- end }}
-    {{- /* MIG resources (scheduler_ext/config.py MIG_PROFILES): exact names, no prefix */}}
-    {{- range list "1g.6gb" "2g.12gb" "4g.24gb" "1g.5gb" "2g.10gb" "3g.20gb" "4g.20gb" "7g.40gb" "1g.10gb" "1g.20gb" "2g.20gb" "3g.40gb" "4g.40gb" "7g.80gb" "1g.12gb" "1g.24gb" "2g.24gb" "3g.47gb" "4g.47gb" "7g.94gb" "1g.18gb" "1g.35gb" "2g.35gb" "3g.71gb" "4g.71gb" "7g.141gb" }}
+    {{- /* MIG resources: exact names, no prefix (migProfiles; its default is scheduler_ext/config.py MIG_PROFILES) */}}
+    {{- range .Values.migProfiles }}
     - name: nvidia.com/mig-{{ . }}
       ignoredByScheduler: false
     {{- end }}
@@ -231,6 +231,21 @@ see the same certificates; reused from the live Secrets on upgrade (lookup).
 checksum/tls: {{ include "nodelock.generatedTLS" . | sha256sum }}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The namespaces whose pods the GPU pod policies judge (and the scheduler-name policy steers), as a
+label selector: admission.gpuPods.namespaceSelector, or when that is empty only the namespaces an
+operator opted in with the label <annotationPrefix>enabled=true, so that a fresh install leaves
+other schedulers' GPU pods alone (docs/decisions/0009-gpu-pod-policies-opt-in.md).
+*/}}
+{{- define "nodelock.gpuPodNamespaceSelector" -}}
+{{- $selector := .Values.admission.gpuPods.namespaceSelector -}}
+{{- if not $selector -}}
+{{- $selector = dict "matchLabels" (dict (include "nodelock.optInLabel" .) "true") -}}
+{{- end -}}
+{{- include "nodelock.labelSelector" $selector -}}
+{{- end -}}
+{{- define "nodelock.optInLabel" -}}{{ .Values.annotationPrefix }}enabled{{- end -}}
 
 {{/* The scheduler names whose pods reach the extender: JSON list, first = the one to steer to. */}}
 {{- define "nodelock.gpuPodSchedulers" -}}
