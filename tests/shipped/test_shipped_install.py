@@ -247,9 +247,10 @@ def wait_no_lock_held(s: Shipped, *, timeout_s: float) -> None:
 def test_an_upgrade_during_a_burst_fails_no_pod_and_gives_no_gpu_twice(
     shipped: Shipped,
 ) -> None:
-    """docs/install.md's upgrade, step by step, while GPU pods keep coming: pause the chart's
-    scheduler, wait for the handoffs under way, upgrade with the scheduler still paused (the
-    device plugins roll node by node, each Ready once kubelet has its devices), resume it."""
+    """docs/install.md's upgrade, step by step, while GPU pods keep coming: scale the chart's
+    scheduler to 0, wait until no lock is held, ``helm upgrade`` with ``scheduler.replicas=0``
+    (``--wait``: the extender's and the device plugins' rollouts, the plugins one node at a time,
+    each Ready once kubelet has its devices), then ``helm upgrade`` without it."""
     s = shipped
     images = s.started.images
     upgraded = ensure_nodelock(
@@ -258,7 +259,6 @@ def test_an_upgrade_during_a_burst_fails_no_pod_and_gives_no_gpu_twice(
     assert upgraded.ref != images.nodelock.ref
     for node in s.started.nodes:
         import_images(node, images, extra=(upgraded,))
-    old = write_values(s.cluster, devcluster_values(images, gpus_per_node=GPUS_PER_NODE))
     new = write_values(
         s.cluster,
         devcluster_values(images, gpus_per_node=GPUS_PER_NODE, nodelock=upgraded),
@@ -269,7 +269,8 @@ def test_an_upgrade_during_a_burst_fails_no_pod_and_gives_no_gpu_twice(
     burst = 16
     command = f"{PRINT_DEVICES}; sleep 2"
     create_pods(s, ns, [gpu_pod(f"b-{i}", command=command) for i in range(burst // 2)])
-    install(s.cluster, old, extra=paused)  # 1. pause: no new bind from here
+    # 1. pause: no new bind from here
+    s.kubectl("-n", NAMESPACE, "scale", "deploy", "nodelock-scheduler", "--replicas=0")
     wait_no_lock_held(s, timeout_s=60)  # 2. the handoffs under way end
     errors: list[BaseException] = []
 
