@@ -83,9 +83,9 @@ def alive(proc: Proc) -> bool:
     return _start_ticks(proc.pid) == proc.start_ticks
 
 
-def group_members(pgid: int) -> list[int]:
-    """Pids of the live (non-zombie) processes in process group ``pgid``."""
-    members = []
+def process_table() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of ``/proc/<pid>/stat`` after the command name: state, ppid, pgid, ...)
+    of every process this moment; one that ends while read is left out."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -93,10 +93,12 @@ def group_members(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
+        yield int(entry.name), stat[stat.rindex(")") + 2 :].split()
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (non-zombie) processes in process group ``pgid``."""
+    return [pid for pid, f in process_table() if f[0] != "Z" and int(f[2]) == pgid]
 
 
 PROFILE_DIR_ENV = "NODELOCK_PROFILE_DIR"  # set: Python components run under the profile hook

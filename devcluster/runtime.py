@@ -477,17 +477,7 @@ def _kill_containers(node: RuntimeNode) -> None:
         shim = cmdline[0].endswith(b"containerd-shim-runc-v2")
         if shim and address.encode() in cmdline:
             shims.append(int(entry.name))
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid in shims:
-            children.append(int(entry.name))
+    children = [pid for pid, fields in processes.process_table() if int(fields[1]) in shims]
     for pid in [*children, *shims]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
