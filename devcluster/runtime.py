@@ -48,7 +48,7 @@ from typing import Any
 
 import yaml
 
-from devcluster import netns, processes
+from devcluster import netns, processes, realkubelet
 from devcluster.binaries import ensure_kube_proxy, ensure_kubelet
 from devcluster.cluster import Cluster
 from devcluster.errors import DevclusterError
@@ -60,6 +60,7 @@ from devcluster.realkubelet import node_identity
 from handoff.wire import DEFAULT_RESOURCE
 
 SYSTEM_NODE = "node-system"
+KUBELET_PORT, KUBELET_HEALTHZ_PORT = 10250, 10248  # kubelet's defaults: one kubelet a namespace
 GPU_LABEL = "nodelock.io/enabled"
 KUBE_PROXY = Identity("kube-proxy", "system:kube-proxy")
 CNI_BIN_DIR = "/usr/lib/cni"
@@ -165,36 +166,28 @@ def cni_config(node: RuntimeNode, net: netns.NodeNetwork) -> dict[str, Any]:
 
 
 def kubelet_config(node: RuntimeNode, net: netns.NodeNetwork, *, ca_file: Path) -> dict[str, Any]:
-    """kubelet's configuration: its usual ports inside the node's namespace, containerd, the
-    cluster DNS, and no cgroup work beyond the containers' own."""
-    return {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        "address": net.node_ip(node.index),
-        "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
-        "authentication": {
-            "anonymous": {"enabled": False},
-            "webhook": {"enabled": False},
-            "x509": {"clientCAFile": str(ca_file)},
-        },
-        "authorization": {"mode": "AlwaysAllow"},
-        "containerRuntimeEndpoint": f"unix://{node.containerd_socket}",
-        "cgroupDriver": "cgroupfs",
-        "cgroupsPerQOS": False,
-        "enforceNodeAllocatable": [],
-        "failSwapOn": False,
-        "failCgroupV1": False,
-        "localStorageCapacityIsolation": False,
-        "clusterDNS": [net.gateway],
-        "clusterDomain": "cluster.local",
-        "resolvConf": str(node.root / "resolv.conf"),
-        "imageGCHighThresholdPercent": 100,
-        "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "1Mi"},
-        "serializeImagePulls": False,
-        "nodeStatusUpdateFrequency": "2s",
-    }
+    """kubelet's configuration: that of devcluster's other real kubelets (no cgroup work beyond
+    the containers' own, ``realkubelet.kubelet_config``) with kubelet's usual ports and paths
+    inside the node's namespaces, containerd, and the cluster DNS."""
+    config = realkubelet.kubelet_config(
+        port=KUBELET_PORT,
+        healthz_port=KUBELET_HEALTHZ_PORT,
+        node=realkubelet.RealNode(node.kubelet_dir),
+        ca_file=ca_file,
+        topology_policy="none",
+    )
+    for key in ("podLogsDir", "volumePluginDir"):  # /var/log/pods and kubelet's default
+        del config[key]
+    config.update(
+        {
+            "address": net.node_ip(node.index),
+            "containerRuntimeEndpoint": f"unix://{node.containerd_socket}",
+            "clusterDNS": [net.gateway],
+            "clusterDomain": "cluster.local",
+            "resolvConf": str(node.root / "resolv.conf"),
+        }
+    )
+    return config
 
 
 def kube_proxy_config(node: RuntimeNode, kubeconfig: Path) -> dict[str, Any]:
