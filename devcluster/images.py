@@ -68,6 +68,7 @@ BASE_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/
 PAUSE = ("nodelock-pause", "./cmd/nodelock-pause")
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 TOOLS_STEP = "make runtime-deps"
+KEEP_NODELOCK_IMAGES = 4  # the newest builds of nodelock's image kept in the cache
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,20 @@ class Builder:
         tmp.rename(archive)
         return Image(ref, archive)
 
+    def prune(self, name: str, ref_prefix: str, *, keep: int) -> None:
+        """Forget all but the ``keep`` newest archives of ``name`` and their images, and the
+        intermediate images builds leave: a changed source builds a new image every time."""
+        archives = sorted(
+            self.dir.glob(f"{name}-*.tar"), key=lambda a: a.stat().st_mtime, reverse=True
+        )
+        for old in archives[keep:]:
+            key = old.name[len(name) + 1 : -len(".tar")]
+            subprocess.run(
+                [*self._argv, "rmi", f"{ref_prefix}{key}"], capture_output=True, check=False
+            )
+            old.unlink(missing_ok=True)
+        subprocess.run([*self._argv, "rmi", "--prune"], capture_output=True, check=False)
+
     def has(self, ref: str) -> bool:
         res = subprocess.run(
             [*self._argv, "inspect", "--type", "image", ref], capture_output=True, check=False
@@ -261,6 +276,7 @@ def ensure_nodelock(builder: Builder, base: Image, *, revision: str = "") -> Ima
     builder.run(*argv, what="building deploy/Containerfile", cwd=REPO_ROOT)
     image = builder.export(ref, archive)
     builder.progress(f"devcluster: built {ref} in {time.monotonic() - started:.0f}s")
+    builder.prune("nodelock", "localhost/nodelock:0.1.0-", keep=KEEP_NODELOCK_IMAGES)
     return image
 
 
