@@ -86,6 +86,7 @@ from kube.backoff import Backoff
 from kube.client import KubeClient, pod_path
 from kube.errors import ApiError, ApiUnavailable, NotFound
 from lockd.errors import LockLost, StaleToken
+from lockd.lease import MalformedLease
 from lockd.locks import NodeLocks
 from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView, NodeName, Outcome
 
@@ -311,7 +312,7 @@ class Admission:
                 result = await self._decide(ids, ctx, fresh_lease=True)
             if isinstance(result, Refusal) and result.kind is RefusalKind.TAKEN_OVER:
                 result = await self._interrupted(ids, ctx, result)
-        except (ApiUnavailable, ApiError) as exc:
+        except (ApiUnavailable, ApiError, MalformedLease) as exc:
             return Refusal(
                 RefusalKind.UNAVAILABLE,
                 f"node {self.node}: cannot read the node lock or its holder pod: {exc}",
@@ -700,7 +701,7 @@ class Admission:
                 )
                 if pref.hit:
                     break
-        except (ApiUnavailable, ApiError) as exc:
+        except (ApiUnavailable, ApiError, MalformedLease) as exc:
             return Preference(
                 hint(ask.available, ask.must_include, ask.size), hit=False, reason=str(exc)
             )
@@ -749,11 +750,22 @@ class Admission:
         except (StaleToken, LockLost) as exc:
             result = ReleaseResult.ALREADY
             log.info("lock of %s needs no release: %s", pending.holder, exc)
-        except (ApiUnavailable, ApiError) as exc:
+        except (ApiUnavailable, ApiError, MalformedLease) as exc:
+            # a Lease edited by hand out of a node lock's shape is retried like an unreachable
+            # API server (with back-off) until it is a node lock again or gone
             self._metrics.releases.labels(
                 outcome=pending.outcome.value, result=ReleaseResult.RETRY.value
             ).inc()
-            log.warning("cannot release lock of %s yet: %s", pending.holder, exc)
+            if isinstance(exc, MalformedLease):
+                log.error(
+                    "cannot release lock of %s: node %s's Lease is not a node lock (%s); "
+                    "retrying until it is mended or deleted",
+                    pending.holder,
+                    self.node,
+                    exc,
+                )
+            else:
+                log.warning("cannot release lock of %s yet: %s", pending.holder, exc)
             return ReleaseResult.RETRY
         self._metrics.releases.labels(outcome=pending.outcome.value, result=result.value).inc()
         # not written now: the next write carries it (every write starts from ``_cp``), and a
