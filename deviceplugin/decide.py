@@ -876,6 +876,12 @@ def _calls_no_more(spec: PodJSON, uid: str | None) -> bool:
     (``GetDeviceRunContainerOptions``: ``callPreStartContainerIfNeeded`` before
     ``needsReAllocate``, v1.31.9 lines 949, 963, 994; v1.37.2 lines 990, 1004, 1037).
 
+    The API server raises ``metadata.generation`` once more when it first sets a pod's
+    ``deletionTimestamp`` (a graceful deletion; a shorter grace period later does not raise it
+    again): ``BeforeDelete`` in ``staging/src/k8s.io/apiserver/pkg/registry/rest/delete.go``,
+    v1.37.2 lines 166-172 (it raises any ``generation`` above 0, so pods from 1.33).  So a
+    Terminating pod is unchanged at generation 2.
+
     A pod without ``metadata.generation`` (an API server before 1.33 sets none:
     ``strategy.go`` at v1.31.9 and v1.32.9 has no ``Generation``) counts as unchanged only while
     kubelet shows it admits no resize (``_kubelet_resizes_nothing``)."""
@@ -885,7 +891,9 @@ def _calls_no_more(spec: PodJSON, uid: str | None) -> bool:
     generation = meta.get("generation")
     if generation is None:
         return _kubelet_resizes_nothing(spec)
-    return bool(generation == 1)
+    # the first graceful deletion raises it once more (``BeforeDelete``, docstring)
+    unchanged = 2 if meta.get("deletionTimestamp") else 1
+    return bool(generation == unchanged)
 
 
 def _kubelet_resizes_nothing(pod: PodJSON) -> bool:

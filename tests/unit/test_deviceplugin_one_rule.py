@@ -113,3 +113,22 @@ def test_a_restarted_kubelet_times_its_static_pods_anew() -> None:
     seen, ages = unknown_listed(seen, {"kube-system/static-n1"}, 601.0, same_kubelet=False)
     assert ages == {"kube-system/static-n1": 0.0}
     assert _static_first(ages["kube-system/static-n1"]).others  # counts: refused
+
+
+def test_a_terminating_pod_admitted_before_the_holder_still_calls_no_more() -> None:
+    """M1: from 1.33 the API server raises ``metadata.generation`` once, on a pod's first
+    graceful deletion (apiserver ``pkg/registry/rest/delete.go`` ``BeforeDelete``): a pod whose
+    device record a kubelet restart lost, admitted before the holder and Terminating for its
+    grace period, does not block the holder.  A spec change besides (one more) still counts."""
+    from tests.unit.test_deviceplugin_admitted_before import admitting, running
+
+    terminating = running(generation=2)
+    terminating["metadata"]["deletionTimestamp"] = "2026-12-07T05:00:00Z"
+    seen = admitting(terminating, {"ns/before": "uid-b"})
+    assert seen == KubeletAdmission(holder_listed=True, others=(), admitted_before=("ns/before",))
+    assert served(decide_allocate(lease(ONE), ONE_POD, ids(3), None, CTX, kubelet=seen)).last
+    resized = running(generation=2)  # a resize, no deletion
+    assert admitting(resized, {"ns/before": "uid-b"}).others == ("ns/before",)
+    resized_then_deleted = running(generation=3)
+    resized_then_deleted["metadata"]["deletionTimestamp"] = "2026-12-07T05:00:00Z"
+    assert admitting(resized_then_deleted, {"ns/before": "uid-b"}).others == ("ns/before",)
