@@ -642,29 +642,27 @@ async def test_a_pending_release_on_a_lease_edited_out_of_shape_is_retried_not_f
     checkpoint.save(checkpoint.checkpoint_path(env.state_dir, env.node), cp)
     path = lease_path(env.namespace, env.node)
     last_token = "nodelock.io/last-token"
-    await env.kube.patch(path, {"metadata": {"annotations": {last_token: "not-a-number"}}})
+    edit = {"nodelock.io/last-holder": "ns/someone", last_token: "not-a-number"}
+    await env.kube.patch(path, {"metadata": {"annotations": edit}})
     async with running(env) as plugin:
-        await eventually(
-            lambda: _some(
-                sample(
-                    plugin,
-                    "nodelock_deviceplugin_releases_total",
-                    outcome="allocated",
-                    result="retry",
-                )
-                >= 1
-            ),
-            "a release attempt on the malformed Lease",
-        )
+
+        async def retried() -> bool | None:
+            for task in plugin._tasks:  # the old plugin's release task died here
+                assert not task.done(), f"{task.get_name()} ended: {task.exception()!r}"
+            retries = sample(
+                plugin,
+                "nodelock_deviceplugin_lock_releases_total",
+                outcome="allocated",
+                result="retry",
+            )
+            return True if retries >= 1 else None
+
+        await eventually(retried, "a release attempt on the malformed Lease")
         await asyncio.sleep(0.5)
         assert not any(t.done() for t in plugin._tasks), "a plugin task ended"
         assert plugin.admission.pending != ()
         await env.kube.patch(path, {"metadata": {"annotations": {last_token: "0"}}})
         await eventually(lambda: released(env, held.token), "the release once mended")
-
-
-async def _some(value: bool) -> bool | None:
-    return True if value else None
 
 
 async def test_a_release_the_checkpoint_file_still_names_is_repeated_harmlessly(env: Env) -> None:
