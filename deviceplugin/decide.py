@@ -612,14 +612,19 @@ def decide_allocate(
     (``held_other``, ``kubelet_confirmed``); the lock is released (``last``) only with the last
     container of every resource answered.
     """
-    del served_pods  # kubelet's own record decides (``kubelet_admitting``)
     plan = _verify(view, pod, progress, ctx, recorded=recorded, held_other=held_other)
     if isinstance(plan, Refusal):
         return plan
     where = f"pod {plan.pod} on node {ctx.node}"
     # first who kubelet admits: if it may be another pod, nothing about the holder applies
     another = another_pod_may_be_admitted(
-        plan.pod, plan.holder.uid, ctx, kubelet=kubelet, bound_here=bound_here, recorded=recorded
+        plan.pod,
+        plan.holder.uid,
+        ctx,
+        kubelet=kubelet,
+        bound_here=bound_here,
+        recorded=recorded,
+        served_pods=served_pods,
     )
     if another is not None:
         return another
@@ -679,6 +684,7 @@ def another_pod_may_be_admitted(
     kubelet: KubeletAdmission | KubeletUnreadable | None,
     bound_here: Sequence[PodJSON] = (),
     recorded: KubeletRecords | None = None,
+    served_pods: Collection[str] = (),
 ) -> Refusal | None:
     """Whether kubelet may be admitting another pod than the lock's holder (``holder_pod``, for
     messages, of ``holder_uid``): a refusal without a release if it may, else None.  Allocate
@@ -696,6 +702,8 @@ def another_pod_may_be_admitted(
     - None: this plugin has no PodResources socket (not configured, or not mounted): the pods
       bound here and kubelet's device checkpoint (``bystanders``).  This source cannot see a
       pod the API server does not know: docs/deviceplugin.md, "Limits".
+
+    ``served_pods`` (the pods this plugin served) is passed on and not trusted alone.
     """
     if isinstance(kubelet, KubeletUnreadable):
         return Refusal(
@@ -717,7 +725,7 @@ def another_pod_may_be_admitted(
             )
         others = list(kubelet.others)
     else:
-        others = bystanders(bound_here, holder_uid, (), ctx, recorded=recorded)
+        others = bystanders(bound_here, holder_uid, served_pods, ctx, recorded=recorded)
     if others:
         return Refusal(
             RefusalKind.AMBIGUOUS,
