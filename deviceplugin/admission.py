@@ -6,8 +6,11 @@ checkpoint and releases the lock.  Calls are serialized (kubelet makes them one 
 
 Guarantees:
 - Allocate is decided from a fresh read of who kubelet is admitting: kubelet's own
-  PodResources ``List`` on the node, with the holder's spec from the node's pod watch; else
-  (no List) one GET of the holder and one LIST of the pods bound here at the API server.  The
+  PodResources ``List`` on the node, with the holder's spec from the node's pod watch; a
+  ``List`` that fails on kubelet's socket refuses the call (``decide.KubeletUnreadable``);
+  only without a socket, one GET of the holder and one LIST of the pods bound here at the API
+  server.  GetPreferredAllocation decides who kubelet may be admitting from the same reads
+  (``_who_admits``, ``decide.another_pod_may_be_admitted``).  The
   Lease comes from its watch, and again from one GET when that decision refuses.  kubelet's
   view of the node runs ahead of any watch, and a watch-fed view can miss a takeover, a holder
   kubelet rejected, or the pod kubelet is admitting (docs/deviceplugin.md, "Fresh reads").  A
