@@ -6,11 +6,12 @@ in-memory fake runtime that records every container config kubelet hands it), ``
 device plugin (started by ``devcluster.gpunodes``).  kubelet runs with its own root directory
 (``<state>/nodes/<node>``), its own ports on 127.0.0.1, a client certificate for
 ``system:node:<node>`` (group ``system:nodes``: the Node authorizer and NodeRestriction apply as on
-a real node) and a configuration without cgroups per QoS class, node allocatable enforcement or
-swap checks, in a private mount namespace where ``<root>/device-plugins`` is bound at the fixed
-``/var/lib/kubelet/device-plugins`` (the device manager's socket path is compiled in).  So
-kubelet's ``device-plugins/`` and ``pod-resources/`` sockets are where a real node has them,
-relative to its root directory, and the device plugin runs against it as in production.
+a real node), a static pod directory (``<root>/manifests``) and a configuration without cgroups
+per QoS class, node allocatable enforcement or swap checks, in a private mount namespace where
+``<root>/device-plugins`` is bound at the fixed ``/var/lib/kubelet/device-plugins`` (the device
+manager's socket path is compiled in).  So kubelet's ``device-plugins/`` and ``pod-resources/``
+sockets are where a real node has them, relative to its root directory, and the device plugin
+runs against it as in production.
 
 What is real: node registration, its Lease and status, admission (topology manager, device
 manager, Allocate, the checkpoint ``kubelet_internal_checkpoint``), the pod workers, the status
@@ -86,6 +87,11 @@ class RealNode:
         return self.root / "kubelet-config.yaml"
 
     @property
+    def manifests(self) -> Path:
+        """kubelet's ``staticPodPath``: a pod manifest written here is a static pod."""
+        return self.root / "manifests"
+
+    @property
     def kubeconfig(self) -> Path:
         return self.root / "kubelet.kubeconfig"
 
@@ -120,6 +126,7 @@ def kubelet_config(
         "podLogsDir": str(node.root / "pod-logs"),
         "volumePluginDir": str(node.root / "volume-plugins"),
         "topologyManagerPolicy": topology_policy,
+        "staticPodPath": str(node.manifests),
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "1Mi"},
@@ -147,6 +154,7 @@ def start_kubelet(
     cri = ensure_cri()
     node = RealNode(root)
     node.plugin_dir.mkdir(parents=True, exist_ok=True)
+    node.manifests.mkdir(parents=True, exist_ok=True)
     cluster.pki.kubeconfig(node.kubeconfig, node_identity(name), cluster.api_url)
     config = kubelet_config(
         port=processes.free_port(),

@@ -6,8 +6,11 @@ checkpoint and releases the lock.  Calls are serialized (kubelet makes them one 
 
 Guarantees:
 - Allocate is decided from a fresh read of who kubelet is admitting: kubelet's own
-  PodResources ``List`` on the node, with the holder's spec from the node's pod watch; else
-  (no List) one GET of the holder and one LIST of the pods bound here at the API server.  The
+  PodResources ``List`` on the node, with the holder's spec from the node's pod watch; a
+  ``List`` that fails on kubelet's socket refuses the call (``decide.KubeletUnreadable``);
+  only without a socket, one GET of the holder and one LIST of the pods bound here at the API
+  server.  GetPreferredAllocation decides who kubelet may be admitting from the same reads
+  (``_who_admits``, ``decide.another_pod_may_be_admitted``).  The
   Lease comes from its watch, and again from one GET when that decision refuses.  kubelet's
   view of the node runs ahead of any watch, and a watch-fed view can miss a takeover, a holder
   kubelet rejected, or the pod kubelet is admitting (docs/deviceplugin.md, "Fresh reads").  A
@@ -57,6 +60,7 @@ from deviceplugin.decide import (
     KubeletAdmission,
     KubeletRecords,
     KubeletSightings,
+    KubeletUnreadable,
     MismatchPolicy,
     OtherResources,
     PodJSON,
@@ -85,6 +89,7 @@ from kube.backoff import Backoff
 from kube.client import KubeClient, pod_path
 from kube.errors import ApiError, ApiUnavailable, NotFound
 from lockd.errors import LockLost, StaleToken
+from lockd.lease import MalformedLease
 from lockd.locks import NodeLocks
 from lockd.model import FencingToken, HeldLock, Holder, HolderKey, NodeLockView, NodeName, Outcome
 
@@ -106,6 +111,16 @@ class PreferenceAsk:
     available: Sequence[str]
     must_include: Sequence[str]
     size: int
+
+
+@dataclass(frozen=True)
+class _WhoAdmits:
+    """The holder's pod and who kubelet may be admitting, as read for one decision."""
+
+    held: PodJSON | None
+    kubelet: KubeletAdmission | KubeletUnreadable | None
+    bound_here: list[PodJSON]
+    recorded: KubeletRecords | None
 
 
 class Admission:
@@ -140,6 +155,7 @@ class Admission:
         self._clock = clock
         # listed pods the API server does not know, by namespace/name: when first seen so
         self._unknown_since: dict[str, float] = {}
+        self._unknown_instance = ""  # the kubelet instance ``_unknown_since`` was timed on
         # which pods kubelet listed from which read on (``decide.sight``); one read at a time
         self._sightings = KubeletSightings()
         self._sight_lock = asyncio.Lock()
@@ -299,7 +315,7 @@ class Admission:
                 result = await self._decide(ids, ctx, fresh_lease=True)
             if isinstance(result, Refusal) and result.kind is RefusalKind.TAKEN_OVER:
                 result = await self._interrupted(ids, ctx, result)
-        except (ApiUnavailable, ApiError) as exc:
+        except (ApiUnavailable, ApiError, MalformedLease) as exc:
             return Refusal(
                 RefusalKind.UNAVAILABLE,
                 f"node {self.node}: cannot read the node lock or its holder pod: {exc}",
@@ -328,38 +344,37 @@ class Admission:
         bystander, which refuses (never serves) the call."""
         view = await self._view(fresh=fresh_lease)
         holder = view.record.holder if view is not None else None
+        who = await self._who_admits(view, ctx, fresh=fresh_lease)
+        held_other = await self._held_other(ctx.resource, holder)
+        return decide_allocate(
+            view,
+            who.held,
+            ids,
+            self._cp.progress,
+            ctx,
+            policy=self._policy,
+            bound_here=who.bound_here,
+            kubelet=who.kubelet,
+            recorded=who.recorded,
+            held_other=held_other,
+        )
+
+    async def _who_admits(
+        self, view: NodeLockView | None, ctx: Context, *, fresh: bool
+    ) -> _WhoAdmits:
+        """The holder's pod and the sources of "who kubelet may be admitting" that Allocate and
+        GetPreferredAllocation both decide by (``decide.another_pod_may_be_admitted``): kubelet's
+        List (with the holder's spec from the node's pod watch), or ``KubeletUnreadable`` when
+        its socket is there and List fails, or, only without a socket, the pods bound here (one
+        LIST) with the holder (one GET), read at the same time.  ``fresh``: the pods that count
+        are read afresh before the call is refused for them (the watch may lag a status kubelet
+        wrote)."""
+        holder = view.record.holder if view is not None else None
         listed = await self._kubelet_list(ctx.resource)
         recorded = await self._recorded(ctx.resource)
-        held_other = await self._held_other(ctx.resource, holder)
-        kubelet: KubeletAdmission | None = None
-        bound_here: list[PodJSON] = []
-        if listed is not None:
-            held = await self._holder_pod(view, fresh=False)
-            if holder is not None:
-                specs = await self._specs(listed, holder.key)
-                earlier = admitted_before(self._sightings, holder.key)
-                kubelet = self._admitting(listed, specs, holder.key, held, recorded, ctx, earlier)
-                if kubelet.admitted_before:
-                    # a pod is left out for a spec that kubelet cannot be resizing: read after
-                    # kubelet called, so a spec change before the call shows
-                    for key in kubelet.admitted_before:
-                        specs[key] = await self._pod(HolderKey(key))
-                    kubelet = self._admitting(
-                        listed, specs, holder.key, held, recorded, ctx, earlier
-                    )
-                if fresh_lease and kubelet.others:
-                    # the watch may lag a status kubelet wrote (a rejected or finished pod):
-                    # the pods that count are read afresh before the call is refused for them
-                    for key in kubelet.others:
-                        name = key.split(" ", 1)[0]
-                        if specs.get(name) is not None:
-                            specs[name] = await self._pod(HolderKey(name))
-                    kubelet = self._admitting(
-                        listed, specs, holder.key, held, recorded, ctx, earlier
-                    )
-                if kubelet.ignored_unknown:
-                    self._metrics.unknown_pods_ignored.inc(len(kubelet.ignored_unknown))
-        else:
+        if isinstance(listed, KubeletUnreadable):
+            return _WhoAdmits(await self._holder_pod(view, fresh=True), listed, [], recorded)
+        if listed is None:
 
             async def bound() -> list[PodJSON]:
                 return [] if self._pods is None else await self._retrying(self._pods.list_now)
@@ -371,20 +386,30 @@ class Admission:
                 raise pod_read
             if isinstance(list_read, BaseException):
                 raise list_read
-            held, bound_here = pod_read, list_read
-        return decide_allocate(
-            view,
-            held,
-            ids,
-            self._cp.progress,
-            ctx,
-            policy=self._policy,
-            bound_here=bound_here,
-            served_pods=self._served(),
-            kubelet=kubelet,
-            recorded=recorded,
-            held_other=held_other,
-        )
+            return _WhoAdmits(pod_read, None, list_read, recorded)
+        held = await self._holder_pod(view, fresh=False)
+        if holder is None:
+            return _WhoAdmits(held, None, [], recorded)
+        specs = await self._specs(listed, holder.key)
+        earlier = admitted_before(self._sightings, holder.key)
+        kubelet = self._admitting(listed, specs, holder.key, held, recorded, ctx, earlier)
+        if kubelet.admitted_before:
+            # a pod is left out for a spec that kubelet cannot be resizing: read after
+            # kubelet called, so a spec change before the call shows
+            for key in kubelet.admitted_before:
+                specs[key] = await self._pod(HolderKey(key))
+            kubelet = self._admitting(listed, specs, holder.key, held, recorded, ctx, earlier)
+        if fresh and kubelet.others:
+            # the watch may lag a status kubelet wrote (a rejected or finished pod): the pods
+            # that count are read afresh before the call is refused for them
+            for key in kubelet.others:
+                name = key.split(" ", 1)[0]
+                if specs.get(name) is not None:
+                    specs[name] = await self._pod(HolderKey(name))
+            kubelet = self._admitting(listed, specs, holder.key, held, recorded, ctx, earlier)
+        if kubelet.ignored_unknown:
+            self._metrics.unknown_pods_ignored.inc(len(kubelet.ignored_unknown))
+        return _WhoAdmits(held, kubelet, [], recorded)
 
     async def _held_other(self, resource: str, holder: Holder | None) -> OtherResources | None:
         """For each resource other than ``resource`` that the holder's progress has served
@@ -430,7 +455,7 @@ class Admission:
         been seen listed (from the first List that showed it; forgotten once it is known or no
         longer listed), and the pods kubelet admitted before the holder (``earlier``)."""
         unknown = {e.key for e in listed if e.key != holder and specs.get(e.key) is None}
-        self._unknown_since, ages = unknown_listed(self._unknown_since, unknown, self._clock())
+        ages = self._time_unknown(unknown)
         return kubelet_admitting(
             listed,
             specs,
@@ -442,6 +467,18 @@ class Admission:
             unknown_for_s=ages,
             earlier=earlier,
         )
+
+    def _time_unknown(self, unknown: set[str]) -> dict[str, float]:
+        """How long each listed pod in ``unknown`` (unknown to the API server) has been listed
+        by the kubelet that answered the last List (``_sight``), timed from the first read that
+        showed it; a kubelet restart starts every such pod anew (``unknown_listed``)."""
+        instance = self._sightings.instance  # "" when not known for sure
+        same = bool(instance) and instance == self._unknown_instance
+        self._unknown_instance = instance
+        self._unknown_since, ages = unknown_listed(
+            self._unknown_since, unknown, self._clock(), same_kubelet=same
+        )
+        return ages
 
     async def _recorded(self, resource: str) -> KubeletRecords | None:
         """kubelet's device checkpoint: pod UID -> the containers it records devices of
@@ -458,24 +495,34 @@ class Admission:
             return None
         return kubelet_records(answers)
 
-    async def _kubelet_list(self, resource: str) -> list[KubeletPod] | None:
-        """kubelet's PodResources List, with the devices of ``resource``; None when not
-        configured or it failed (then the call decides from the API server's reads)."""
+    async def _kubelet_list(self, resource: str) -> list[KubeletPod] | KubeletUnreadable | None:
+        """kubelet's PodResources List, with the devices of ``resource``; ``KubeletUnreadable``
+        when its socket is there and List fails (the call is then refused); None when no
+        socket is configured or there is none (the call decides from the API server's reads)."""
         if self._kubelet is None:
             return None
         try:
             listed = await self._sight(resource)
         except KubeletViewError as exc:
             self._metrics.kubelet_view.labels(result="error").inc()
-            message = (
-                f"{exc}; Allocate decides from a LIST of the node's pods and kubelet's device "
-                "checkpoint instead (every unfinished GPU pod whose devices that checkpoint does "
-                "not record blocks the call)"
-            )
+            if self._kubelet.exists():
+                message = (
+                    f"{exc}; Allocate refuses while kubelet's List cannot be read (a pod the API "
+                    "server does not know, such as a static pod, may be the one kubelet admits)"
+                )
+                unreadable: KubeletUnreadable | None = KubeletUnreadable(str(exc))
+            else:
+                message = (
+                    f"{exc}; Allocate decides from a LIST of the node's pods and kubelet's "
+                    "device checkpoint instead (every unfinished GPU pod whose devices that "
+                    "checkpoint does not record blocks the call; a static pod the API server "
+                    "does not know is not seen)"
+                )
+                unreadable = None
             log.warning("%s", message)
             if self._on_fallback is not None:
                 self._on_fallback(message)
-            return None
+            return unreadable
         self._metrics.kubelet_view.labels(result="ok").inc()
         return listed
 
@@ -492,6 +539,8 @@ class Admission:
                     uids[entry.key] = str(((pod or {}).get("metadata") or {}).get("uid") or "")
             keys = [e.key for e in listed]
             self._sightings = sight(self._sightings, instance, keys, uids)
+            if uids:  # the watch has synced: a pod it does not have is timed from this read on
+                self._time_unknown({key for key in keys if not uids.get(key)})
         return listed
 
     async def run_sightings(self, period_s: float = SIGHTING_PERIOD_S) -> None:
@@ -640,20 +689,22 @@ class Admission:
                 view = await self._view(fresh=fresh)
                 if fresh:
                     await self._drop_abandoned_progress(view)
-                pod = await self._holder_pod(view, fresh=fresh)
+                who = await self._who_admits(view, ctx, fresh=fresh)
                 pref = decide_preferred(
                     view,
-                    pod,
+                    who.held,
                     ask.available,
                     ask.must_include,
                     ask.size,
                     self._cp.progress,
                     ctx,
-                    recorded=await self._recorded(ctx.resource),
+                    recorded=who.recorded,
+                    kubelet=who.kubelet,
+                    bound_here=who.bound_here,
                 )
                 if pref.hit:
                     break
-        except (ApiUnavailable, ApiError) as exc:
+        except (ApiUnavailable, ApiError, MalformedLease) as exc:
             return Preference(
                 hint(ask.available, ask.must_include, ask.size), hit=False, reason=str(exc)
             )
@@ -702,11 +753,22 @@ class Admission:
         except (StaleToken, LockLost) as exc:
             result = ReleaseResult.ALREADY
             log.info("lock of %s needs no release: %s", pending.holder, exc)
-        except (ApiUnavailable, ApiError) as exc:
+        except (ApiUnavailable, ApiError, MalformedLease) as exc:
+            # a Lease edited by hand out of a node lock's shape is retried like an unreachable
+            # API server (with back-off) until it is a node lock again or gone
             self._metrics.releases.labels(
                 outcome=pending.outcome.value, result=ReleaseResult.RETRY.value
             ).inc()
-            log.warning("cannot release lock of %s yet: %s", pending.holder, exc)
+            if isinstance(exc, MalformedLease):
+                log.error(
+                    "cannot release lock of %s: node %s's Lease is not a node lock (%s); "
+                    "retrying until it is mended or deleted",
+                    pending.holder,
+                    self.node,
+                    exc,
+                )
+            else:
+                log.warning("cannot release lock of %s yet: %s", pending.holder, exc)
             return ReleaseResult.RETRY
         self._metrics.releases.labels(outcome=pending.outcome.value, result=result.value).inc()
         # not written now: the next write carries it (every write starts from ``_cp``), and a

@@ -26,9 +26,12 @@ Guarantees (each one unit-tested with plain data):
   to lose (no holder, token mismatch, taken over), leave the lock alone.
 - Nothing here does I/O, reads a clock or keeps state.
 
-- While kubelet may be admitting another pod than the holder, nothing is served: by kubelet's
-  PodResources ``List`` (``kubelet_admitting``), or, when it cannot be read, by the pods bound
-  here and kubelet's device checkpoint (``bystanders``, never weaker than the ``List`` rule).
+- While kubelet may be admitting another pod than the holder, nothing is served and nothing
+  steered to the holder's devices: one rule (``another_pod_may_be_admitted``) for Allocate and
+  GetPreferredAllocation, fed by kubelet's PodResources ``List`` (``kubelet_admitting``); a
+  ``List`` that fails on a socket kubelet made refuses.  Only a plugin without a PodResources
+  socket decides from the pods bound here and kubelet's device checkpoint (``bystanders``),
+  which cannot see a static pod the API server does not know.
   A finished pod (Succeeded, Failed, rejected, or every container terminated for good) and a
   pod whose GPUs come from DRA never count; a pod the API server does not know counts for
   ``UNKNOWN_POD_WAIT_S`` only; a pod this plugin served counts unless kubelet records its
@@ -589,7 +592,7 @@ def decide_allocate(
     policy: MismatchPolicy = MismatchPolicy.REFUSE,
     bound_here: Sequence[PodJSON] = (),
     served_pods: Collection[str] = (),
-    kubelet: KubeletAdmission | None = None,
+    kubelet: KubeletAdmission | KubeletUnreadable | None = None,
     recorded: KubeletRecords | None = None,
     held_other: OtherResources | None = None,
 ) -> Allocation | Refusal:
@@ -597,12 +600,11 @@ def decide_allocate(
 
     ``view`` is the node's lock, ``pod`` the lock holder's pod as read from the API server (None
     when it was not found), ``progress`` the checkpointed progress of the current handoff.
-    Who kubelet is admitting comes from ``kubelet`` (its own PodResources view, see
-    ``kubelet_admitting``) when given: the call is refused without a release unless the holder
-    is the one pod kubelet may be admitting.  Without it, from ``bound_here`` (the pods bound
-    to this node, from the API server) and ``recorded`` (kubelet's device checkpoint): while
-    another unfinished GPU pod is bound here whose devices kubelet does not record, the call is
-    refused without a release (``bystanders``).  ``served_pods`` is accepted for callers and
+    Who kubelet may be admitting is ``another_pod_may_be_admitted``'s question, asked before
+    anything about the holder's containers: from ``kubelet`` (its PodResources view, see
+    ``kubelet_admitting``; ``KubeletUnreadable``: its socket is there and did not answer) or,
+    on a node whose plugin has no PodResources socket, from ``bound_here`` and ``recorded``
+    (``bystanders``).  ``served_pods`` is accepted for callers and
     no longer trusted alone.  ``progress`` counts a container of ``ctx.resource`` as served
     only while ``recorded`` holds it for the holder (``kubelet_confirmed``; None: as it stands):
     a container kubelet lost the record of is the one it asks for again, and gets its own
@@ -614,28 +616,18 @@ def decide_allocate(
     if isinstance(plan, Refusal):
         return plan
     where = f"pod {plan.pod} on node {ctx.node}"
-    # first who kubelet admits: if it is another pod, nothing about the holder applies
-    if kubelet is not None:
-        if not kubelet.holder_listed:
-            waiting = f"; awaiting devices: {', '.join(kubelet.others)}" if kubelet.others else ""
-            return Refusal(
-                RefusalKind.AMBIGUOUS,
-                f"node {ctx.node}: kubelet is admitting another pod than the node lock's holder "
-                f"{plan.pod} (kubelet does not list the holder among the pods it admits or "
-                f"runs{waiting}); the holder keeps the lock and its devices. GPU pods on this "
-                "node must be bound by the nodelock scheduler extender",
-            )
-        others = list(kubelet.others)
-    else:
-        others = bystanders(bound_here, plan.holder.uid, served_pods, ctx, recorded=recorded)
-    if others:
-        return Refusal(
-            RefusalKind.AMBIGUOUS,
-            f"{where}: kubelet may be admitting another GPU pod bound to this node without the "
-            f"node lock ({', '.join(others)}); refusing rather than guessing which pod gets "
-            f"{plan.pod}'s devices. GPU pods on this node must be bound by the nodelock "
-            "scheduler extender",
-        )
+    # first who kubelet admits: if it may be another pod, nothing about the holder applies
+    another = another_pod_may_be_admitted(
+        plan.pod,
+        plan.holder.uid,
+        ctx,
+        kubelet=kubelet,
+        bound_here=bound_here,
+        recorded=recorded,
+        served_pods=served_pods,
+    )
+    if another is not None:
+        return another
     nxt = plan.next
     if nxt is None:
         return Refusal(
@@ -684,6 +676,67 @@ def decide_allocate(
     )
 
 
+def another_pod_may_be_admitted(
+    holder_pod: str,
+    holder_uid: str,
+    ctx: Context,
+    *,
+    kubelet: KubeletAdmission | KubeletUnreadable | None,
+    bound_here: Sequence[PodJSON] = (),
+    recorded: KubeletRecords | None = None,
+    served_pods: Collection[str] = (),
+) -> Refusal | None:
+    """Whether kubelet may be admitting another pod than the lock's holder (``holder_pod``, for
+    messages, of ``holder_uid``): a refusal without a release if it may, else None.  Allocate
+    and GetPreferredAllocation ask this one question, with the same sources.
+
+    The sources, strongest first:
+    - ``KubeletAdmission``: kubelet's PodResources ``List``, read after kubelet called
+      (``kubelet_admitting``): it names every pod kubelet admits, static pods the API server
+      does not know included.  The holder must be listed and no other pod may be waiting.
+    - ``KubeletUnreadable``: kubelet's PodResources socket is there (a kubelet made it) but
+      ``List`` failed.  A pod the API server does not know (a static pod whose mirror pod is
+      denied or not written yet) can be the one kubelet admits, and no other source shows it:
+      refused (kubelet fails that pod's admission; a controller makes a new pod), never served
+      by a weaker rule.
+    - None: this plugin has no PodResources socket (not configured, or not mounted): the pods
+      bound here and kubelet's device checkpoint (``bystanders``).  This source cannot see a
+      pod the API server does not know: docs/deviceplugin.md, "Limits".
+
+    ``served_pods`` (the pods this plugin served) is passed on and not trusted alone.
+    """
+    if isinstance(kubelet, KubeletUnreadable):
+        return Refusal(
+            RefusalKind.UNAVAILABLE,
+            f"node {ctx.node}: kubelet's PodResources List could not be read ({kubelet.reason}); "
+            f"without it the pod kubelet admits cannot be told from the lock holder "
+            f"{holder_pod} (it may be a static pod the API server does not know), so nothing "
+            "is served; the holder keeps the lock",
+        )
+    if kubelet is not None:
+        if not kubelet.holder_listed:
+            waiting = f"; awaiting devices: {', '.join(kubelet.others)}" if kubelet.others else ""
+            return Refusal(
+                RefusalKind.AMBIGUOUS,
+                f"node {ctx.node}: kubelet is admitting another pod than the node lock's holder "
+                f"{holder_pod} (kubelet does not list the holder among the pods it admits or "
+                f"runs{waiting}); the holder keeps the lock and its devices. GPU pods on this "
+                "node must be bound by the nodelock scheduler extender",
+            )
+        others = list(kubelet.others)
+    else:
+        others = bystanders(bound_here, holder_uid, served_pods, ctx, recorded=recorded)
+    if others:
+        return Refusal(
+            RefusalKind.AMBIGUOUS,
+            f"pod {holder_pod} on node {ctx.node}: kubelet may be admitting another GPU pod "
+            f"bound to this node without the node lock ({', '.join(others)}); refusing rather "
+            f"than guessing which pod gets {holder_pod}'s devices. GPU pods on this node must "
+            "be bound by the nodelock scheduler extender",
+        )
+    return None
+
+
 def bystanders(
     bound_here: Sequence[PodJSON],
     holder_uid: str,
@@ -697,8 +750,10 @@ def bystanders(
     for ``ctx.resource`` (not through DRA), not finished, and not shown by kubelet's device
     checkpoint (``recorded``) with devices for every GPU container.
 
-    This is never weaker than ``kubelet_admitting``: a pod counts here whenever ``List`` could
-    list it with a GPU container without devices.  An admitted (Running) pod counts unless the
+    Of the pods the API server knows, one counts here whenever ``List`` could list it with a
+    GPU container without devices; a pod the API server does not know (a static pod without a
+    mirror pod) is not seen at all, so only a plugin without a PodResources socket decides by
+    this (``another_pod_may_be_admitted``).  An admitted (Running) pod counts unless the
     checkpoint records its devices: kubelet admits it again after a restart that lost its
     checkpoint, and the API server's view cannot tell whether it did so before the holder's
     admission (``admitted_before`` needs kubelet's ``List``); a pod this plugin served counts
@@ -743,6 +798,14 @@ class KubeletAdmission:
     # listed pods without device records that kubelet admitted before it held the holder
     # (``admitted_before``): left out
     admitted_before: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class KubeletUnreadable:
+    """kubelet's PodResources socket is there but ``List`` failed (``reason``): kubelet is (or
+    was) running, and who it admits is not known."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -821,6 +884,12 @@ def _calls_no_more(spec: PodJSON, uid: str | None) -> bool:
     (``GetDeviceRunContainerOptions``: ``callPreStartContainerIfNeeded`` before
     ``needsReAllocate``, v1.31.9 lines 949, 963, 994; v1.37.2 lines 990, 1004, 1037).
 
+    The API server raises ``metadata.generation`` once more when it first sets a pod's
+    ``deletionTimestamp`` (a graceful deletion; a shorter grace period later does not raise it
+    again): ``BeforeDelete`` in ``staging/src/k8s.io/apiserver/pkg/registry/rest/delete.go``,
+    v1.37.2 lines 166-172 (it raises any ``generation`` above 0, so pods from 1.33).  So a
+    Terminating pod is unchanged at generation 2.
+
     A pod without ``metadata.generation`` (an API server before 1.33 sets none:
     ``strategy.go`` at v1.31.9 and v1.32.9 has no ``Generation``) counts as unchanged only while
     kubelet shows it admits no resize (``_kubelet_resizes_nothing``)."""
@@ -830,7 +899,9 @@ def _calls_no_more(spec: PodJSON, uid: str | None) -> bool:
     generation = meta.get("generation")
     if generation is None:
         return _kubelet_resizes_nothing(spec)
-    return bool(generation == 1)
+    # the first graceful deletion raises it once more (``BeforeDelete``, docstring)
+    unchanged = 2 if meta.get("deletionTimestamp") else 1
+    return bool(generation == unchanged)
 
 
 def _kubelet_resizes_nothing(pod: PodJSON) -> bool:
@@ -941,12 +1012,21 @@ def kubelet_admitting(
 
 
 def unknown_listed(
-    first_seen: Mapping[str, float], unknown: Collection[str], now: float
+    first_seen: Mapping[str, float],
+    unknown: Collection[str],
+    now: float,
+    *,
+    same_kubelet: bool = True,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """When each listed pod unknown to the API server was first seen, and for how long, at
     ``now``: ``first_seen`` keeps the earlier sightings of pods still unknown and listed;
     a pod known again or no longer listed is forgotten (listed unknown again, it starts anew).
+    Another kubelet instance (``same_kubelet`` False: its socket file changed, or is not known
+    for sure) starts from nothing, as ``sight`` does: a restarted kubelet admits its static
+    pods again, so one listed for minutes by the kubelet before is new to this one.
     Returns the new ``first_seen`` and the ages for ``kubelet_admitting``'s ``unknown_for_s``."""
+    if not same_kubelet:
+        first_seen = {}
     seen = {key: first_seen.get(key, now) for key in unknown}
     return seen, {key: max(0.0, now - since) for key, since in seen.items()}
 
@@ -1071,17 +1151,32 @@ def decide_preferred(
     ctx: Context,
     *,
     recorded: KubeletRecords | None = None,
+    kubelet: KubeletAdmission | KubeletUnreadable | None = None,
+    bound_here: Sequence[PodJSON] = (),
 ) -> Preference:
     """Answer one GetPreferredAllocation container request.
 
-    A hit is the holder's next GPU container's assignment when its size equals ``size`` and every
-    assigned device is available to kubelet; anything else gets a hint from the available set
-    (``must_include`` first, then the rest in sorted order), which kubelet may use as it likes.
-    The next container is judged as in ``decide_allocate``: ``recorded`` is kubelet's device
-    checkpoint (``kubelet_confirmed``).
+    A hit is the holder's next GPU container's assignment when its size equals ``size``, every
+    assigned device is available to kubelet, and kubelet is admitting no other pod than the
+    holder by the rule Allocate follows (``another_pod_may_be_admitted``, same sources:
+    ``kubelet``, or ``bound_here`` and ``recorded`` without a PodResources socket); anything
+    else gets a hint from the available set (``must_include`` first, then the rest in sorted
+    order), which kubelet may use as it likes, so kubelet is never steered to the holder's
+    devices for another pod.  The next container is judged as in ``decide_allocate``:
+    ``recorded`` is kubelet's device checkpoint (``kubelet_confirmed``).
     """
     plan = _verify(view, pod, progress, ctx, recorded=recorded)
     reason = ""
+    if not isinstance(plan, Refusal):
+        another = another_pod_may_be_admitted(
+            plan.pod,
+            plan.holder.uid,
+            ctx,
+            kubelet=kubelet,
+            bound_here=bound_here,
+            recorded=recorded,
+        )
+        plan = another if another is not None else plan
     if isinstance(plan, Refusal):
         reason = plan.message
     elif plan.next is None:

@@ -17,6 +17,7 @@ computes it over Go's in-memory form), so a hand-edited checkpoint is read as it
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -66,7 +67,14 @@ def list_pod_resources(
 
 class PodResources:
     """kubelet's PodResources ``List`` for the device plugin's Allocate path, over one grpc.aio
-    channel kept open (it reconnects by itself when kubelet restarts and makes a new socket).
+    channel kept open while the socket file it was opened on stays the same.
+
+    gRPC keeps a channel whose peer went away in its reconnect back-off (seconds, growing with
+    every failed try, up to two minutes), and fails each call at once meanwhile; a kubelet that
+    restarts makes a new socket file, so the channel is opened again as soon as the socket's
+    identity (``socket_identity``) changes, and after any failed call.  A call that fails on a
+    channel opened before it is made once more on a fresh channel, waiting for the connection
+    within the same ``timeout_s``.
 
     Guarantees: ``list`` returns kubelet's answer or raises ``KubeletViewError`` (socket
     missing, kubelet not answering within ``timeout_s``); it never answers from an old copy.
@@ -77,21 +85,48 @@ class PodResources:
         self._resource = resource
         self._timeout_s = timeout_s
         self._channel: grpc.aio.Channel | None = None
+        self._opened_on = ""  # the socket's identity when ``_channel`` was opened
+
+    def exists(self) -> bool:
+        """Whether kubelet's PodResources socket is there (a kubelet, live or dead, made it)."""
+        return self.socket.exists()
+
+    async def _fresh_channel(self, identity: str) -> grpc.aio.Channel:
+        await self.close()
+        self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
+        self._opened_on = identity
+        return self._channel
 
     async def list(self, *, resource: str | None = None) -> list[KubeletPod]:
         """Every pod kubelet lists now, with each listed container's devices of ``resource``
         (default: the one given at construction)."""
         if not self.socket.exists():
             raise KubeletViewError(f"kubelet's PodResources socket {self.socket} does not exist")
-        if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
-        stub = pr_grpc.PodResourcesListerStub(self._channel)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        identity = socket_identity(self.socket)
+        channel = self._channel
+        reused = channel is not None and identity == self._opened_on
+        if channel is None or not reused:
+            channel = await self._fresh_channel(identity)
         try:
-            response = await stub.List(pr_pb.ListPodResourcesRequest(), timeout=self._timeout_s)
+            response = await pr_grpc.PodResourcesListerStub(channel).List(
+                pr_pb.ListPodResourcesRequest(), timeout=self._timeout_s, wait_for_ready=not reused
+            )
         except grpc.aio.AioRpcError as exc:
-            raise KubeletViewError(
-                f"PodResources List on {self.socket} failed: {exc.code().name}: {exc.details()}"
-            ) from exc
+            left = deadline - loop.time()
+            if not reused or left <= 0:
+                await self.close()  # no back-off carried into the next call
+                raise _list_error(self.socket, exc) from exc
+            # the kept channel may be in gRPC's reconnect back-off: once more on a new one
+            channel = await self._fresh_channel(socket_identity(self.socket))
+            try:
+                response = await pr_grpc.PodResourcesListerStub(channel).List(
+                    pr_pb.ListPodResourcesRequest(), timeout=left, wait_for_ready=True
+                )
+            except grpc.aio.AioRpcError as again:
+                await self.close()
+                raise _list_error(self.socket, again) from again
         return pods_from_list(response, resource=resource or self._resource)
 
     async def list_seen(self, *, resource: str | None = None) -> tuple[Listed, str]:
@@ -107,6 +142,13 @@ class PodResources:
         if self._channel is not None:
             await self._channel.close(None)
             self._channel = None
+            self._opened_on = ""
+
+
+def _list_error(socket: Path, exc: grpc.aio.AioRpcError) -> KubeletViewError:
+    return KubeletViewError(
+        f"PodResources List on {socket} failed: {exc.code().name}: {exc.details()}"
+    )
 
 
 def socket_identity(socket: Path) -> str:

@@ -27,6 +27,9 @@ What counts (``Kind``):
 - ``answer-differs``: the plugin's answer names other GPUs than kubelet's devices for that
   container (the runtime would hand over GPUs that kubelet accounts to someone else);
 - ``unknown-device``: kubelet lists a device the node's inventory does not have;
+- ``unknown-pod``: kubelet lists devices for a pod the API server does not know (a static pod
+  whose mirror pod is denied or not written): it holds them outside every lock, and its devices
+  count towards ``device-in-two-pods``;
 - ``kubelet-unreachable``: the PodResources view could not be read (nothing else is judged for
   the kubelet side of that node).
 
@@ -44,12 +47,12 @@ devices and the plugin's answers of that resource against each pod's assignment 
 that resource's devices (``for_resource``); a pod whose assignment names none of them has no
 assignment for it.
 
-Not judged: pods that are finished (``Succeeded``/``Failed``) or being deleted (kubelet frees
-their devices and forgets them on its own schedule), containers kubelet does not list (init
-containers that are not sidecars), and a pod that kubelet lists without devices while it is still
-``Pending`` (admission in progress).  The views are read one after the other, not atomically: a
-pod that changes while they are read may show a disagreement that a second look no longer sees
-(``confirmed`` keeps only what two looks share).
+Not judged: pods the API server knows that are finished (``Succeeded``/``Failed``) or being
+deleted (kubelet frees their devices and forgets them on its own schedule), containers kubelet
+does not list (init containers that are not sidecars), and a pod that kubelet lists without
+devices while it is still ``Pending`` (admission in progress).  The views are read one after the
+other, not atomically: a pod that changes while they are read may show a disagreement that a
+second look no longer sees (``confirmed`` keeps only what two looks share).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class Kind(StrEnum):
     BAD_ASSIGNMENT = "bad-assignment"
     ANSWER_DIFFERS = "answer-differs"
     UNKNOWN_DEVICE = "unknown-device"
+    UNKNOWN_POD = "unknown-pod"
     KUBELET_UNREACHABLE = "kubelet-unreachable"
 
 
@@ -261,9 +265,24 @@ def audit_node(views: NodeViews) -> list[Disagreement]:
         return sorted(out)
 
     live = {p.key: p for p in views.pods if p.live}
+    known = {p.key for p in views.pods}
     listed = {kp.key: kp for kp in views.kubelet}
     held_by: dict[str, set[str]] = {}
     for kp in views.kubelet:
+        if kp.key not in known and kp.devices:
+            for dev in kp.devices:
+                held_by.setdefault(dev, set()).add(kp.key)
+            out.append(
+                Disagreement(
+                    node,
+                    Kind.UNKNOWN_POD,
+                    kp.key,
+                    devices=_ids(kp.devices),
+                    detail=f"kubelet gave it {_show(kp.devices)} but the API server has no such "
+                    "pod (a static pod without a mirror pod?): it holds them outside every lock",
+                )
+            )
+            continue
         if kp.key not in live:
             continue  # finished or being deleted: kubelet frees its devices on its own schedule
         for dev in kp.devices:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 
 from devcluster.gpunodes import nodelock_command, pod_resources_socket
 from devcluster.invariants import check_pods
@@ -579,3 +580,80 @@ async def test_a_pod_admitted_while_the_plugin_is_down_has_its_lock_released_onc
     assert audited.returncode == 1, audited.stdout + audited.stderr
     named = [line.split() for line in audited.stdout.splitlines() if real.key("early") in line]
     assert [row[:3] for row in named] == [[node, "no-kubelet-record", real.key("early")]], named
+
+
+# how long kubelet stays down (killed: its PodResources socket file stays, refusing connections)
+# in the static pod test: the plugin's List reads meanwhile fail, and a gRPC channel kept across
+# them waits in its reconnect back-off (1 s, growing 1.6 times a try, 20 % jitter: after 30 s
+# some 17 s between tries) for seconds after kubelet is back
+KUBELET_DOWN_S = 30
+STATIC_NAMESPACE = "nodelock-no-such-namespace"  # kubelet cannot create the mirror pod there
+
+
+def _static_pod(name: str) -> JSON:
+    """A static pod asking for one GPU; its namespace does not exist, so the API server never
+    knows it (as with the chart's policy denying GPU mirror pods)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": STATIC_NAMESPACE},
+        "spec": {
+            "containers": [{"name": "c", "image": "x", "resources": {"limits": {RESOURCE: "1"}}}],
+        },
+    }
+
+
+@pytest.mark.core
+async def test_a_static_pod_after_a_kubelet_restart_gets_no_device_of_the_lock_holder(
+    real: GPUCluster,
+) -> None:
+    """Issue 51 F1 on a real kubelet.  kubelet is killed and down for a while (the plugin's List
+    reads fail on its socket file, left behind), then starts again; a GPU static pod the API
+    server does not know is admitted while a pod holds the node's lock, bound and not admitted
+    yet (the plugin takes 4 s over each Allocate, and kubelet admits one pod at a time).  The
+    static pod is refused, never served the holder's devices, and no GPU is handed to two
+    pods."""
+    node = real.nodes[0]
+    plugin = f"deviceplugin-{node}"
+    files = real_node(real, node)
+    manifest = files.manifests / "static-gpu.yaml"
+    line = sleeping_at("allocate.start")
+    async with slow_admission(real, node, seconds=4):
+        seen = plugin_registrations(real.cluster, node)
+        real.cluster.kill_component(f"kubelet-{node}")
+        await asyncio.sleep(KUBELET_DOWN_S)
+        real.cluster.restart_component(f"kubelet-{node}")
+        await wait_registrations(real.cluster, node, seen, timeout_s=60)
+        await wait_devices_back(real, node)
+        logged = log_count(real, plugin, line)
+        real.expect_unadmitted("holder")
+        try:
+            written = files.manifests / ".static-gpu.yaml.tmp"  # kubelet skips dot files
+            written.write_text(yaml.safe_dump(_static_pod("static-gpu")))
+            written.rename(manifest)
+            await wait_log(real, plugin, line, logged)  # the static pod's Allocate waits
+            await real.create_pod("holder", [1], node=node)
+            holder = await real.wait_phase("holder", ["Running", "Failed"], timeout_s=90)
+            wanted = sorted(assignment(holder)["c0"])
+            static = [
+                r
+                for r in read_containers(files.containers_record)
+                if r["namespace"] == STATIC_NAMESPACE
+            ]
+            given = {
+                d for r in static for d in r["envs"].get("NVIDIA_VISIBLE_DEVICES", "").split(",")
+            } - {""}
+            fallbacks = log_count(real, plugin, "decides from a LIST")
+            assert not given & set(wanted), (
+                f"the static pod was handed the lock holder's devices {sorted(given)} "
+                f"(Allocate decided from the API server's view {fallbacks} times)"
+            )
+            assert given == set(), given  # it holds no lock: it gets no device at all
+            if holder["status"]["phase"] == "Running":
+                assert _handed(real, holder)["c0"] == wanted
+            else:  # kubelet lists the rejected static pod (to 1.33): the holder is refused too
+                assert holder["status"]["reason"] == "UnexpectedAdmissionError", holder["status"]
+        finally:
+            manifest.unlink(missing_ok=True)
+    found = await kubelet_findings(real, expected_pods=1)
+    assert found.s1 == [], found.s1

@@ -39,7 +39,7 @@ from handoff.wire import (
     parse_inventory,
 )
 from kube import KubeClient, NotFound
-from kube.client import event_path, node_path, pod_path
+from kube.client import event_path, lease_path, node_path, pod_path
 from lockd import (
     HeldLock,
     Holder,
@@ -627,6 +627,42 @@ async def test_a_pending_release_is_retried_after_a_restart(env: Env) -> None:
     again = checkpoint.load(checkpoint.checkpoint_path(env.state_dir, env.node), env.node)
     assert again.pending == ()
     del pod
+
+
+async def test_a_pending_release_on_a_lease_edited_out_of_shape_is_retried_not_fatal(
+    env: Env,
+) -> None:
+    """Issue 51 M2: a pending release meets a Lease someone edited by hand so that it is no node
+    lock (its token annotation is not a number).  The plugin keeps running and keeps the release
+    pending; once the Lease is mended the release is written."""
+    _, held = await bind(env, "p", {"main": [env.gpu(0)]}, containers=[("main", 1)])
+    cp = Checkpoint(env.node).with_pending(
+        PendingRelease.of(held.holder, held.token, Outcome.ALLOCATED)
+    )
+    checkpoint.save(checkpoint.checkpoint_path(env.state_dir, env.node), cp)
+    path = lease_path(env.namespace, env.node)
+    last_token = "nodelock.io/last-token"
+    edit = {"nodelock.io/last-holder": "ns/someone", last_token: "not-a-number"}
+    await env.kube.patch(path, {"metadata": {"annotations": edit}})
+    async with running(env) as plugin:
+
+        async def retried() -> bool | None:
+            for task in plugin._tasks:  # the old plugin's release task died here
+                assert not task.done(), f"{task.get_name()} ended: {task.exception()!r}"
+            retries = sample(
+                plugin,
+                "nodelock_deviceplugin_lock_releases_total",
+                outcome="allocated",
+                result="retry",
+            )
+            return True if retries >= 1 else None
+
+        await eventually(retried, "a release attempt on the malformed Lease")
+        await asyncio.sleep(0.5)
+        assert not any(t.done() for t in plugin._tasks), "a plugin task ended"
+        assert plugin.admission.pending != ()
+        await env.kube.patch(path, {"metadata": {"annotations": {last_token: "0"}}})
+        await eventually(lambda: released(env, held.token), "the release once mended")
 
 
 async def test_a_release_the_checkpoint_file_still_names_is_repeated_harmlessly(env: Env) -> None:

@@ -267,10 +267,13 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
     Hole.LISTED_REJECTED_POD: _patched(
         {"deviceplugin.decide.kubelet_admitting": reverted.kubelet_admitting}
     ),
+    # (and GetPreferredAllocation's steering by the same rule, issue 51, which otherwise hides
+    # it: kubelet is then steered off the holder's devices, and Allocate refuses the mismatch)
     Hole.SERVED_AFTER_CHECKPOINT_LOSS: _patched(
         {
             "deviceplugin.decide.kubelet_admitting": reverted.kubelet_admitting,
             "deviceplugin.decide.bystanders": reverted.bystanders,
+            "deviceplugin.decide.decide_preferred": reverted.decide_preferred_unsteered,
         }
     ),
     # the holder's progress trusted as it stands, whatever kubelet recorded of its containers

@@ -162,6 +162,9 @@ class ModelConfig:
     shared: frozenset[str] = frozenset({"n2"})
     # nodes with one more GPU, in MIG mode (``world.MIG_LAYOUT``): MIG pods fit only there
     mig: frozenset[str] = frozenset({"n1"})
+    # nodes whose plugin has no PodResources socket while List fails (not mounted: it decides
+    # from the API server's view); elsewhere the socket is there and a failing List refuses
+    socketless: frozenset[str] = frozenset({"n2"})
 
 
 @dataclass
@@ -454,6 +457,8 @@ class HandoffModel(RuleBasedStateMachine):
             )
             self.plugins[node].kubelet_view = self.kubelets[node].listing
             self.plugins[node].kubelet_records = self.kubelets[node].records
+            self.kubelets[node].socketless = node in self.config.socketless
+            self.plugins[node].kubelet_socket = self.kubelets[node].podresources_socket
             self.kubelets[node].lose_only_final = self.avoids(Hole.PROGRESS_AHEAD_OF_KUBELET)
             self.kubelets[node].keep_multi_resource = self.avoids(Hole.MIG_PROGRESS_AHEAD)
         self.started = True
@@ -987,14 +992,20 @@ class HandoffModel(RuleBasedStateMachine):
     @precondition(lambda self: self.started and self.may(Fault.PODRESOURCES_DOWN))
     @rule(node=st.integers(0, 1))
     def podresources_fails(self, node: int) -> None:
-        """kubelet's PodResources List starts or stops failing (its socket is not up yet after
-        a restart): the plugin decides from a GET of the holder and a LIST of the node's pods."""
+        """kubelet's PodResources List starts or stops failing (kubelet starting, or a channel
+        that cannot connect): where the socket is there the plugin refuses (a refusal this
+        fault excuses); on a node whose plugin has no socket (``config.socketless``) it decides
+        from a GET of the holder and a LIST of the node's pods."""
         self.begin_step()
         n = self.nodes[node % len(self.nodes)]
         kubelet = self.kubelets[n]
         kubelet.podresources_down = not kubelet.podresources_down
         if kubelet.podresources_down:
-            self.fault(f"kubelet/{n}", "PodResources List fails", excuses_refusals=False)
+            self.fault(
+                f"kubelet/{n}",
+                "PodResources List fails" + (" (no socket)" if kubelet.socketless else ""),
+                excuses_refusals=not kubelet.socketless,
+            )
         else:
             self.log(f"kubelet/{n}", "PodResources List answers again")
 

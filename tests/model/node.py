@@ -118,6 +118,8 @@ class Plugin:
     # kubelet's device checkpoint on this node: pod UID -> containers it records devices of one
     # resource for
     kubelet_records: Callable[[str], dict[str, set[str]]] = lambda _resource: {}
+    # whether kubelet's PodResources socket is there (``PodResources.exists``)
+    kubelet_socket: Callable[[], bool] = lambda: True
     # ``Admission._unknown_since``: listed pods the API server does not know, first seen when
     unknown_since: dict[str, float] = field(default_factory=dict)
 
@@ -235,7 +237,7 @@ class Plugin:
             view = self._view(fresh=fresh)
             if fresh:
                 self._drop_abandoned_progress(view)
-            pod = self._holder_pod(view, fresh=fresh)
+            pod, kubelet, bound_here, recorded = self._who_admits(view, ctx, fresh=fresh)
             pref = decide.decide_preferred(
                 view,
                 pod,
@@ -244,7 +246,9 @@ class Plugin:
                 size,
                 self.cp.progress,
                 ctx,
-                recorded=self.kubelet_records(resource),
+                recorded=recorded,
+                kubelet=kubelet,
+                bound_here=bound_here,
             )
             if pref.hit:
                 break
@@ -289,33 +293,8 @@ class Plugin:
     ) -> Allocation | Refusal:
         view = self._view(fresh=fresh_lease)
         holder = view.record.holder if view is not None else None
-        try:
-            listed: list[KubeletPod] | None = self.kubelet_view(ctx.resource)
-        except KubeletViewError:
-            listed = None  # ``Admission._kubelet_list``: decide from the API server's reads
-        recorded = self.kubelet_records(ctx.resource)
+        pod, kubelet, bound_here, recorded = self._who_admits(view, ctx, fresh=fresh_lease)
         held_other = self._held_other(ctx.resource, holder)
-        kubelet = None
-        bound_here: Sequence[PodJSON] = ()
-        if listed is not None:
-            pod = self._holder_pod(view, fresh=False)  # kubelet's List is the fresh read
-            if holder is not None:
-                specs = {
-                    e.key: self.bound.get(e.key) or self._pod(HolderKey(e.key))
-                    for e in listed
-                    if e.key != holder.key
-                }
-                kubelet = self._admitting(listed, specs, holder.key, pod, recorded, ctx)
-                if fresh_lease and kubelet.others:
-                    # the pods that count are read afresh before the call is refused for them
-                    for key in kubelet.others:
-                        name = key.split(" ", 1)[0]
-                        if specs.get(name) is not None:
-                            specs[name] = self._pod(HolderKey(name))
-                    kubelet = self._admitting(listed, specs, holder.key, pod, recorded, ctx)
-        else:  # one GET of the holder and one LIST of the pods bound here
-            pod = self._holder_pod(view, fresh=True)
-            bound_here = self.store.list_pods(node=self.node)
         return decide.decide_allocate(
             view,
             pod,
@@ -329,6 +308,49 @@ class Plugin:
             recorded=recorded,
             held_other=held_other,
         )
+
+    def _who_admits(
+        self, view: NodeLockView | None, ctx: Context, *, fresh: bool
+    ) -> tuple[
+        PodJSON | None,
+        KubeletAdmission | decide.KubeletUnreadable | None,
+        Sequence[PodJSON],
+        dict[str, set[str]],
+    ]:
+        """``Admission._who_admits``: the holder's pod and who kubelet may be admitting, the
+        same reads for Allocate and GetPreferredAllocation.  kubelet's List, with the listed
+        pods' specs from the node pod watch (else a GET); a List that fails on kubelet's socket
+        is ``KubeletUnreadable``, which refuses; without a socket (``Kubelet.socketless``), one GET
+        of the holder and one LIST of the node's pods.  On that
+        path the model also reads the node's pods (production does not: the rule ignores them),
+        so that a planted revert of the rule (``Hole.STATIC_POD_FALLBACK``) decides by them as
+        the old fallback did."""
+        holder = view.record.holder if view is not None else None
+        recorded = self.kubelet_records(ctx.resource)
+        try:
+            listed = self.kubelet_view(ctx.resource)
+        except KubeletViewError as exc:
+            # no socket: one GET of the holder and one LIST of the pods bound here
+            unreadable = decide.KubeletUnreadable(str(exc)) if self.kubelet_socket() else None
+            pod = self._holder_pod(view, fresh=True)
+            return pod, unreadable, self.store.list_pods(node=self.node), recorded
+        pod = self._holder_pod(view, fresh=False)  # kubelet's List is the fresh read
+        if holder is None:
+            return pod, None, (), recorded
+        specs = {
+            e.key: self.bound.get(e.key) or self._pod(HolderKey(e.key))
+            for e in listed
+            if e.key != holder.key
+        }
+        kubelet = self._admitting(listed, specs, holder.key, pod, recorded, ctx)
+        if fresh and kubelet.others:
+            # the pods that count are read afresh before the call is refused for them
+            for key in kubelet.others:
+                name = key.split(" ", 1)[0]
+                if specs.get(name) is not None:
+                    specs[name] = self._pod(HolderKey(name))
+            kubelet = self._admitting(listed, specs, holder.key, pod, recorded, ctx)
+        return pod, kubelet, (), recorded
 
     def _held_other(self, resource: str, holder: Holder | None) -> dict[str, set[str]] | None:
         """``Admission._held_other``: for each other resource the holder's progress has served
@@ -480,8 +502,10 @@ class Kubelet:
     # the last container whose Allocate was answered: kubelet writes its device checkpoint
     # after the plugin's answer, so a crash just then loses this record
     last_record: tuple[str, Slot] | None = None
-    # PodResources List fails (the socket is not up yet after a restart): the plugin falls back
+    # PodResources List fails (kubelet starting, a channel that cannot connect)
     podresources_down: bool = False
+    # while it fails, the plugin finds no socket (not mounted) rather than one that errors
+    socketless: bool = False
     # answers that released the lock ``allocated`` while a container of the pod still awaited
     # devices of some resource (S2 reads them)
     early_releases: list[str] = field(default_factory=list)
@@ -653,6 +677,10 @@ class Kubelet:
                 )
             )
         return out
+
+    def podresources_socket(self) -> bool:
+        """Whether the plugin finds kubelet's PodResources socket (``PodResources.exists``)."""
+        return not (self.podresources_down and self.socketless)
 
     def records(self, resource: str = RESOURCE) -> dict[str, set[str]]:
         """kubelet's device checkpoint: pod UID -> the containers it records devices of

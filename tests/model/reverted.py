@@ -27,8 +27,10 @@ from deviceplugin.decide import (
     KubeletAdmission,
     KubeletRecords,
     PodJSON,
+    Preference,
     gpu_containers,
 )
+from deviceplugin.decide import decide_preferred as _decide_preferred
 from deviceplugin.decide import kubelet_confirmed as _kubelet_confirmed
 from handoff.audit import KubeletPod
 from handoff.holder import holder_status as handoff_status
@@ -268,3 +270,11 @@ def bound_anywhere(
     """``scheduler_ext.takeover.bound_elsewhere`` without its check of the node: every held lock
     whose holder the cache saw bound, to any node, counts as left behind."""
     return [(node, holder) for node, holder in sorted(held.items()) if node_of(holder.uid)]
+
+
+def decide_preferred_unsteered(*args: Any, **named: Any) -> Preference:
+    """``deviceplugin.decide.decide_preferred`` before issue 51: the holder's devices preferred
+    whoever kubelet may be admitting (the ``kubelet`` and ``bound_here`` sources ignored)."""
+    named.pop("kubelet", None)
+    named.pop("bound_here", None)
+    return _decide_preferred(*args, **named)

@@ -99,6 +99,8 @@ FOCUS: dict[Hole, ModelConfig] = {
         templates=("one",),
         max_pods=3,
         prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+        # the hole on the API server's path too: a plugin without a PodResources socket
+        socketless=frozenset({"n1"}),
     ),
     Hole.PROGRESS_AHEAD_OF_KUBELET: ModelConfig(
         fault_kinds=frozenset({Fault.CHECKPOINT_LOST, Fault.PODRESOURCES_DOWN}),

@@ -5,12 +5,15 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 from pathlib import Path
 
+import grpc
 import pytest
 
 from deviceplugin.kubeletview import (
     KubeletViewError,
+    PodResources,
     answers_from_checkpoint,
     list_pod_resources,
     pods_from_list,
@@ -20,6 +23,7 @@ from deviceplugin.kubeletview import (
 from handoff.audit import PluginAnswer
 from proto import deviceplugin_v1beta1_pb2 as dp_pb
 from proto import podresources_v1_pb2 as pr_pb
+from proto import podresources_v1_pb2_grpc as pr_grpc
 
 GPU = "nvidia.com/gpu"
 
@@ -130,8 +134,6 @@ def test_missing_socket_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_socket_nobody_answers_is_a_one_line_error(tmp_path: Path) -> None:
-    import socket
-
     path = tmp_path / "kubelet.sock"
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(path))  # bound, never listening: connections are refused
@@ -156,3 +158,65 @@ def test_a_socket_made_anew_is_another_kubelet(tmp_path: Path) -> None:
     sock.unlink()
     sock.write_bytes(b"")
     assert socket_identity(sock) not in ("", first)
+
+
+class _Kubelet(pr_grpc.PodResourcesListerServicer):
+    """A PodResources server on a unix socket: one pod listed, named after the instance."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def List(
+        self, request: pr_pb.ListPodResourcesRequest, context: object
+    ) -> pr_pb.ListPodResourcesResponse:
+        del request, context
+        return pr_pb.ListPodResourcesResponse(
+            pod_resources=[pr_pb.PodResources(name=self.name, namespace="ns")]
+        )
+
+    async def Get(self, request: object, context: object) -> pr_pb.GetPodResourcesResponse:
+        raise NotImplementedError
+
+    async def GetAllocatableResources(
+        self, request: object, context: object
+    ) -> pr_pb.AllocatableResourcesResponse:
+        raise NotImplementedError
+
+
+async def _serve(path: Path, name: str) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    pr_grpc.add_PodResourcesListerServicer_to_server(_Kubelet(name), server)
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    return server
+
+
+async def test_a_restarted_kubelet_is_read_at_once_not_after_grpcs_back_off(
+    tmp_path: Path,
+) -> None:
+    """Issue 51 F1's first step: while kubelet was down the plugin's kept channel failed calls
+    and went into gRPC's reconnect back-off; the restarted kubelet's new socket is read at its
+    first call all the same (a new channel for a new socket file, waiting for it to connect)."""
+    path = tmp_path / "kubelet.sock"
+    view = PodResources(path, resource=GPU, timeout_s=1.0)
+    first = await _serve(path, "first")
+    try:
+        assert [p.name for p in await view.list()] == ["first"]
+    finally:
+        await first.stop(None)
+    path.unlink(missing_ok=True)
+    dead = socket.socket(socket.AF_UNIX)  # kubelet is down: its socket is left, nobody listens
+    dead.bind(str(path))
+    try:
+        for _ in range(4):  # the sightings loop calls every second meanwhile
+            with pytest.raises(KubeletViewError, match=r"PodResources List on .* failed"):
+                await view.list()
+    finally:
+        dead.close()
+    path.unlink()
+    second = await _serve(path, "second")
+    try:
+        assert [p.name for p in await view.list()] == ["second"]
+    finally:
+        await second.stop(None)
+        await view.close()

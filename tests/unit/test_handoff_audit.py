@@ -118,6 +118,23 @@ def test_running_pod_without_kubelet_record() -> None:
     assert audit([pod("a", {"c0": ["GPU-0"]}, phase="Pending")], [listed("a", {"c0": []})]) == []
 
 
+def test_a_listed_pod_the_api_server_does_not_know_holding_devices_is_reported() -> None:
+    """Issue 51: a static pod without a mirror pod that kubelet gave devices (F1 gave it the
+    lock holder's) is named, and its devices count as held by it."""
+    pods = [pod("a", {"c0": ["GPU-0"]})]
+    kubelet = [listed("a", {"c0": ["GPU-0"]}), listed("static-n1", {"c": ["GPU-0"]})]
+    found = audit(pods, kubelet)
+    assert kinds(found) == [
+        (Kind.DEVICE_IN_TWO_PODS, "ns/a", ""),
+        (Kind.UNKNOWN_POD, "ns/static-n1", ""),
+    ]
+    unknown = found[1]
+    assert unknown.devices == ("GPU-0",)
+    assert "the API server has no such pod" in unknown.detail
+    # listed without devices (admission under way, or refused): nothing to say
+    assert audit(pods[:1], [listed("a", {"c0": ["GPU-0"]}), listed("s", {"c": []})]) == []
+
+
 def test_kubelet_devices_without_assignment() -> None:
     found = audit([pod("a", None)], [listed("a", {"c0": ["GPU-0"]})])
     assert kinds(found) == [(Kind.NO_ASSIGNMENT, "ns/a", "")]
