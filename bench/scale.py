@@ -327,8 +327,8 @@ def restart_measured(cluster: Cluster, *, source: Path | None, timeout_s: float)
     idle_rate = (_cpu_s(apiserver) - idle0) / (time.monotonic() - t_idle)
     env = {"PYTHONPATH": str(source)} if source is not None else None
     argv = list(proc.argv)
-    if source is not None:  # the other tree's code, this interpreter and its packages
-        argv = [sys.executable, "-m", "nodelock.cli", *argv[1:]] if "nodelock" in argv[0] else argv
+    if source is not None:  # the other tree's code (-P: not the working directory first)
+        argv = [sys.executable, "-P", "-m", "nodelock.cli", *argv[1:]]
     api0 = _cpu_s(apiserver)
     started = time.monotonic()
     new = cluster.start_component("extender", argv, env=env)
