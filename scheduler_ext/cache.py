@@ -19,6 +19,11 @@ Guarantees:
   cached pods that are neither bound nor terminal (kept as pods are written, O(1) to read).
 - ``seen_bound_or_gone(uid)`` is true once this cache saw the pod bound or deleted; because a
   watch delivers writes in order, the cache has then also seen every write before that one.
+- Pods not bound yet, and pods that ask for GPUs or carry nodelock's annotations, are kept; a
+  bound CPU pod (``PodState.quiet``) is read and dropped, so ``pod(uid)`` is None for it,
+  ``pods_on`` leaves it out and its deletion leaves no tombstone.  Nothing filter, prioritize
+  or bind decide reads such a pod (kube-scheduler calls the extender only for pods asking for
+  its managed resources, before they are bound); a pod that turns quiet is forgotten.
 Non-guarantee: the cache lags the API server; bind proves its choice against that lag separately
 (``scheduler_ext.binder``).
 """
@@ -333,13 +338,15 @@ class ClusterCache:
             self._stale.add(pod.node)
 
     def keep_pod(self, obj: Mapping[str, Any]) -> PodState | None:
-        """What the cache keeps of a Pod object (None, with a warning, for one without
-        identity): a list's reflector turns each object into this as its page arrives."""
+        """What the cache keeps of a Pod object: None for a CPU pod (``PodState.quiet``), and
+        (with a warning) for one without identity.  A list's reflector turns each object into
+        this as its page arrives."""
         try:
-            return self.pod_state(obj)
+            state = self.pod_state(obj)
         except (BadObject, BadPod) as exc:
             log.warning("ignoring a pod without identity: %s", exc)
             return None
+        return None if state.quiet else state
 
     def _put_pod(self, state: PodState | None) -> bool:
         """Keep the pod's state; False when it equals what was kept already but for its
@@ -393,13 +400,22 @@ class ClusterCache:
         """Take one pod watch event (ADDED, MODIFIED, DELETED).  An update that changes nothing
         the cache keeps rebuilds no node picture and wakes no waiter (``wait_until``: nothing
         it could test has changed); it only marks the stream alive."""
+        meta = obj.get("metadata")
+        uid = meta.get("uid") if isinstance(meta, Mapping) else None
         if kind == "DELETED":
-            uid = (obj.get("metadata") or {}).get("uid")
-            if isinstance(uid, str):
-                self._drop_pod(uid)
-        elif not self._put_pod(self.keep_pod(obj)):
-            self.mark_alive("pods")
-            return
+            if uid not in self._pods:  # a CPU pod (or one never seen): nothing kept of it
+                self.mark_alive("pods")
+                return
+            assert isinstance(uid, str)
+            self._drop_pod(uid)
+        else:
+            state = self.keep_pod(obj)
+            if state is None and uid in self._pods:  # it turned quiet: forget what was kept
+                assert isinstance(uid, str)
+                self._unindex(self._pods.pop(uid))
+            elif not self._put_pod(state):
+                self.mark_alive("pods")
+                return
         self._touch("pods")
 
     # ---- for metrics ------------------------------------------------------------------------
