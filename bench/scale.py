@@ -20,7 +20,8 @@ the API, then the extender is restarted with the chart's flags and measured:
   objects are created (it follows them by watch) and then restarted (it lists them).  Measured
   per restart: seconds from the process's start to ``/readyz`` (both caches listed), peak RSS
   (``VmHWM``), RSS 10 s after, and kube-apiserver's CPU seconds over that window, net of its
-  idle rate measured just before.
+  idle rate measured just before.  kube-scheduler's RSS (its informers hold every pod and
+  node too) is read once the objects are created.
 
 ``--baseline DIR`` (repeatable) restarts, in turn with this tree's, an extender run from another
 source tree (e.g. ``git archive`` of an earlier commit unpacked in DIR) against the same objects:
@@ -53,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from devcluster.cluster import Cluster, throwaway_cluster
-from devcluster.gpunodes import start_extender, up_gpu_cluster
+from devcluster.gpunodes import nodelock_command, start_extender, up_gpu_cluster
 from devcluster.namespaces import create_namespace
 from handoff.wire import (
     GPU,
@@ -326,9 +327,10 @@ def restart_measured(cluster: Cluster, *, source: Path | None, timeout_s: float)
     time.sleep(3.0)
     idle_rate = (_cpu_s(apiserver) - idle0) / (time.monotonic() - t_idle)
     env = {"PYTHONPATH": str(source)} if source is not None else None
-    argv = list(proc.argv)
+    args = proc.argv[proc.argv.index("extender") :]  # the flags, after whichever command ran
+    argv = [*nodelock_command(), *args]
     if source is not None:  # the other tree's code (-P: not the working directory first)
-        argv = [sys.executable, "-P", "-m", "nodelock.cli", *argv[1:]]
+        argv = [sys.executable, "-P", "-m", "nodelock.cli", *args]
     api0 = _cpu_s(apiserver)
     started = time.monotonic()
     new = cluster.start_component("extender", argv, env=env)
@@ -421,6 +423,9 @@ def run(args: argparse.Namespace) -> JSON:
             "peak_rss_mib": _status_kib(follower, "VmHWM") / 1024,
             "rss_mib": _status_kib(follower, "VmRSS") / 1024,
         }
+        scheduler = cluster.running()["kube-scheduler"].pid  # its informers hold every pod
+        followed["scheduler_rss_mib"] = _status_kib(scheduler, "VmRSS") / 1024
+        followed["scheduler_peak_rss_mib"] = _status_kib(scheduler, "VmHWM") / 1024
         print(f"  extender following by watch: {followed}", flush=True)
         restarts: list[JSON] = []
         trees: list[Path | None] = [*args.baseline, None]
@@ -468,6 +473,8 @@ def summary(args: argparse.Namespace, raw: Mapping[str, Any], limit_mib: float) 
         "chart_memory_limit_mib": limit_mib,
         "burst_vs_small": (big["pods_per_s"] / small["pods_per_s"]) if small and big else None,
         "following_rss_mib": raw["followed"]["rss_mib"],
+        "scheduler_rss_mib": raw["followed"]["scheduler_rss_mib"],
+        "scheduler_peak_rss_mib": raw["followed"]["scheduler_peak_rss_mib"],
         "restarts": raw["restarts"],
         "populate_s": raw["populate"],
     }
@@ -529,10 +536,11 @@ def main(argv: list[str] | None = None) -> int:
             f"  burst of {args.burst}: {row['burst_vs_small']:.2f}x "
             f"its rate at {args.sim_nodes} nodes"
         )
+    holds = curve.pods_within(limit, headroom=0.25)
     print(
         f"curve over {len(points)} sizes: {curve.base_mib:.0f} MiB + "
         f"{curve.mib_per_10k_pods:.1f} MiB per 10,000 pods; the chart's limit with 25% headroom "
-        f"holds {curve.pods_within(limit, headroom=0.25)} pods"
+        + (f"holds {holds} pods" if holds < sys.maxsize else "(one size: no slope yet)")
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
