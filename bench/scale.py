@@ -77,6 +77,7 @@ FAKE_TAINT = "nodelock.io/bench-no-kubelet"
 BYPASS = "nodelock.io/bypass"  # devcluster/admission.py: GPU pods bound by hand, on purpose
 STEADY_AFTER_S = 10.0
 NO_NODE_LIFECYCLE = "--controllers=*,-node-lifecycle-controller"
+NOT_READY = "node.kubernetes.io/not-ready"  # kubelet registers with it; the controller lifts it
 
 
 # ---- the objects (pure) ---------------------------------------------------------------------
@@ -396,6 +397,17 @@ async def populate(cluster: Cluster, *, nodes: int, pods_n: int, gpu_share: floa
     return {"nodes_s": t1 - t0, "pods_s": t2 - t1}
 
 
+async def untaint_ready(cluster: Cluster) -> None:
+    """Take kubelet's ``node.kubernetes.io/not-ready`` taint off the Ready simulated nodes:
+    the node lifecycle controller, turned off here, is what removes it."""
+    async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
+        for node in (await kube.list(node_path()))["items"]:
+            taints = node["spec"].get("taints") or []
+            kept = [t for t in taints if t.get("key") != NOT_READY]
+            if kept != taints:
+                await kube.patch(node_path(node["metadata"]["name"]), {"spec": {"taints": kept}})
+
+
 def no_node_lifecycle(cluster: Cluster) -> None:
     """Restart kube-controller-manager without its node lifecycle controller."""
     proc = cluster.state.procs()["kube-controller-manager"]
@@ -408,9 +420,11 @@ def run(args: argparse.Namespace) -> JSON:
         no_node_lifecycle(cluster)
         small: JSON | None = None
         if args.burst:
-            from bench.handoff import burst
+            from bench.handoff import burst, warm_up
 
             up_gpu_cluster(cluster, nodes=args.sim_nodes, gpus_per_node=GPUS, extender_tls=True)
+            asyncio.run(untaint_ready(cluster))
+            asyncio.run(warm_up(cluster, args.sim_nodes))  # as bench.handoff does
             small = asyncio.run(burst(cluster, "small", [1] * args.burst))
             print(f"  burst at {args.sim_nodes} nodes: {small['pods_per_s']:.1f} pods/s")
         else:
@@ -441,8 +455,9 @@ def run(args: argparse.Namespace) -> JSON:
                 restarts.append(row)
         big: JSON | None = None
         if args.burst:
-            from bench.handoff import burst
+            from bench.handoff import burst, warm_up
 
+            asyncio.run(warm_up(cluster, args.sim_nodes))  # the restarted extender's first
             big = asyncio.run(burst(cluster, "big", [1] * args.burst))
             print(f"  burst at size: {big['pods_per_s']:.1f} pods/s")
     return {
