@@ -503,7 +503,12 @@ def summary(args: argparse.Namespace, raw: Mapping[str, Any], limit_mib: float) 
         }
     if small and big:
         row["burst"] = {
-            k: {"pods_per_s": b["pods_per_s"], "to_running_p99_s": b["to_running_p99_s"]}
+            k: {
+                "pods_per_s": b["pods_per_s"],
+                "to_running_p99_s": b["to_running_p99_s"],
+                "cpu_ms_per_pod": b["cpu_ms_per_pod"],  # by component: where a slower burst went
+                "extender_mean_s": b["extender_mean_s"],
+            }
             for k, b in (("small", small), ("big", big))
         }
     return row
