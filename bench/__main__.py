@@ -9,6 +9,8 @@ Runs, one after another (each starts what it needs and stops it):
 - ``bench.watch_events``: the extender's CPU per pod watch event, against parsing every event;
 - ``bench.handoff``: pods/s through the extender against the default binder, API requests per
   pod, handoff overhead, lock-aware prioritize on and off;
+- ``bench.scale``: the extender's start-to-synced time and peak RSS restarted on 50 nodes and
+  2,000 pods of a real API server (the quick size; larger ones are flags);
 - ``bench.allocation``: allocation quality of the topology-aware choice against lowest-index
   binpack on one seeded job stream (pure, no cluster).
 
@@ -27,6 +29,7 @@ BENCHMARKS = [
     ["bench.extender_bench"],
     ["bench.watch_events"],
     ["bench.handoff"],
+    ["bench.scale"],
     ["bench.allocation", "--json", f"{RESULTS}/allocation.json"],
 ]
 

@@ -7,10 +7,14 @@ Guarantees: events reach ``apply`` in the order the API server sent them, each w
 (``KubeClient.watch``); after a 410 Gone, an unexpected error, or (unless told otherwise) a whole
 watch round with no event and no bookmark (a resourceVersion the server will not reach, e.g. after
 etcd was restored from a backup) the collection is listed again and handed whole to ``replace``, so
-objects deleted while the stream was down are dropped.  A broken connection is retried with capped,
-jittered exponential backoff (``kube.backoff``), resuming from the last resourceVersion seen (or,
-with ``relist_after_error``, from a fresh list).  ``on_broken`` is called whenever a list or a watch
-round ends in an error, before the loop waits or lists again.
+objects deleted while the stream was down are dropped.  A list is read page by page (``page_size``
+objects a request) and each page's objects are handed to ``keep`` as the page arrives, so only
+what ``keep`` returns of them (by default the objects themselves) is held until ``replace``: a
+cache that keeps a small record per object never holds the whole collection as JSON.
+A broken connection is retried with capped, jittered exponential backoff (``kube.backoff``),
+resuming from the last resourceVersion seen (or, with ``relist_after_error``, from a fresh list).
+``on_broken`` is called whenever a list or a watch round ends in an error, before the loop waits
+or lists again.
 Non-guarantee: while the API server is unreachable the cache stays as it was (its staleness is
 exported as a metric).
 """
@@ -42,11 +46,12 @@ class Reflector:
         path: str,
         *,
         name: str,
-        replace: Callable[[list[JSON]], None],
+        replace: Callable[[list[Any]], None],
         apply: Callable[[str, Mapping[str, Any]], None],
         alive: Callable[[], None],
         on_relist: Callable[[], None] = lambda: None,
         on_broken: Callable[[], None] = lambda: None,
+        keep: Callable[[JSON], Any] | None = None,
         relist_when_silent: bool = True,
         relist_after_error: bool = False,
         field_selector: str | None = None,
@@ -63,6 +68,7 @@ class Reflector:
         self._alive = alive
         self._on_relist = on_relist
         self._on_broken = on_broken
+        self._keep = keep
         self._relist_when_silent = relist_when_silent
         self._relist_after_error = relist_after_error
         self._field_selector = field_selector
@@ -72,9 +78,12 @@ class Reflector:
         self._backoff = Backoff(min(FIRST_BACKOFF_S, max_backoff_s), max_backoff_s)
         self.resource_version: str | None = None
 
-    async def list_all(self) -> tuple[list[JSON], str]:
-        """One consistent LIST, page by page; returns the items and the list's resourceVersion."""
-        items: list[JSON] = []
+    async def list_all(self) -> tuple[list[Any], str]:
+        """One consistent LIST, page by page; returns what ``keep`` made of each item (the
+        items themselves without it), in order, and the list's resourceVersion.  A page is
+        dropped once ``keep`` has seen its items."""
+        keep = self._keep
+        items: list[Any] = []
         token: str | None = None
         version = ""
         while True:
@@ -85,8 +94,11 @@ class Reflector:
                 limit=self._page_size,
                 continue_token=token,
             )
-            items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
+            got = page.pop("items", None) or []
+            del page
+            items.extend(got if keep is None else map(keep, got))
+            del got
             version = str(meta.get("resourceVersion", version))
             token = meta.get("continue") or None
             if not token:

@@ -19,6 +19,11 @@ Guarantees:
   cached pods that are neither bound nor terminal (kept as pods are written, O(1) to read).
 - ``seen_bound_or_gone(uid)`` is true once this cache saw the pod bound or deleted; because a
   watch delivers writes in order, the cache has then also seen every write before that one.
+- Pods not bound yet, and pods that ask for GPUs or carry nodelock's annotations, are kept; a
+  bound CPU pod (``PodState.quiet``) is read and dropped, so ``pod(uid)`` is None for it,
+  ``pods_on`` leaves it out and its deletion leaves no tombstone.  Nothing filter, prioritize
+  or bind decide reads such a pod (kube-scheduler calls the extender only for pods asking for
+  its managed resources, before they are bound); a pod that turns quiet is forgotten.
 Non-guarantee: the cache lags the API server; bind proves its choice against that lag separately
 (``scheduler_ext.binder``).
 """
@@ -263,21 +268,31 @@ class ClusterCache:
         """A bookmark or an empty watch round: the stream is live though nothing changed."""
         self.last_event[resource] = self._clock()
 
-    def _put_node(self, obj: Mapping[str, Any]) -> None:
+    def keep_node(self, obj: Mapping[str, Any]) -> NodeState | None:
+        """What the cache keeps of a Node object (None, with a warning, for one without a
+        name): a list's reflector turns each object into this as its page arrives."""
         try:
-            state = node_state(obj, keys=self.keys, resource=self.resource)
+            return node_state(obj, keys=self.keys, resource=self.resource)
         except BadObject as exc:
             log.warning("ignoring a node without identity: %s", exc)
+            return None
+
+    def _put_node(self, state: NodeState | None) -> None:
+        if state is None:
             return
         self._nodes[state.name] = state
         self._stale.add(state.name)
 
     def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
         """Take a full LIST of nodes."""
+        self.replace_node_states([self.keep_node(obj) for obj in items])
+
+    def replace_node_states(self, states: Iterable[NodeState | None]) -> None:
+        """Take a full LIST of nodes as ``keep_node`` made them (Nones are skipped)."""
         self._stale.update(self._nodes)
         self._nodes.clear()
-        for obj in items:
-            self._put_node(obj)
+        for state in states:
+            self._put_node(state)
         self.nodes_synced = True
         self._touch("nodes")
 
@@ -289,7 +304,7 @@ class ClusterCache:
                 self._nodes.pop(NodeName(name), None)
                 self._stale.add(NodeName(name))
         else:
-            self._put_node(obj)
+            self._put_node(self.keep_node(obj))
         self._touch("nodes")
 
     @staticmethod
@@ -322,14 +337,22 @@ class ClusterCache:
             self._on_node.setdefault(pod.node, set()).add(pod.uid)
             self._stale.add(pod.node)
 
-    def _put_pod(self, obj: Mapping[str, Any]) -> bool:
-        """Keep the pod's state; False when it equals what was kept already but for its
-        resourceVersion (most of a running pod's updates: status conditions, the kubelet's
-        writes), so nothing is re-indexed."""
+    def keep_pod(self, obj: Mapping[str, Any]) -> PodState | None:
+        """What the cache keeps of a Pod object: None for a CPU pod (``PodState.quiet``), and
+        (with a warning) for one without identity.  A list's reflector turns each object into
+        this as its page arrives."""
         try:
             state = self.pod_state(obj)
         except (BadObject, BadPod) as exc:
             log.warning("ignoring a pod without identity: %s", exc)
+            return None
+        return None if state.quiet else state
+
+    def _put_pod(self, state: PodState | None) -> bool:
+        """Keep the pod's state; False when it equals what was kept already but for its
+        resourceVersion (most of a running pod's updates: status conditions, the kubelet's
+        writes), so nothing is re-indexed."""
+        if state is None:
             return False
         old = self._pods.get(state.uid)
         if (
@@ -355,14 +378,19 @@ class ClusterCache:
 
     def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
         """Take a full LIST of pods; pods missing from it count as deleted."""
+        self.replace_pod_states([self.keep_pod(obj) for obj in items])
+
+    def replace_pod_states(self, states: Iterable[PodState | None]) -> None:
+        """Take a full LIST of pods as ``keep_pod`` made them (Nones are skipped); pods
+        missing from it count as deleted."""
         before = set(self._pods)
         self._pods.clear()
         self._on_node.clear()
         self._pending_sizes.clear()
         self._pending_gpus = 0
         self._stale.update(self._nodes)
-        for obj in items:
-            self._put_pod(obj)
+        for state in states:
+            self._put_pod(state)
         for uid in before - set(self._pods):
             self._drop_pod(uid)
         self.pods_synced = True
@@ -372,13 +400,22 @@ class ClusterCache:
         """Take one pod watch event (ADDED, MODIFIED, DELETED).  An update that changes nothing
         the cache keeps rebuilds no node picture and wakes no waiter (``wait_until``: nothing
         it could test has changed); it only marks the stream alive."""
+        meta = obj.get("metadata")
+        uid = meta.get("uid") if isinstance(meta, Mapping) else None
         if kind == "DELETED":
-            uid = (obj.get("metadata") or {}).get("uid")
-            if isinstance(uid, str):
-                self._drop_pod(uid)
-        elif not self._put_pod(obj):
-            self.mark_alive("pods")
-            return
+            if uid not in self._pods:  # a CPU pod (or one never seen): nothing kept of it
+                self.mark_alive("pods")
+                return
+            assert isinstance(uid, str)
+            self._drop_pod(uid)
+        else:
+            state = self.keep_pod(obj)
+            if state is None and uid in self._pods:  # it turned quiet: forget what was kept
+                assert isinstance(uid, str)
+                self._unindex(self._pods.pop(uid))
+            elif not self._put_pod(state):
+                self.mark_alive("pods")
+                return
         self._touch("pods")
 
     # ---- for metrics ------------------------------------------------------------------------

@@ -229,13 +229,15 @@ class Extender:
         def reflector(
             path: str,
             name: str,
-            replace: Callable[[list[JSON]], None],
+            keep: Callable[[JSON], Any],
+            replace: Callable[[list[Any]], None],
             apply: Callable[[str, Mapping[str, Any]], None],
         ) -> Reflector:
             return Reflector(
                 self.kube,
                 path,
                 name=name,
+                keep=keep,  # each listed page becomes the cache's records as it arrives
                 replace=replace,
                 apply=apply,
                 alive=lambda: cache.mark_alive(name),
@@ -243,8 +245,12 @@ class Extender:
             )
 
         return [
-            reflector(node_path(), "nodes", cache.replace_nodes, cache.apply_node),
-            reflector(pod_path(), "pods", cache.replace_pods, cache.apply_pod),
+            reflector(
+                node_path(), "nodes", cache.keep_node, cache.replace_node_states, cache.apply_node
+            ),
+            reflector(
+                pod_path(), "pods", cache.keep_pod, cache.replace_pod_states, cache.apply_pod
+            ),
         ]
 
     async def start(self, *, wait_synced_s: float | None = 60.0) -> None:

@@ -73,6 +73,21 @@ class PodState:
         return self.key.split("/", 1)[1]
 
     @property
+    def quiet(self) -> bool:
+        """Bound (or terminal), asks for no GPU of any kind (whole, slices, MIG; its spec
+        parsed), names no device and carries no fencing token: a placed CPU pod, which no
+        decision of the extender reads.  A pod not bound yet is never quiet, whatever it asks:
+        kube-scheduler may still send it to the extender, and it may hold a node's lock."""
+        return (
+            (self.node is not None or self.phase.terminal)
+            and self.need is not None
+            and not self.need.wants_gpus
+            and self.assignment is None
+            and self.assignment_error is None
+            and self.token is None
+        )
+
+    @property
     def holds_gpus(self) -> bool:
         """Bound, not terminal, and either assigned devices or asks for GPUs."""
         if self.node is None or self.phase.terminal:

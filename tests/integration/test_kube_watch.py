@@ -156,3 +156,40 @@ async def test_reflector_takes_a_large_object_from_the_watch_without_relisting(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_reflector_keeps_what_keep_makes_of_each_page(
+    kube: KubeClient, namespace: str
+) -> None:
+    """A list of several pages reaches ``replace`` as ``keep``'s records of every object, in the
+    list's order (the extender keeps a small record per pod, never the pages' JSON)."""
+    names = [f"p{i}" for i in range(5)]
+    for name in names:
+        await kube.create(pod_path(namespace), big_pod(name, 10))
+    pages: list[int] = []
+    real_list = kube.list
+
+    async def counted_list(path: str, **kwargs: Any) -> dict[str, Any]:
+        page = await real_list(path, **kwargs)
+        pages.append(len(page.get("items") or []))
+        return page
+
+    kept: list[list[tuple[str, int]]] = []
+    reflector = Reflector(
+        kube,
+        pod_path(namespace),
+        name="pages",
+        keep=lambda pod: (pod["metadata"]["name"], _env(pod)),
+        replace=kept.append,
+        apply=lambda kind, pod: None,
+        alive=lambda: None,
+        page_size=2,
+    )
+    kube.list = counted_list  # type: ignore[method-assign]
+    try:
+        await reflector.relist()
+    finally:
+        del kube.list
+    assert pages == [2, 2, 1]
+    assert kept == [[(name, 10) for name in names]]
+    assert reflector.resource_version

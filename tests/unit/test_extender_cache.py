@@ -296,3 +296,32 @@ def test_a_pod_event_that_changes_nothing_the_extender_keeps_rebuilds_no_picture
     cache.apply_pod("MODIFIED", freed)
     assert cache.pictures()[NodeName("n1")] is not before
     assert taken(cache) == set()
+
+
+def test_bound_cpu_pods_are_not_kept_and_leave_no_tombstone() -> None:
+    """A bound CPU pod is read and dropped (``PodState.quiet``): at 100,000 pods its record
+    would be most of the extender's memory, and no decision reads it."""
+    cpu_bound = pod_obj("web", node="n1", gpus=0)
+    cpu_pending = pod_obj("queued", gpus=0)
+    cache = cache_with(
+        cpu_bound, cpu_pending, pod_obj("gpu", node="n1", assignment={"c": ["GPU-0"]})
+    )
+    assert cache.pod("uid-web") is None
+    assert cache.pod("uid-queued") is not None  # not bound yet: kube-scheduler may ask for it
+    assert [p.uid for p in cache.pods_on(NodeName("n1"))] == ["uid-gpu"]
+    assert taken(cache) == {"GPU-0"}
+    cache.apply_pod("DELETED", cpu_bound)
+    assert not cache.is_gone("uid-web")
+    cache.apply_pod("MODIFIED", pod_obj("queued", node="n2", gpus=0))  # bound: dropped
+    assert cache.pod("uid-queued") is None
+
+
+def test_a_cpu_pod_that_gets_an_assignment_is_kept_and_one_that_loses_it_is_forgotten() -> None:
+    cache = cache_with(pod_obj("odd", node="n1", gpus=0))
+    assert cache.pod("uid-odd") is None
+    cache.apply_pod("MODIFIED", pod_obj("odd", node="n1", gpus=0, assignment={"c": ["GPU-1"]}))
+    assert cache.pod("uid-odd") is not None
+    assert taken(cache) == {"GPU-1"}
+    cache.apply_pod("MODIFIED", pod_obj("odd", node="n1", gpus=0))
+    assert cache.pod("uid-odd") is None
+    assert taken(cache) == set()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, Keys
+from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from lockd.lease import LeaseFormat
 from lockd.model import FencingToken, Holder, HolderKey, NodeLockView, NodeName
 from scheduler_ext.cache import ClusterCache
@@ -212,7 +212,12 @@ def test_the_lock_expiry_is_read_only_when_the_holder_is_unknown_to_the_cache() 
         [
             {
                 "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
-                "spec": {"containers": [{"name": "c"}], **({"nodeName": "n"} if bound else {})},
+                "spec": {
+                    # a GPU pod: a bound CPU pod is not kept (``PodState.quiet``), and no
+                    # lock is ever held for one
+                    "containers": [{"name": "c", "resources": {"limits": {DEFAULT_RESOURCE: "1"}}}],
+                    **({"nodeName": "n"} if bound else {}),
+                },
                 "status": {"phase": "Pending"},
             }
             for name, bound in (("pending", False), ("bound", True))

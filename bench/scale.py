@@ -1,0 +1,584 @@
+"""The extender at cluster size: start-to-synced time and memory against a real API server.
+
+One devcluster (real kube-apiserver and etcd) gets ``--nodes`` nodes and ``--pods`` pods through
+the API, then the extender is restarted with the chart's flags and measured:
+
+- **nodes**: Node objects with an 8-GPU inventory annotation and ``nvidia.com/gpu`` capacity, a
+  Ready condition and no kubelet.  kube-controller-manager runs with its node lifecycle
+  controller turned off (``--controllers=*,-node-lifecycle-controller``), so nothing marks them
+  NotReady or taints them for a missing heartbeat (kwok instead renews every node's Lease; at
+  thousands of nodes on 2 cores that would be most of the bench's CPU).  They carry the taint
+  ``nodelock.io/bench-no-kubelet:NoSchedule`` so that kube-scheduler never places a burst pod
+  where nothing would run it; the extender still caches each one's full GPU picture.
+- **pods**: bound across those nodes with ``spec.nodeName`` in 20 namespaces; ``--gpu-share``
+  of them (default 5%) ask for one GPU and carry an assignment and a fencing token, as after a
+  handoff; the rest are CPU pods of a Deployment's shape: two containers, 5 labels, 10
+  environment variables of 40 characters (``cpu_pod``).  They are Pending (no kubelet writes a
+  status), so their objects are smaller than a running pod's.
+- **the extender** is started the way ``devcluster.gpunodes.start_extender`` starts it (the
+  chart's flags: HTTPS with client certificates, ``--ask-again-turned-away``), once while the
+  objects are created (it follows them by watch) and then restarted (it lists them).  Measured
+  per restart: seconds from the process's start to ``/readyz`` (both caches listed), peak RSS
+  (``VmHWM``), RSS 10 s after, and kube-apiserver's CPU seconds over that window, net of its
+  idle rate measured just before.  kube-scheduler's RSS (its informers hold every pod and
+  node too) is read once the objects are created.
+
+``--baseline DIR`` (repeatable) restarts, in turn with this tree's, an extender run from another
+source tree (e.g. ``git archive`` of an earlier commit unpacked in DIR) against the same objects:
+before/after figures of one run, on one cluster.
+
+``--burst N`` runs ``bench.handoff``'s burst of N single-GPU pods through kube-scheduler and the
+extender onto ``--sim-nodes`` simulated GPU nodes, once before the objects are created (the small
+cluster) and once after: ``burst_vs_small`` is the second's pods/s over the first's.
+
+    python -m bench.scale [--nodes 50] [--pods 2000]      # quick, a few minutes
+    python -m bench.scale --nodes 200 --pods 20000        # the 20,000-pod restart (issue 50)
+
+Writes ``bench/results/scale.json`` (one row per run, appended to the rows of other sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devcluster.cluster import Cluster, throwaway_cluster
+from devcluster.gpunodes import nodelock_command, start_extender, up_gpu_cluster
+from devcluster.namespaces import create_namespace
+from handoff.wire import (
+    GPU,
+    ContainerName,
+    DeviceID,
+    Keys,
+    format_assignment,
+    format_inventory,
+    format_token,
+)
+from kube.client import JSON, KubeClient, namespace_path, node_path, pod_path
+from lockd.model import FencingToken
+
+RESULTS = Path(__file__).resolve().parent / "results" / "scale.json"
+VALUES = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "nodelock" / "values.yaml"
+GPUS = 8
+RESOURCE = "nvidia.com/gpu"
+NAMESPACES = 20
+FAKE_TAINT = "nodelock.io/bench-no-kubelet"
+BYPASS = "nodelock.io/bypass"  # devcluster/admission.py: GPU pods bound by hand, on purpose
+STEADY_AFTER_S = 10.0
+NO_NODE_LIFECYCLE = "--controllers=*,-node-lifecycle-controller"
+NOT_READY = "node.kubernetes.io/not-ready"  # kubelet registers with it; the controller lifts it
+
+
+# ---- the objects (pure) ---------------------------------------------------------------------
+
+
+def node_name(index: int) -> str:
+    return f"fake-node-{index:05d}"
+
+
+def fake_node(index: int) -> JSON:
+    """A node as a GPU node's kubelet and device plugin leave it, with no kubelet behind it."""
+    name = node_name(index)
+    inventory = format_inventory(
+        [
+            GPU(DeviceID(f"GPU-{name}-{i}"), i, "NVIDIA H100 80GB HBM3", 81559, i // 4, True)
+            for i in range(GPUS)
+        ]
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": "p5.48xlarge",
+                "topology.kubernetes.io/zone": f"zone-{index % 3}",
+                "nodelock.io/enabled": "true",
+            },
+            "annotations": {Keys().gpus: inventory},
+        },
+        "spec": {"taints": [{"key": FAKE_TAINT, "effect": "NoSchedule"}]},
+    }
+
+
+def node_status(now: str) -> JSON:
+    """The status a Ready 8-GPU node reports (written with ``nodes/status``)."""
+    capacity = {"cpu": "192", "memory": "2063937564Ki", "pods": "110", RESOURCE: str(GPUS)}
+    return {
+        "status": {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+        }
+    }
+
+
+def namespace_of(index: int) -> str:
+    return f"team-{index % NAMESPACES:02d}"
+
+
+def is_gpu_pod(index: int, gpu_share: float) -> bool:
+    """Whether pod ``index`` is a GPU pod: evenly spread, ``gpu_share`` of them."""
+    if gpu_share <= 0:
+        return False
+    every = max(1, round(1 / gpu_share))
+    return index % every == every - 1
+
+
+def env_value(index: int, var: int) -> str:
+    """A 40-character value, different per pod and variable."""
+    return f"{index:08d}-{var:02d}-" + "x" * 28
+
+
+def cpu_pod(index: int, node: str) -> JSON:
+    """A CPU pod as a Deployment makes it: two containers, env, labels; bound to ``node``."""
+    app = f"svc-{index // 50:04d}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{app}-{index:07d}",
+            "namespace": namespace_of(index),
+            "labels": {
+                "app.kubernetes.io/name": app,
+                "app.kubernetes.io/part-of": f"product-{index // 1000:03d}",
+                "pod-template-hash": f"{index // 50:010x}",
+                "team": namespace_of(index),
+                "tier": "backend",
+            },
+        },
+        "spec": {
+            "nodeName": node,
+            "schedulerName": "bench-bound-by-hand",
+            "terminationGracePeriodSeconds": 30,
+            "containers": [
+                {
+                    "name": "app",
+                    "image": f"registry.invalid/{app}:1.{index % 7}",
+                    "ports": [{"containerPort": 8080, "name": "http"}],
+                    "env": [
+                        {"name": f"SETTING_{v}", "value": env_value(index, v)} for v in range(10)
+                    ],
+                    "resources": {
+                        "requests": {"cpu": "250m", "memory": "512Mi"},
+                        "limits": {"memory": "1Gi"},
+                    },
+                },
+                {
+                    "name": "proxy",
+                    "image": "registry.invalid/proxy:2.3",
+                    "args": ["--listen=:15001", "--upstream=127.0.0.1:8080"],
+                    "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+                },
+            ],
+        },
+    }
+
+
+def gpu_pod(index: int, node: str, device: int) -> JSON:
+    """A single-GPU pod bound to ``node`` with its assignment and fencing token annotations (as
+    the extender leaves a pod it bound), labelled to pass the devcluster's admission policy."""
+    keys = Keys()
+    pod = cpu_pod(index, node)
+    pod["metadata"]["name"] = f"train-{index:07d}"
+    pod["metadata"]["labels"][BYPASS] = "true"
+    pod["metadata"]["annotations"] = {
+        keys.assignment: format_assignment(
+            {ContainerName("app"): [DeviceID(f"GPU-{node}-{device}")]}
+        ),
+        keys.token: format_token(FencingToken(index + 1)),
+    }
+    pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE] = "1"
+    return pod
+
+
+def pods(count: int, nodes: int, *, gpu_share: float) -> Iterator[JSON]:
+    """``count`` pods spread round-robin over ``nodes`` nodes (the GPU pods and the others each
+    going round on their own); a node's GPU pods take its devices in turn (at most ``GPUS``;
+    past that a would-be GPU pod is a CPU pod)."""
+    used = [0] * nodes
+    gpu_pods = 0
+    for i in range(count):
+        n = gpu_pods % nodes  # GPU pods go round the nodes on their own
+        if is_gpu_pod(i, gpu_share) and used[n] < GPUS:
+            gpu_pods += 1
+            used[n] += 1
+            yield gpu_pod(i, node_name(n), used[n] - 1)
+        else:
+            yield cpu_pod(i, node_name(i % nodes))
+
+
+# ---- the curve (pure) -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fit:
+    """RSS (MiB) = ``base_mib`` + ``mib_per_10k_pods`` x pods / 10,000 (least squares)."""
+
+    base_mib: float
+    mib_per_10k_pods: float
+
+    def rss_mib(self, pods: int) -> float:
+        return self.base_mib + self.mib_per_10k_pods * pods / 10_000
+
+    def pods_within(self, limit_mib: float, *, headroom: float) -> int:
+        """The most pods whose peak stays ``headroom`` (0.25: 25%) below ``limit_mib``."""
+        room = limit_mib * (1 - headroom) - self.base_mib
+        if self.mib_per_10k_pods <= 0:
+            return sys.maxsize
+        return max(0, int(room / self.mib_per_10k_pods * 10_000))
+
+
+def fit(points: Sequence[tuple[int, float]]) -> Fit:
+    """Least-squares line through (pods, peak MiB) points; one point: no slope."""
+    if not points:
+        raise ValueError("no points to fit")
+    if len({p for p, _ in points}) < 2:
+        return Fit(base_mib=max(m for _, m in points), mib_per_10k_pods=0.0)
+    xs = [p / 10_000 for p, _ in points]
+    ys = [m for _, m in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    return Fit(base_mib=my - slope * mx, mib_per_10k_pods=slope)
+
+
+def memory_mib(quantity: str) -> float:
+    """A Kubernetes memory quantity (``512Mi``, ``1Gi``, ``600M``) in MiB."""
+    units = {"Ki": 1 / 1024, "Mi": 1.0, "Gi": 1024.0, "K": 1e3 / 2**20, "M": 1e6 / 2**20}
+    units["G"] = 1e9 / 2**20
+    for suffix in sorted(units, key=len, reverse=True):
+        if quantity.endswith(suffix):
+            return float(quantity[: -len(suffix)]) * units[suffix]
+    return float(quantity) / 2**20
+
+
+def chart_memory_limit_mib(values_text: str) -> float:
+    """``extender.resources.limits.memory`` of the chart's values, in MiB."""
+    import yaml
+
+    values = yaml.safe_load(values_text)
+    return memory_mib(str(values["extender"]["resources"]["limits"]["memory"]))
+
+
+def merge_rows(old: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The results' rows with ``new`` in place of the row of the same size, sorted by size."""
+    key = (new["nodes"], new["pods"])
+    rows = [dict(r) for r in old if (r.get("nodes"), r.get("pods")) != key] + [dict(new)]
+    return sorted(rows, key=lambda r: (r["pods"], r["nodes"]))
+
+
+# ---- the process's side (thin) --------------------------------------------------------------
+
+
+def _status_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/{pid}/status has no {field}")
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def restart_measured(cluster: Cluster, *, source: Path | None, timeout_s: float) -> JSON:
+    """Restart the extender (from ``source``'s tree when given) with the flags it ran with; its
+    start-to-ready seconds, peak and steady RSS, kube-apiserver's CPU over the listing."""
+    proc = cluster.state.procs()["extender"]
+    metrics = cluster.settings()["extender"]["metrics"][0]
+    apiserver = cluster.running()["kube-apiserver"].pid
+    cluster.stop_component("extender")
+    idle0, t_idle = _cpu_s(apiserver), time.monotonic()
+    time.sleep(3.0)
+    idle_rate = (_cpu_s(apiserver) - idle0) / (time.monotonic() - t_idle)
+    env = {"PYTHONPATH": str(source)} if source is not None else None
+    args = proc.argv[proc.argv.index("extender") :]  # the flags, after whichever command ran
+    argv = [*nodelock_command(), *args]
+    if source is not None:  # the other tree's code (-P: not the working directory first)
+        argv = [sys.executable, "-P", "-m", "nodelock.cli", *args]
+    api0 = _cpu_s(apiserver)
+    started = time.monotonic()
+    new = cluster.start_component("extender", argv, env=env)
+    while not _ready(f"{metrics}/readyz"):
+        if time.monotonic() - started > timeout_s:
+            raise RuntimeError(f"extender not ready after {timeout_s:.0f}s; see {new.log}")
+        time.sleep(0.05)
+    synced_s = time.monotonic() - started
+    api_cpu = _cpu_s(apiserver) - api0 - idle_rate * synced_s
+    peak_kib = _status_kib(new.pid, "VmHWM")
+    time.sleep(STEADY_AFTER_S)
+    return {
+        "tree": str(source) if source is not None else "this",
+        "sync_s": synced_s,
+        "peak_rss_mib": max(peak_kib, _status_kib(new.pid, "VmHWM")) / 1024,
+        "steady_rss_mib": _status_kib(new.pid, "VmRSS") / 1024,
+        "apiserver_cpu_s": api_cpu,
+    }
+
+
+async def _bounded(jobs: Iterator[Any], parallel: int) -> int:
+    """Await the coroutines ``jobs`` yields, ``parallel`` at a time; how many ran."""
+    done = 0
+    pending: set[asyncio.Future[Any]] = set()
+    for job in jobs:
+        pending.add(asyncio.ensure_future(job))
+        if len(pending) >= parallel:
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for f in finished:
+                f.result()
+                done += 1
+    for f in asyncio.as_completed(pending):
+        await f
+        done += 1
+    return done
+
+
+async def populate(cluster: Cluster, *, nodes: int, pods_n: int, gpu_share: float) -> JSON:
+    """Create the nodes and pods; seconds each took."""
+    async with await KubeClient.connect(str(cluster.kubeconfig), timeout_s=60) as kube:
+        for i in range(NAMESPACES):
+            ns = namespace_of(i)
+            await create_namespace(kube, ns)
+            await kube.patch(namespace_path(ns), {"metadata": {"labels": {BYPASS: "true"}}})
+        t0 = time.monotonic()
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+        async def one_node(i: int) -> None:
+            await kube.create(node_path(), fake_node(i))
+            await kube.patch(node_path(node_name(i), subresource="status"), node_status(now))
+
+        await _bounded((one_node(i) for i in range(nodes)), 16)
+        t1 = time.monotonic()
+        made = await _bounded(
+            (
+                kube.create(pod_path(p["metadata"]["namespace"]), p)
+                for p in pods(pods_n, nodes, gpu_share=gpu_share)
+            ),
+            16,
+        )
+        t2 = time.monotonic()
+    print(f"  created {nodes} nodes in {t1 - t0:.0f}s, {made} pods in {t2 - t1:.0f}s", flush=True)
+    return {"nodes_s": t1 - t0, "pods_s": t2 - t1}
+
+
+async def untaint_ready(cluster: Cluster) -> None:
+    """Take kubelet's ``node.kubernetes.io/not-ready`` taint off the Ready simulated nodes:
+    the node lifecycle controller, turned off here, is what removes it."""
+    async with await KubeClient.connect(str(cluster.kubeconfig)) as kube:
+        for node in (await kube.list(node_path()))["items"]:
+            taints = node["spec"].get("taints") or []
+            kept = [t for t in taints if t.get("key") != NOT_READY]
+            if kept != taints:
+                await kube.patch(node_path(node["metadata"]["name"]), {"spec": {"taints": kept}})
+
+
+def no_node_lifecycle(cluster: Cluster) -> None:
+    """Restart kube-controller-manager without its node lifecycle controller."""
+    proc = cluster.state.procs()["kube-controller-manager"]
+    cluster.stop_component("kube-controller-manager")
+    cluster.start_component("kube-controller-manager", [*proc.argv, NO_NODE_LIFECYCLE])
+
+
+def run(args: argparse.Namespace) -> JSON:
+    with throwaway_cluster("nls-", version=args.kubernetes_version) as cluster:
+        no_node_lifecycle(cluster)
+        small: JSON | None = None
+        if args.burst:
+            from bench.handoff import burst, warm_up
+
+            up_gpu_cluster(cluster, nodes=args.sim_nodes, gpus_per_node=GPUS, extender_tls=True)
+            asyncio.run(untaint_ready(cluster))
+            asyncio.run(warm_up(cluster, args.sim_nodes))  # as bench.handoff does
+            small = asyncio.run(burst(cluster, "small", [1] * args.burst))
+            print(f"  burst at {args.sim_nodes} nodes: {small['pods_per_s']:.1f} pods/s")
+        else:
+            start_extender(cluster, tls=True)
+        follower = cluster.state.procs()["extender"].pid
+        made = asyncio.run(
+            populate(cluster, nodes=args.nodes, pods_n=args.pods, gpu_share=args.gpu_share)
+        )
+        followed = {
+            "peak_rss_mib": _status_kib(follower, "VmHWM") / 1024,
+            "rss_mib": _status_kib(follower, "VmRSS") / 1024,
+        }
+        scheduler = cluster.running()["kube-scheduler"].pid  # its informers hold every pod
+        followed["scheduler_rss_mib"] = _status_kib(scheduler, "VmRSS") / 1024
+        followed["scheduler_peak_rss_mib"] = _status_kib(scheduler, "VmHWM") / 1024
+        print(f"  extender following by watch: {followed}", flush=True)
+        restarts: list[JSON] = []
+        trees: list[Path | None] = [*args.baseline, None]
+        for _ in range(args.restarts):
+            for tree in trees:
+                row = restart_measured(cluster, source=tree, timeout_s=args.sync_timeout)
+                print(
+                    f"  restart ({row['tree']}): synced in {row['sync_s']:.1f}s, peak "
+                    f"{row['peak_rss_mib']:.0f} MiB, steady {row['steady_rss_mib']:.0f} MiB, "
+                    f"kube-apiserver {row['apiserver_cpu_s']:.1f} CPU-s",
+                    flush=True,
+                )
+                restarts.append(row)
+        big: JSON | None = None
+        if args.burst:
+            from bench.handoff import burst, warm_up
+
+            asyncio.run(warm_up(cluster, args.sim_nodes))  # the restarted extender's first
+            big = asyncio.run(burst(cluster, "big", [1] * args.burst))
+            print(f"  burst at size: {big['pods_per_s']:.1f} pods/s")
+    return {
+        "populate": made,
+        "followed": followed,
+        "restarts": restarts,
+        "small": small,
+        "big": big,
+    }
+
+
+def summary(args: argparse.Namespace, raw: Mapping[str, Any], limit_mib: float) -> JSON:
+    """The results row of one run (medians over the restarts of this tree)."""
+    mine = [r for r in raw["restarts"] if r["tree"] == "this"]
+
+    def med(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+        return statistics.median(r[key] for r in rows) if rows else None
+
+    small, big = raw.get("small"), raw.get("big")
+    row: JSON = {
+        "nodes": args.nodes,
+        "pods": args.pods,
+        "gpu_share": args.gpu_share,
+        "extender_sync_s": med(mine, "sync_s"),
+        "extender_peak_rss_mib": med(mine, "peak_rss_mib"),
+        "extender_steady_rss_mib": med(mine, "steady_rss_mib"),
+        "apiserver_list_cpu_s": med(mine, "apiserver_cpu_s"),
+        "chart_memory_limit_mib": limit_mib,
+        "burst_vs_small": (big["pods_per_s"] / small["pods_per_s"]) if small and big else None,
+        "following_rss_mib": raw["followed"]["rss_mib"],
+        "scheduler_rss_mib": raw["followed"]["scheduler_rss_mib"],
+        "scheduler_peak_rss_mib": raw["followed"]["scheduler_peak_rss_mib"],
+        "restarts": raw["restarts"],
+        "populate_s": raw["populate"],
+    }
+    for tree in args.baseline:
+        base = [r for r in raw["restarts"] if r["tree"] == str(tree)]
+        row.setdefault("baselines", {})[str(tree)] = {
+            "extender_sync_s": med(base, "sync_s"),
+            "extender_peak_rss_mib": med(base, "peak_rss_mib"),
+            "extender_steady_rss_mib": med(base, "steady_rss_mib"),
+            "apiserver_list_cpu_s": med(base, "apiserver_cpu_s"),
+        }
+    if small and big:
+        row["burst"] = {
+            k: {
+                "pods_per_s": b["pods_per_s"],
+                "to_running_p99_s": b["to_running_p99_s"],
+                "cpu_ms_per_pod": b["cpu_ms_per_pod"],  # by component: where a slower burst went
+                "extender_mean_s": b["extender_mean_s"],
+            }
+            for k, b in (("small", small), ("big", big))
+        }
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--gpu-share", type=float, default=0.05)
+    parser.add_argument("--restarts", type=int, default=1)
+    parser.add_argument(
+        "--baseline", type=Path, action="append", default=[], help="another source tree"
+    )
+    parser.add_argument("--burst", type=int, default=0, help="GPU pods per burst (0: none)")
+    parser.add_argument("--sim-nodes", type=int, default=8)
+    parser.add_argument("--sync-timeout", type=float, default=600.0)
+    parser.add_argument("--kubernetes-version", default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    limit = chart_memory_limit_mib(VALUES.read_text(encoding="utf-8"))
+    print(f"bench.scale: {args.nodes} nodes, {args.pods} pods; chart limit {limit:.0f} MiB")
+    raw = run(args)
+    row = summary(args, raw, limit)
+    old: list[Any] = []
+    if args.out.exists():
+        old = json.loads(args.out.read_text(encoding="utf-8")).get("sizes", [])
+    rows = merge_rows(old, row)
+    points = [(r["pods"], r["extender_peak_rss_mib"]) for r in rows if r["extender_peak_rss_mib"]]
+    curve = fit(points)
+    peak = row["extender_peak_rss_mib"]
+    print(
+        f"{args.nodes} nodes / {args.pods} pods: synced in {row['extender_sync_s']:.1f}s, peak "
+        f"{peak:.0f} MiB ({peak / limit:.2f} of the chart's {limit:.0f} MiB limit)"
+    )
+    for tree, b in row.get("baselines", {}).items():
+        print(
+            f"  {tree}: synced in {b['extender_sync_s']:.1f}s, peak "
+            f"{b['extender_peak_rss_mib']:.0f} MiB; this / baseline peak "
+            f"{peak / b['extender_peak_rss_mib']:.2f}, sync "
+            f"{row['extender_sync_s'] / b['extender_sync_s']:.2f}"
+        )
+    if row["burst_vs_small"] is not None:
+        print(
+            f"  burst of {args.burst}: {row['burst_vs_small']:.2f}x "
+            f"its rate at {args.sim_nodes} nodes"
+        )
+    holds = curve.pods_within(limit, headroom=0.25)
+    print(
+        f"curve over {len(points)} sizes: {curve.base_mib:.0f} MiB + "
+        f"{curve.mib_per_10k_pods:.1f} MiB per 10,000 pods; the chart's limit with 25% headroom "
+        + (f"holds {holds} pods" if holds < sys.maxsize else "(one size: no slope yet)")
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "machine": f"{platform.platform()}, {os.cpu_count()} CPUs",
+                "command": "python -m bench.scale --nodes N --pods P",
+                "fit": {"base_mib": curve.base_mib, "mib_per_10k_pods": curve.mib_per_10k_pods},
+                "sizes": rows,
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""The scale bench's pure parts: the objects it creates, the curve it fits, its results rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.scale import (
+    GPUS,
+    RESOURCE,
+    chart_memory_limit_mib,
+    fit,
+    memory_mib,
+    merge_rows,
+    pods,
+)
+from handoff.wire import Keys
+from scheduler_ext.cache import ClusterCache
+
+VALUES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "nodelock" / "values.yaml"
+
+
+def test_pods_mix_most_without_gpus_and_no_node_over_its_gpus() -> None:
+    made = list(pods(2000, 10, gpu_share=0.05))
+    gpu = [p for p in made if RESOURCE in p["spec"]["containers"][0]["resources"]["limits"]]
+    assert len(made) == 2000
+    assert 50 <= len(gpu) <= 100
+    per_node: dict[str, int] = {}
+    for p in gpu:
+        per_node[p["spec"]["nodeName"]] = per_node.get(p["spec"]["nodeName"], 0) + 1
+        assert Keys().assignment in p["metadata"]["annotations"]
+    assert max(per_node.values()) <= GPUS
+    env = made[0]["spec"]["containers"][0]["env"]
+    assert len(env) == 10
+    assert all(len(e["value"]) == 40 for e in env)
+
+
+def test_the_extender_cache_counts_the_gpu_pods_it_is_given() -> None:
+    from bench.scale import fake_node, node_status
+
+    cache = ClusterCache()
+    cache.replace_nodes([{**fake_node(i), **node_status("2026-01-01T00:00:00Z")} for i in range(4)])
+    made = list(pods(400, 4, gpu_share=0.05))
+    cache.replace_pods(
+        [{**p, "metadata": {**p["metadata"], "uid": str(i)}} for i, p in enumerate(made)]
+    )
+    taken = sum(g.assigned for g in cache.pictures().values())
+    assert taken == sum(1 for p in made if p["metadata"]["name"].startswith("train-"))
+    assert all(not g.problem for g in cache.pictures().values())
+
+
+def test_fit_is_the_line_through_the_points() -> None:
+    curve = fit([(10_000, 150.0), (20_000, 200.0), (40_000, 300.0)])
+    assert curve.base_mib == pytest.approx(100.0)
+    assert curve.mib_per_10k_pods == pytest.approx(50.0)
+    assert curve.rss_mib(100_000) == pytest.approx(600.0)
+    # 512 MiB with 25% headroom: 384 MiB, 284 MiB above the base, 56,800 pods
+    assert curve.pods_within(512, headroom=0.25) == 56_800
+
+
+def test_fit_of_one_size_has_no_slope() -> None:
+    curve = fit([(20_000, 250.0)])
+    assert curve.mib_per_10k_pods == 0.0
+    assert curve.rss_mib(1) == 250.0
+
+
+def test_memory_quantities() -> None:
+    assert memory_mib("512Mi") == 512
+    assert memory_mib("1Gi") == 1024
+    assert memory_mib("1048576Ki") == 1024
+    assert chart_memory_limit_mib(VALUES.read_text(encoding="utf-8")) > 0
+
+
+def test_rows_replace_the_same_size_and_sort_by_pods() -> None:
+    old = [{"nodes": 50, "pods": 2000, "x": 1}, {"nodes": 500, "pods": 10_000, "x": 2}]
+    rows = merge_rows(old, {"nodes": 50, "pods": 2000, "x": 3})
+    assert rows == [{"nodes": 50, "pods": 2000, "x": 3}, {"nodes": 500, "pods": 10_000, "x": 2}]
