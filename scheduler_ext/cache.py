@@ -48,6 +48,14 @@ from scheduler_ext.state import BadObject, NodeState, PodState, node_state, pod_
 
 log = logging.getLogger(__name__)
 
+
+@dataclasses.dataclass(frozen=True)
+class Dropped:
+    """A pod the cache read and keeps nothing of (a CPU pod), by uid."""
+
+    uid: str
+
+
 JSON = dict[str, Any]
 TOMBSTONES = 50_000  # deleted pod UIDs remembered for the bind's confirm step
 
@@ -337,16 +345,16 @@ class ClusterCache:
             self._on_node.setdefault(pod.node, set()).add(pod.uid)
             self._stale.add(pod.node)
 
-    def keep_pod(self, obj: Mapping[str, Any]) -> PodState | None:
-        """What the cache keeps of a Pod object: None for a CPU pod (``PodState.quiet``), and
-        (with a warning) for one without identity.  A list's reflector turns each object into
-        this as its page arrives."""
+    def keep_pod(self, obj: Mapping[str, Any]) -> PodState | Dropped | None:
+        """What the cache keeps of a Pod object: only its uid (``Dropped``) for a CPU pod
+        (``PodState.quiet``), and None (with a warning) for one without identity.  A list's
+        reflector turns each object into this as its page arrives."""
         try:
             state = self.pod_state(obj)
         except (BadObject, BadPod) as exc:
             log.warning("ignoring a pod without identity: %s", exc)
             return None
-        return None if state.quiet else state
+        return Dropped(state.uid) if state.quiet else state
 
     def _put_pod(self, state: PodState | None) -> bool:
         """Keep the pod's state; False when it equals what was kept already but for its
@@ -380,8 +388,9 @@ class ClusterCache:
         """Take a full LIST of pods; pods missing from it count as deleted."""
         self.replace_pod_states([self.keep_pod(obj) for obj in items])
 
-    def replace_pod_states(self, states: Iterable[PodState | None]) -> None:
-        """Take a full LIST of pods as ``keep_pod`` made them (Nones are skipped); pods
+    def replace_pod_states(self, states: Iterable[PodState | Dropped | None]) -> None:
+        """Take a full LIST of pods as ``keep_pod`` made them (Nones are skipped, a ``Dropped``
+        forgets what an earlier entry of the same pod kept: the last entry of a pod wins); pods
         missing from it count as deleted."""
         before = set(self._pods)
         self._pods.clear()
@@ -390,7 +399,12 @@ class ClusterCache:
         self._pending_gpus = 0
         self._stale.update(self._nodes)
         for state in states:
-            self._put_pod(state)
+            if isinstance(state, Dropped):
+                kept = self._pods.pop(state.uid, None)
+                if kept is not None:
+                    self._unindex(kept)
+            else:
+                self._put_pod(state)
         for uid in before - set(self._pods):
             self._drop_pod(uid)
         self.pods_synced = True
@@ -410,9 +424,11 @@ class ClusterCache:
             self._drop_pod(uid)
         else:
             state = self.keep_pod(obj)
-            if state is None and uid in self._pods:  # it turned quiet: forget what was kept
-                assert isinstance(uid, str)
-                self._unindex(self._pods.pop(uid))
+            if isinstance(state, Dropped):
+                if state.uid not in self._pods:  # a CPU pod: nothing kept of it
+                    self.mark_alive("pods")
+                    return
+                self._unindex(self._pods.pop(state.uid))  # it turned quiet: forget it
             elif not self._put_pod(state):
                 self.mark_alive("pods")
                 return
