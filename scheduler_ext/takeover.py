@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from handoff.holder import HolderState, HolderStatus, classify
+from handoff.holder import Ended, HolderState, HolderStatus, classify, ended
 from lockd.model import Holder, NodeLockView, NodeName
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.state import PodState
@@ -31,8 +31,10 @@ __all__ = [
     "HolderState",
     "Judgement",
     "binding_may_still_land",
+    "cached_ended",
     "cached_judgement",
     "copy_unneeded",
+    "ended_holders",
     "expired_and_left",
     "holder_accounted",
     "holder_state",
@@ -180,6 +182,39 @@ def expired_and_left(
         verdict = cached_judgement(node, holder)
         if verdict.allowed:
             out.append((node, holder, verdict.why))
+    return out
+
+
+def cached_ended(cache: ClusterCache) -> Callable[[NodeName, Holder], Ended | None]:
+    """``handoff.holder.ended`` of a lock's holder from ``cache`` alone: its cached pod, and
+    whether the cache saw that UID deleted.  The ended states never revert for a UID, so a
+    lagging cache may say them."""
+
+    def of(node: NodeName, holder: Holder) -> Ended | None:
+        pod = cache.pod(holder.uid)
+        facts = None if pod is None else pod.facts
+        return ended(facts, uid=holder.uid, seen_gone=cache.is_gone(holder.uid))
+
+    return of
+
+
+def ended_holders(
+    held: Mapping[NodeName, Holder],
+    ended_of: Callable[[NodeName, Holder], Ended | None],
+) -> list[tuple[NodeName, Holder, Ended]]:
+    """The held locks whose holder has ended for good (Failed, Succeeded, deleted), expired or
+    not, with the outcome to release them with and why (pure).
+
+    Such a holder can never be admitted again, so no Allocate can come for it: its lock is
+    released at once rather than at expiry, and the node's next pod is not kept waiting a lock
+    period behind a pod kubelet already rejected (issue 52: a restarting kubelet rejects the
+    holder it admits before the device plugin has reported its devices again).
+    """
+    out: list[tuple[NodeName, Holder, Ended]] = []
+    for node, holder in sorted(held.items()):
+        end = ended_of(node, holder)
+        if end is not None:
+            out.append((node, holder, end))
     return out
 
 
