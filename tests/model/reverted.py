@@ -31,6 +31,7 @@ from deviceplugin.decide import (
 )
 from deviceplugin.decide import kubelet_confirmed as _kubelet_confirmed
 from handoff.audit import KubeletPod
+from handoff.holder import Ended, PodFacts, ended
 from handoff.holder import holder_status as handoff_status
 from handoff.sharing import FULL_CORES, WHOLE, Slice, Use
 from handoff.wire import (
@@ -268,3 +269,10 @@ def bound_anywhere(
     """``scheduler_ext.takeover.bound_elsewhere`` without its check of the node: every held lock
     whose holder the cache saw bound, to any node, counts as left behind."""
     return [(node, holder) for node, holder in sorted(held.items()) if node_of(holder.uid)]
+
+
+def ended_unseen_gone(facts: PodFacts | None, *, uid: str, seen_gone: bool) -> Ended | None:
+    """``handoff.holder.ended`` with ``seen_gone`` ignored: a holder missing from the view
+    counts as deleted, as if the view could not lag."""
+    del seen_gone
+    return ended(facts, uid=uid, seen_gone=True)
