@@ -298,21 +298,22 @@ class Binder:
         (``release_ended``).  Every ``every_s``: those again (a release that failed is retried
         then), those whose holder is bound elsewhere (``release_bound_elsewhere``) and expired
         ones whose holder left the handoff (``release_expired_left``)."""
+        loop = asyncio.get_running_loop()  # the pace is real time, whatever ``clock`` is
         tried: set[tuple[NodeName, str]] = set()
-        full_at = self._clock() + every_s
+        full_at = loop.time() + every_s
         while True:
-            left = max(0.0, full_at - self._clock())
+            left = max(0.0, full_at - loop.time())
             await self._cache.wait_until(self._newly_ended(tried), timeout_s=left)
             try:
                 tried = self.ended_now()
                 await self.release_ended()
-                if self._clock() >= full_at:
-                    full_at = self._clock() + every_s
+                if loop.time() >= full_at:
+                    full_at = loop.time() + every_s
                     await self.release_bound_elsewhere()
                     await self.release_expired_left()
             except Exception:  # a sweep must never stop the extender
                 log.exception("releasing locks left behind failed")
-                full_at = self._clock() + every_s
+                full_at = loop.time() + every_s
                 await asyncio.sleep(min(every_s, 0.5))
 
     # ---- bind -------------------------------------------------------------------------------
