@@ -167,6 +167,10 @@ class ModelConfig:
     shared: frozenset[str] = frozenset({"n2"})
     # nodes with one more GPU, in MIG mode (``world.MIG_LAYOUT``): MIG pods fit only there
     mig: frozenset[str] = frozenset({"n1"})
+    # the device plugin's release of a holder that ended as an action of its own (``EndedModel``):
+    # only in the search for ``Hole.ENDED_UNSEEN``, so that the deep and CI profiles draw the
+    # interleavings they were measured with (the extender's sweep makes the same release there)
+    plugin_releases_ended: bool = False
 
 
 @dataclass
@@ -1622,11 +1626,11 @@ class EndedModel(SweepingModel):
 def machine(config: ModelConfig, name: str) -> type[HandoffModel]:
     """A ``HandoffModel`` class for ``config`` with its own ``Stats``; with the sweep unless
     the config avoids all of its holes (``SWEEP_HOLES``), and with the plugin's release of a
-    holder that ended unless it avoids ``Hole.ENDED_UNSEEN``."""
+    holder that ended where the config asks for it and does not avoid ``Hole.ENDED_UNSEEN``."""
     base: type[HandoffModel]
     if config.avoid >= SWEEP_HOLES:
         base = HandoffModel
-    elif Hole.ENDED_UNSEEN in config.avoid:
+    elif Hole.ENDED_UNSEEN in config.avoid or not config.plugin_releases_ended:
         base = SweepingModel
     else:
         base = EndedModel

@@ -196,6 +196,7 @@ FOCUS: dict[Hole, ModelConfig] = {
         templates=("one",),
         max_pods=2,
         prompt=frozenset({"kubelet"}),
+        plugin_releases_ended=True,
     ),
 }
 
