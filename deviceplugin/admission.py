@@ -35,6 +35,10 @@ Guarantees:
 - The lock is released ``allocated`` right after the holder's last GPU container is answered, and
   ``rejected`` only when ``decide`` says the holder can never be served.  Every other refusal
   leaves the lock alone (docs/deviceplugin.md, "Lock paths").
+- A holder the node's pod watch shows Failed, Succeeded or deleted (``decide.holder_ended``) has
+  its lock released at once (``rejected``, ``finished``, ``deleted``), with no Allocate: looked
+  at on every change of the pod watch and the Lease watch (``run_ended_releases``).  A pod the
+  watch has merely not shown is not taken for deleted.
 """
 
 from __future__ import annotations
@@ -545,8 +549,8 @@ class Admission:
             self.holder_changed.clear()
             try:
                 await self.release_ended()
-            except OSError as exc:  # the checkpoint: the retrier and the next change try again
-                log.error("cannot release the lock of a holder that ended: %s", exc)
+            except Exception:  # must never stop the plugin; the next change tries again
+                log.exception("releasing the lock of a holder that ended failed")
 
     async def run_sightings(self, period_s: float = SIGHTING_PERIOD_S) -> None:
         """Read kubelet's List every ``period_s`` until cancelled, so that the pods it admitted

@@ -12,6 +12,10 @@ assignment) unless the cache accounts for the holder or has no record of it at a
 (``lease_copy_needed``): a holder deleted before this replica started would otherwise block its
 devices forever, since takeover happens only inside a Bind that filter then never sends there.
 
+A holder that has ended (Failed, Succeeded, seen deleted: ``handoff.holder.ended``) needs no
+expiry at all: ``ended_holders`` names those locks for the sweep to release at once (issue 52,
+decision 0009).
+
 A cached pod can only lag; the final phases (gone, bound elsewhere, admitted, finished) never
 revert for a UID, so the cache may answer yes for them.  "Not bound" can turn into "bound here" at
 any moment, so for it (and for a pod the cache never saw) ``judge`` asks for a fresh read.
