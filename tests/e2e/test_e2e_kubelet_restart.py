@@ -12,7 +12,7 @@ ListAndWatch answer).  kubelet never called Allocate, so no
 handoff ends it; the lock must be released once the holder is seen Failed, and the next pods run
 within seconds.  Each round measures the time from the test seeing the holder Failed to the
 test seeing its lock released; the test prints p50/p99 over the rounds
-(``pytest -s ... -k rejected_holder``, docs/performance.md).
+(``pytest -s``; docs/extender.md, "Release latency after a holder kubelet rejected").
 """
 
 from __future__ import annotations
