@@ -28,7 +28,7 @@ from devcluster.binaries import ensure_simkubelet
 from devcluster.cluster import APISERVER_REQUEST_TIMEOUT_S, Cluster
 from devcluster.errors import DevclusterError
 from devcluster.pki import ADMIN, SCHEDULER
-from devcluster.realkubelet import KubeletKind, start_kubelet
+from devcluster.realkubelet import BIND_PLUGIN_DIR, KubeletKind, start_kubelet
 from devcluster.versions import resolve
 from deviceplugin.simulated import DEFAULT_MEMORY_MIB, layout_numa_nodes
 from handoff.topology import NumaPolicy
@@ -36,9 +36,7 @@ from handoff.wire import DEFAULT_RESOURCE, Keys
 from scheduler_ext.binder import DEFAULT_WAIT_BUDGET_S
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, ExtenderTLS, scheduler_config
 
-KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
-_NAMESPACE_WRAPPER = f'mkdir -p {KUBELET_DIR} && mount --bind "$0" {KUBELET_DIR} && exec "$@"'
 
 
 def node_dir(state_dir: Path, node: str) -> Path:
@@ -258,15 +256,7 @@ def start_node(
         )
     plugin_dir.mkdir(parents=True, exist_ok=True)
     kubelet_argv = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "sh",
-        "-c",
-        _NAMESPACE_WRAPPER,
-        str(plugin_dir),
+        *processes.in_private_mounts(BIND_PLUGIN_DIR, str(plugin_dir)),
         str(simkubelet),
         f"--kubeconfig={cluster.kubeconfig}",
         f"--node-name={spec.name}",

@@ -96,6 +96,12 @@ def process_table() -> Iterator[tuple[int, list[str]]]:
         yield int(entry.name), stat[stat.rindex(")") + 2 :].split()
 
 
+def in_private_mounts(script: str, *args: str) -> list[str]:
+    """``sh -c script args...`` in a mount namespace of its own whose mounts propagate nowhere
+    (``unshare --mount --propagation private``): what a node harness binds there stays its own."""
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, *args]
+
+
 def group_members(pgid: int) -> list[int]:
     """Pids of the live (non-zombie) processes in process group ``pgid``."""
     return [pid for pid, f in process_table() if f[0] != "Z" and int(f[2]) == pgid]

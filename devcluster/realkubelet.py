@@ -46,7 +46,8 @@ from devcluster.pki import Identity
 from handoff.wire import DEFAULT_RESOURCE, MIG_RESOURCE_PREFIX
 
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
-_NAMESPACE_WRAPPER = f'mkdir -p {KUBELET_DIR} && mount --bind "$0" {KUBELET_DIR} && exec "$@"'
+# binds $0 at kubelet's fixed device-plugin directory, then runs the rest
+BIND_PLUGIN_DIR = f'mkdir -p {KUBELET_DIR} && mount --bind "$0" {KUBELET_DIR} && exec "$@"'
 CONTAINERS_RECORD = "containers.jsonl"
 CRI_SOCKET = "cri.sock"
 
@@ -177,15 +178,7 @@ def start_kubelet(
         )
     _wait_path(cluster, cri_name, node.cri_socket, timeout_s)
     argv = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "sh",
-        "-c",
-        _NAMESPACE_WRAPPER,
-        str(node.plugin_dir),
+        *processes.in_private_mounts(BIND_PLUGIN_DIR, str(node.plugin_dir)),
         str(kubelet),
         f"--config={node.config}",
         f"--kubeconfig={node.kubeconfig}",

@@ -256,16 +256,9 @@ def start_node(
             "nsenter",
             f"--net=/run/netns/{net.netns(node.index)}",
             "--",
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            "sh",
-            "-c",
-            _HOLDER,
-            str(node.root),
-            *(f"{src}={dst}" for src, dst in NODE_MOUNTS),
+            *processes.in_private_mounts(
+                _HOLDER, str(node.root), *(f"{src}={dst}" for src, dst in NODE_MOUNTS)
+            ),
         ],
     )
     _wait(cluster, holder.name, lambda: _mounted(holder.pid), timeout_s, "its mounts")
