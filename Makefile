@@ -25,10 +25,11 @@ bytecode: setup
 
 # Debian packages some tests run for real: libfaketime (clock-skew e2e test) and prometheus
 # (dashboards and alert rules evaluated by a real Prometheus), and what the containerd nodes of
-# `devcluster up --runtime containerd` run and build their images with (RUNTIME_PKGS: the
-# container runtime, runc, the CNI plugins, kube-proxy's iptables and conntrack, mmdebstrap and
-# buildah).  Installed when missing.
-RUNTIME_PKGS := containerd runc containernetworking-plugins iptables conntrack mmdebstrap buildah
+# `devcluster up --runtime containerd` run and build their images with (RUNTIME_PKGS: runc, the
+# CNI plugins, kube-proxy's iptables and conntrack, mmdebstrap and buildah).  Installed when
+# missing.  containerd itself is Debian trixie's 1.7 (CDI), which `make images` fetches into the
+# cache (devcluster/containerd.py) without adding trixie to the machine's apt sources.
+RUNTIME_PKGS := runc containernetworking-plugins iptables conntrack mmdebstrap buildah
 SYSTEM_PKGS := libfaketime prometheus $(RUNTIME_PKGS)
 
 runtime-deps: PKGS = $(RUNTIME_PKGS)

@@ -16,6 +16,7 @@ from devcluster.binaries import (
     ensure_simkubelet,
 )
 from devcluster.cluster import Cluster, default_state_dir
+from devcluster.containerd import ensure_containerd
 from devcluster.errors import DevclusterError
 from devcluster.gpunodes import up_gpu_cluster
 from devcluster.helm import ensure_helm
@@ -86,8 +87,9 @@ def register(sub: Any) -> None:
     b.add_argument(
         "--images",
         action="store_true",
-        help="also build the images containerd nodes run (nodelock's from deploy/Containerfile, "
-        "its base, the pod sandbox, kube-scheduler) and print each one's build time and size "
+        help="also fetch the containerd 1.7 containerd nodes run (Debian trixie's package) and "
+        "build the images they run (nodelock's from deploy/Containerfile, its base, the pod "
+        "sandbox, kube-scheduler) and print each one's build time and size "
         "(docs/containerd-nodes.md; needs root and `make runtime-deps`)",
     )
     b.set_defaults(func=_build)
@@ -231,6 +233,7 @@ def _build(args: argparse.Namespace) -> int:
     print(f"kube-proxy {binaries.kubernetes_version} (containerd nodes) is {proxy}")
     print(f"helm is {ensure_helm(cache=args.cache_dir)}")
     if args.images:
+        print(f"containerd 1.7 (containerd nodes) is in {ensure_containerd(args.cache_dir)}")
         lines: list[str] = []
         started = time.monotonic()
         images = ensure_node_images(binaries, cache=args.cache_dir, progress=lines.append)

@@ -11,9 +11,14 @@ plugin DaemonSet runs, once they are labelled, and serves simulated GPUs).  A no
   ``<node dir>/kubelet`` is ``/var/lib/kubelet``, ``<node dir>/nodelock`` is
   ``/var/lib/nodelock`` and ``<node dir>/pod-logs`` is ``/var/log/pods``: the paths the
   chart's hostPath volumes name are the node's own, as on a real machine;
-- containerd (Debian's, with its own root, state and socket under the node directory; the CRI
-  plugin's ``restrict_oom_score_adj`` on, as a sandbox that may not lower ``oom_score_adj``
-  needs; the overlayfs snapshotter), runc and the CNI bridge plugin;
+- containerd 1.7 (Debian trixie's, ``devcluster.containerd``; with its own root, state and socket
+  under the node directory; the CRI plugin's ``restrict_oom_score_adj`` on, as a sandbox that may
+  not lower ``oom_score_adj`` needs; the overlayfs snapshotter; CDI on, with the node's
+  ``/etc/cdi``), Debian's runc and CNI bridge plugin;
+- on a GPU node, a CDI spec for its simulated GPUs (``cdi_spec``), as ``nvidia-ctk cdi generate``
+  writes one for real GPUs: each device, named by its UUID under ``nvidia.com/gpu``, puts
+  ``NODELOCK_SIMULATED_GPU_<index>=<UUID>`` into the container, so a container shows which CDI
+  devices its runtime applied;
 - kubelet of the cluster's release against that containerd (cgroupfs driver, no QoS cgroups,
   ``clusterDNS`` the gateway, where ``devcluster.clusterdns`` answers for Services).  A GPU node
   is a node like the others until it is labelled ``nodelock.io/enabled=true``, as docs/install.md
@@ -28,8 +33,7 @@ Service's endpoints are where the nodes reach it.
 Guarantees: a node that cannot start is reported with the end of its log (``DevclusterError``);
 ``stop_runtime_nodes`` ends every container of the cluster's nodes, the runtimes, kubelets and
 namespaces, and removes the network, whatever state they are in.  Not here: GPUs (the chart's
-device plugin runs its simulated backend), CDI (Debian's containerd 1.6 does not apply CDI
-devices; the plugin's environment answer is what the containers see).
+device plugin runs its simulated backend) and MIG instances (the CDI spec names whole GPUs).
 """
 
 from __future__ import annotations
@@ -51,12 +55,15 @@ import yaml
 from devcluster import netns, processes, realkubelet
 from devcluster.binaries import ensure_kube_proxy, ensure_kubelet
 from devcluster.cluster import Cluster
+from devcluster.containerd import ensure_containerd
 from devcluster.errors import DevclusterError
 from devcluster.images import Image, NodeImages, ensure_node_images, tool
 from devcluster.install import NAMESPACE, devcluster_values, write_values
 from devcluster.install import install as install_chart
 from devcluster.pki import Identity
 from devcluster.realkubelet import node_identity
+from deviceplugin.answer import CDI_KIND
+from deviceplugin.simulated import simulated_id
 from handoff.wire import DEFAULT_RESOURCE
 
 SYSTEM_NODE = "node-system"
@@ -77,7 +84,9 @@ _HOLDER = (
     'set -e; d="$0"; for m in "$@"; do src="$d/${m%%=*}"; dst="${m#*=}"; '
     'mkdir -p "$src" "$dst"; mount --bind "$src" "$dst"; done; exec sleep infinity'
 )
-RUNTIME_TOOLS = ("containerd", "runc", "ctr", "ip", "iptables", "nsenter", "unshare")
+RUNTIME_TOOLS = ("runc", "ip", "iptables", "nsenter", "unshare")
+CDI_SPEC = "nodelock-simulated.json"  # in the node's /etc/cdi
+CDI_ENV_PREFIX = "NODELOCK_SIMULATED_GPU_"
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,7 @@ class RuntimeNode:
     index: int
     gpus: bool
     root: Path  # its directory, <state>/nodes/<name>
+    containerd_bin: Path = Path("/usr/bin")  # containerd, its runc shim and ctr
 
     @property
     def kubelet_dir(self) -> Path:
@@ -103,14 +113,37 @@ class RuntimeNode:
         return self.root / "pod-logs"
 
 
-def node_list(state_dir: Path, gpu_nodes: int) -> list[RuntimeNode]:
+def node_list(
+    state_dir: Path, gpu_nodes: int, containerd_bin: Path = Path("/usr/bin")
+) -> list[RuntimeNode]:
     """The system node, then ``gpu_nodes`` GPU nodes (``gpu-node-01`` ...)."""
     names = [SYSTEM_NODE] + [f"gpu-node-{i:02d}" for i in range(1, gpu_nodes + 1)]
-    return [RuntimeNode(name, i, i > 0, state_dir / "nodes" / name) for i, name in enumerate(names)]
+    return [
+        RuntimeNode(name, i, i > 0, state_dir / "nodes" / name, containerd_bin)
+        for i, name in enumerate(names)
+    ]
+
+
+def cdi_spec(node: str, gpus: int) -> dict[str, Any]:
+    """The CDI spec of ``node``'s ``gpus`` simulated GPUs: one device per GPU, named by its UUID
+    (the name the device plugin answers in CDI mode), whose only edit is an environment variable
+    naming it."""
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": CDI_KIND,
+        "devices": [
+            {
+                "name": str(simulated_id(node, i)),
+                "containerEdits": {"env": [f"{CDI_ENV_PREFIX}{i}={simulated_id(node, i)}"]},
+            }
+            for i in range(gpus)
+        ],
+        "containerEdits": {},
+    }
 
 
 def containerd_config(node: RuntimeNode, *, sandbox_image: str) -> str:
-    """containerd's configuration (version 2, containerd 1.6) for ``node``."""
+    """containerd's configuration (version 2 of its format, containerd 1.7) for ``node``."""
     r = node.root / "containerd"
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
@@ -129,6 +162,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   sandbox_image = "{sandbox_image}"
   restrict_oom_score_adj = true
   disable_apparmor = true
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi"]
   [{cri}.containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -236,11 +271,15 @@ def start_node(
     net: netns.NodeNetwork,
     images: NodeImages,
     *,
+    gpus: int,
     timeout_s: float = 90.0,
 ) -> None:
-    """Start ``node``'s namespaces and containerd (``start_kubelet`` does the rest, once the
-    images are imported)."""
+    """Start ``node``'s namespaces and containerd, with the CDI spec of its ``gpus`` simulated
+    GPUs on a GPU node (``start_kubelet`` does the rest, once the images are imported)."""
     node.root.mkdir(parents=True, exist_ok=True)
+    (node.root / "cdi").mkdir(exist_ok=True)
+    if node.gpus:
+        (node.root / "cdi" / CDI_SPEC).write_text(json.dumps(cdi_spec(node.name, gpus), indent=1))
     (node.root / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
     (node.root / "cni" / "net.d" / "10-devcluster.conflist").write_text(
         json.dumps(cni_config(node, net), indent=1)
@@ -266,8 +305,12 @@ def start_node(
         f"containerd-{node.name}",
         _enter(
             holder.pid,
-            ["containerd", f"--config={node.root / 'containerd' / 'config.toml'}"],
+            [
+                str(node.containerd_bin / "containerd"),
+                f"--config={node.root / 'containerd' / 'config.toml'}",
+            ],
         ),
+        env={"PATH": f"{node.containerd_bin}:{os.environ.get('PATH', os.defpath)}"},  # its shim
     )
     _wait(
         cluster,
@@ -343,7 +386,8 @@ def import_images(node: RuntimeNode, images: NodeImages, *, extra: Sequence[Imag
 
 
 def _ctr(node: RuntimeNode, *args: str) -> list[str]:
-    return ["ctr", f"--address={node.containerd_socket}", "--namespace=k8s.io", *args]
+    ctr = str(node.containerd_bin / "ctr")
+    return [ctr, f"--address={node.containerd_socket}", "--namespace=k8s.io", *args]
 
 
 def wait_nodes_ready(cluster: Cluster, nodes: Sequence[RuntimeNode], timeout_s: float) -> None:
@@ -389,11 +433,18 @@ def check_tools() -> None:
 
 
 def up_runtime_nodes(
-    cluster: Cluster, net: netns.NodeNetwork, images: NodeImages, *, gpu_nodes: int
+    cluster: Cluster,
+    net: netns.NodeNetwork,
+    images: NodeImages,
+    *,
+    gpu_nodes: int,
+    gpus_per_node: int,
+    containerd_bin: Path,
 ) -> list[RuntimeNode]:
-    """Start the system node and ``gpu_nodes`` GPU nodes and the cluster DNS; return once every
+    """Start the system node and ``gpu_nodes`` GPU nodes of ``gpus_per_node`` simulated GPUs
+    (their CDI spec; the device plugin is the chart's) and the cluster DNS; return once every
     node is Ready."""
-    nodes = node_list(cluster.state_dir, gpu_nodes)
+    nodes = node_list(cluster.state_dir, gpu_nodes, containerd_bin)
     if len(nodes) > netns.MAX_NODES:
         raise DevclusterError(f"at most {netns.MAX_NODES - 1} GPU nodes")
     cluster.start_component(
@@ -409,7 +460,7 @@ def up_runtime_nodes(
     for node in nodes:
         netns.add_node(net, node.index, len(nodes))
     for node in nodes:
-        start_node(cluster, node, net, images)
+        start_node(cluster, node, net, images, gpus=gpus_per_node)
     with ThreadPoolExecutor(len(nodes)) as pool:  # the import is most of a node's start
         for done in [pool.submit(import_images, node, images) for node in nodes]:
             done.result()
@@ -493,6 +544,7 @@ def runtime_cluster(
     GPU node reports its GPUs.  Anything that fails stops all of it again."""
     check_tools()
     version = cluster.binaries.kubernetes_version
+    containerd_bin = ensure_containerd(cache)
     images = ensure_node_images(cluster.binaries, cache=cache)
     ensure_kubelet(cache=cache, version=version)
     ensure_kube_proxy(cache=cache, version=version)
@@ -504,7 +556,14 @@ def runtime_cluster(
         data["settings"]["node_network"] = net.to_settings()
         data["settings"]["runtime_gpu_nodes"] = gpu_nodes
         cluster.state.save(data)
-        nodes = up_runtime_nodes(cluster, net, images, gpu_nodes=gpu_nodes)
+        nodes = up_runtime_nodes(
+            cluster,
+            net,
+            images,
+            gpu_nodes=gpu_nodes,
+            gpus_per_node=gpus_per_node,
+            containerd_bin=containerd_bin,
+        )
         command = None
         if install and gpu_nodes:
             label_gpu_nodes(cluster, nodes)

@@ -4,7 +4,8 @@ and what an operator does with it on day two.
 
 One cluster for the module: ``node-system`` and two GPU nodes of 4 simulated GPUs, started bare
 (``--no-install``), then, in order: the install as docs/install.md writes it, GPU pods whose real
-containers print the devices they were given, an upgrade to a new image while a burst of GPU
+containers print the devices they were given (the device plugin's environment and the CDI devices
+containerd applied from the node's CDI spec), an upgrade to a new image while a burst of GPU
 pods runs, and the uninstall.  Each test leaves the cluster as the next one expects it.
 """
 
@@ -32,13 +33,25 @@ from devcluster.cluster import Cluster
 from devcluster.images import Builder, ensure_nodelock
 from devcluster.install import NAMESPACE, devcluster_values, install, uninstall, write_values
 from devcluster.realkubelet import read_checkpoint
-from devcluster.runtime import RuntimeCluster, RuntimeNode, import_images, runtime_cluster
+from devcluster.runtime import (
+    CDI_ENV_PREFIX,
+    RuntimeCluster,
+    RuntimeNode,
+    import_images,
+    runtime_cluster,
+)
 from handoff.wire import DEFAULT_RESOURCE, ContainerName, Keys, parse_assignment
 
 GPUS_PER_NODE = 4
 GPU_NODES = 2
 SCHEDULER = "nodelock-scheduler"
-PRINT_DEVICES = 'echo "NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"'
+# what the device plugin's environment says, then what the runtime applied from the node's CDI
+# spec (devcluster.runtime.cdi_spec: one variable per CDI device)
+PRINTED = "devices printed"
+PRINT_DEVICES = (
+    'echo "NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"; '
+    f'env | grep "^{CDI_ENV_PREFIX}" | sort; echo "{PRINTED}"'
+)
 
 
 @dataclass
@@ -126,11 +139,30 @@ def new_namespace(s: Shipped) -> str:
     return name
 
 
+def printed(s: Shipped, namespace: str, pod: str, *, timeout_s: float = 30) -> str:
+    """The container's log once PRINT_DEVICES has run to its end (a container is Running
+    before its command has printed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = s.kubectl("logs", "-n", namespace, pod)
+        if PRINTED in out.splitlines():
+            return out
+        if time.monotonic() > deadline:
+            pytest.fail(f"{namespace}/{pod} printed no {PRINTED!r} within {timeout_s:.0f}s: {out}")
+        time.sleep(0.5)
+
+
 def logged_devices(s: Shipped, namespace: str, pod: str) -> list[str]:
-    out = s.kubectl("logs", "-n", namespace, pod)
+    out = printed(s, namespace, pod)
     lines = [line for line in out.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES=")]
     assert len(lines) == 1, out
     return [d for d in lines[0].split("=", 1)[1].split(",") if d]
+
+
+def cdi_devices(s: Shipped, namespace: str, pod: str) -> list[str]:
+    """The devices the container runtime applied from the node's CDI spec, in index order."""
+    out = printed(s, namespace, pod)
+    return [line.split("=", 1)[1] for line in out.splitlines() if line.startswith(CDI_ENV_PREFIX)]
 
 
 def assigned(pod: dict[str, Any]) -> list[str]:
@@ -171,18 +203,22 @@ def test_gpu_pods_run_real_containers_with_exactly_their_devices(shipped: Shippe
     s = shipped
     ns = new_namespace(s)
     count = GPU_NODES * GPUS_PER_NODE
-    create_pods(
-        s, ns, [gpu_pod(f"gpu-{i}", command=f"{PRINT_DEVICES}; sleep 3600") for i in range(count)]
-    )
+    pods = [gpu_pod(f"gpu-{i}", command=f"{PRINT_DEVICES}; sleep 3600") for i in range(count)]
+    # a container that names every GPU itself: its own variable wins over the plugin's (kubelet
+    # puts the container's environment after the device plugin's), the CDI devices do not change
+    widen = pods[0]["spec"]["containers"][0]
+    widen["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    create_pods(s, ns, pods)
     pods = wait_pods(
         s, ns, lambda p: p["status"].get("phase") == "Running", timeout_s=180, what="Running"
     )
     seen: dict[str, str] = {}
     for pod in pods:
         name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
-        devices = logged_devices(s, ns, name)
+        devices = cdi_devices(s, ns, name)
         assert devices == assigned(pod)
         assert len(devices) == 1
+        assert logged_devices(s, ns, name) == (["all"] if name == "gpu-0" else devices)
         entries = read_checkpoint(
             s.node(node).kubelet_dir / "device-plugins" / "kubelet_internal_checkpoint"
         )
@@ -327,7 +363,7 @@ def check_burst(
         if pod["metadata"]["name"] in rejected:
             continue
         devices = logged_devices(s, namespace, pod["metadata"]["name"])
-        assert devices == assigned(pod)
+        assert devices == assigned(pod) == cdi_devices(s, namespace, pod["metadata"]["name"])
         span = _started_finished(pod)
         assert span is not None
         runs.append((pod["spec"]["nodeName"], devices[0], span, pod["metadata"]["name"]))

@@ -20,7 +20,16 @@ from devcluster.clusterdns import (
 from devcluster.errors import DevclusterError
 from devcluster.images import CONTAINERFILE, IMAGE_PACKAGES, Image, context_files, nodelock_key
 from devcluster.netns import MAX_NODES, NodeNetwork, free_index
-from devcluster.runtime import cni_config, containerd_config, kubelet_config, node_list
+from devcluster.runtime import (
+    CDI_ENV_PREFIX,
+    cdi_spec,
+    cni_config,
+    containerd_config,
+    kubelet_config,
+    node_list,
+)
+from deviceplugin.answer import DeviceMode, container_answer
+from deviceplugin.simulated import SimSpec, inventory
 
 
 def test_node_addresses_pod_ranges_and_names_never_overlap() -> None:
@@ -111,6 +120,8 @@ def test_a_node_keeps_its_runtime_and_network_under_its_own_directory(tmp_path: 
     assert f'address = "{gpu.containerd_socket}"' in toml
     assert "restrict_oom_score_adj = true" in toml
     assert 'sandbox_image = "localhost/pause:1"' in toml
+    assert "enable_cdi = true" in toml
+    assert 'cdi_spec_dirs = ["/etc/cdi"]' in toml
     cni = json.loads(json.dumps(cni_config(gpu, net)))
     assert cni["plugins"][0]["ipam"]["ranges"] == [[{"subnet": net.pod_cidr(1)}]]
     assert cni["plugins"][0]["ipam"]["dataDir"].startswith(str(gpu.root))
@@ -132,3 +143,15 @@ def test_the_image_key_follows_every_file_the_containerfile_copies(tmp_path: Pat
     assert nodelock_key(base, revision="upgrade") != nodelock_key(base)
     other = Image("localhost/nodelock-base:y", tmp_path / "base.tar")
     assert nodelock_key(other) != nodelock_key(base)
+
+
+def test_the_cdi_spec_resolves_every_name_the_plugin_answers_for_its_simulated_gpus() -> None:
+    gpus = inventory("gpu-node-02", SimSpec(count=3))
+    spec = cdi_spec("gpu-node-02", 3)
+    names = {f"{spec['kind']}={d['name']}": d for d in spec["devices"]}
+    for gpu in gpus:
+        (cdi,) = container_answer([gpu.id], mode=DeviceMode.CDI).cdi_devices
+        assert names[cdi]["containerEdits"]["env"] == [f"{CDI_ENV_PREFIX}{gpu.index}={gpu.id}"]
+    assert len(names) == len(gpus) == 3
+    other = cdi_spec("gpu-node-01", 3)["devices"][0]["name"]
+    assert other not in {d["name"] for d in spec["devices"]}
