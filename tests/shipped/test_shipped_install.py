@@ -35,11 +35,13 @@ from devcluster.install import NAMESPACE, devcluster_values, install, uninstall,
 from devcluster.realkubelet import read_checkpoint
 from devcluster.runtime import (
     CDI_ENV_PREFIX,
+    CDI_SPEC,
     RuntimeCluster,
     RuntimeNode,
     import_images,
     runtime_cluster,
 )
+from deviceplugin.answer import CDI_KIND
 from handoff.wire import DEFAULT_RESOURCE, ContainerName, Keys, parse_assignment
 
 GPUS_PER_NODE = 4
@@ -250,6 +252,42 @@ def test_gpu_pods_run_real_containers_with_exactly_their_devices(shipped: Shippe
             check=False,
         )
         assert res.returncode == 0, res.stdout + res.stderr
+    s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+
+
+def test_a_node_without_the_cdi_spec_fails_the_container_loudly_until_it_has_one(
+    shipped: Shipped,
+) -> None:
+    """install.md's troubleshooting entry, on a real runtime: with no CDI spec naming the GPU,
+    containerd refuses to create the container (``unresolvable CDI devices``) and gives it no
+    device; once the spec is back, kubelet's next try starts it with its assigned GPU."""
+    s = shipped
+    ns = new_namespace(s)
+    node = s.gpu_nodes[0]
+    spec = node.root / "cdi" / CDI_SPEC
+    saved = spec.read_text()
+    spec.unlink()
+    try:
+        pod = gpu_pod("no-spec", command=f"{PRINT_DEVICES}; sleep 3600")
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
+        create_pods(s, ns, [pod])
+
+        def refused(p: dict[str, Any]) -> bool:
+            for st in p["status"].get("containerStatuses") or []:
+                waiting = (st.get("state") or {}).get("waiting") or {}
+                if "unresolvable CDI devices" in waiting.get("message", ""):
+                    return True
+            return False
+
+        (seen,) = wait_pods(s, ns, refused, timeout_s=90, what="refused by containerd")
+        assert seen["status"]["phase"] == "Pending"
+        assert f"{CDI_KIND}={assigned(seen)[0]}" in str(seen["status"]["containerStatuses"])
+    finally:
+        spec.write_text(saved)
+    (running,) = wait_pods(
+        s, ns, lambda p: p["status"].get("phase") == "Running", timeout_s=120, what="Running"
+    )
+    assert cdi_devices(s, ns, "no-spec") == assigned(running)
     s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
 
 
