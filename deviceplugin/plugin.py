@@ -144,6 +144,7 @@ class DevicePlugin:
             mode=config.mode,
             pods=self.pods,
             on_refused=self.events.refused if config.events else None,
+            on_ended=self.events.released_ended if config.events else None,
             kubelet=self.kubelet,
             kubelet_checkpoint=config.plugin_dir / KUBELET_CHECKPOINT.name,
             on_fallback=self.events.fallback if config.events else None,
@@ -186,7 +187,15 @@ class DevicePlugin:
         )
         if self.config.dra_check_s > 0:
             self._spawn("dra-check", self._follow_dra())
-        self._spawn("lease-watch", self.locks.watch(node=self.config.node))
+        self.pods.on_change = self.admission.holder_changed.set
+        self._spawn(
+            "lease-watch",
+            self.locks.watch(
+                node=self.config.node,
+                on_change=lambda view, node: self.admission.holder_changed.set(),
+            ),
+        )
+        self._spawn("ended-holders", self.admission.run_ended_releases())
         self._spawn("pod-watch", self.pods.run())
         self._spawn("devices", self.backend.watch(self.state))
         self._spawn("health-gauges", self._follow_health())

@@ -35,6 +35,12 @@ The phases, decided in this order from the pod object alone:
 
 Every phase but ``NOT_BOUND`` and ``IN_HANDOFF``/``UNKNOWN`` is final for a given UID: a cached
 (lagging) copy of the pod may be trusted for it.
+
+``ended`` picks, of those, the holders whose lock is released at once, not at expiry: a pod that
+has ended (Failed, Succeeded, or seen deleted) can never be admitted again, so no Allocate can
+come for it and its lock serves no one (docs/design.md, "Expiry and takeover").  ``ADMITTED``
+and ``BOUND_ELSEWHERE`` are final too but not ended: kubelet may still call Allocate for an
+admitted pod it has no device record of, and those keep the expiry rule.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from lockd.model import Outcome
 
 
 class HolderState(StrEnum):
@@ -161,3 +169,68 @@ def classify(facts: PodFacts | None, *, uid: str, node: str) -> HolderStatus:
 def holder_status(pod: Mapping[str, Any] | None, *, uid: str, node: str) -> HolderStatus:
     """Classify the holder's pod object (``None``: it does not exist) for a lock on ``node``."""
     return classify(None if pod is None else pod_facts(pod), uid=uid, node=node)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A lock holder that has ended: the outcome its lock is released with, and why, in words
+    a person can act on."""
+
+    outcome: Outcome
+    why: str
+
+
+AGAIN = (
+    "it never runs: a bare pod must be created again, a controller's pod is replaced by its "
+    "controller"
+)
+# kubelet's reason for a pod its device manager could not give devices at admission
+# (``pkg/kubelet/lifecycle/predicate.go``, v1.31.9 and v1.37.2: an admit handler's error that is
+# not a known predicate failure)
+UNEXPECTED_ADMISSION = "UnexpectedAdmissionError"
+REJECTED_AT_RESTART = (
+    "kubelet rejected it at admission, its device manager could not give it devices (right "
+    "after a kubelet restart: kubelet admitted it before the device plugin had reported its "
+    "devices again)"
+)
+
+
+def ended(facts: PodFacts | None, *, uid: str, seen_gone: bool) -> Ended | None:
+    """Whether the holder ``uid`` has ended for good, from its pod's facts (``None``: not in the
+    caller's view) and whether the caller saw that UID deleted (``seen_gone``).
+
+    - Failed: ``Outcome.REJECTED``.  A holder in handoff fails only at admission: kubelet
+      rejected it (``UnexpectedAdmissionError`` when its device manager had no device to give,
+      or any other admit handler), or a controller failed it; either way it is never admitted.
+      A bare pod must be created again; a controller's pod is replaced by its controller.
+    - Succeeded: ``Outcome.FINISHED`` (it ran, so it was admitted, and is done).
+    - Deleted (seen so, or a pod of that name with another UID): ``Outcome.DELETED``.
+
+    A pod merely missing from the view is not ended: the view may not have seen it yet.
+    """
+    if facts is None:
+        if not seen_gone:
+            return None
+        return Ended(Outcome.DELETED, "the holder pod was deleted")
+    if uid and facts.uid != uid:
+        return Ended(Outcome.DELETED, "the holder pod was deleted (a new pod has the same name)")
+    reason = f" ({facts.reason})" if facts.reason else ""
+    if facts.phase == "Failed":
+        cause = REJECTED_AT_RESTART if facts.reason == UNEXPECTED_ADMISSION else "it failed"
+        return Ended(Outcome.REJECTED, f"the holder pod is Failed{reason}: {cause}; {AGAIN}")
+    if facts.phase == "Succeeded":
+        return Ended(Outcome.FINISHED, "the holder pod Succeeded")
+    return None
+
+
+# the Event either part writes, on the holder pod and the node, when it released the lock of a
+# holder that ended (docs/events.md)
+RELEASED_EVENT = "NodeLockReleased"
+
+
+def released_message(node: str, holder: str, token: int, end: Ended) -> str:
+    """The ``RELEASED_EVENT`` message: which lock, whose, how it ended and what to do."""
+    return (
+        f"node {node}'s GPU lock held by {holder} (token {token}) was released at once "
+        f"({end.outcome.value}): {end.why}"
+    )

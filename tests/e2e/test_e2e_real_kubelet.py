@@ -427,10 +427,14 @@ async def test_kubelet_killed_mid_handoff(real: GPUCluster, checkpoint: str) -> 
 
 
 @pytest.mark.core
-async def test_takeover_after_a_holder_kubelet_rejected(real: GPUCluster) -> None:
+async def test_the_lock_of_a_holder_kubelet_rejected_mid_allocate_is_released(
+    real: GPUCluster,
+) -> None:
     """The plugin dies in the middle of a pod's first Allocate (after writing its progress):
     kubelet rejects the pod, nothing of it is recorded or handed to the runtime, and the lock it
-    holds is taken over for the node's next pod, which runs with exactly its assignment."""
+    holds is released ``rejected`` by the extenders as soon as they see it Failed (issue 52);
+    the restarted plugin drops the abandoned progress and the node's next pod runs with exactly
+    its assignment."""
     node = real.nodes[1]
     plugin = f"deviceplugin-{node}"
     line = exited_at("allocate.after-checkpoint")
@@ -449,8 +453,13 @@ async def test_takeover_after_a_holder_kubelet_rejected(real: GPUCluster) -> Non
         assert pod["status"]["reason"] == "UnexpectedAdmissionError", pod["status"]
         assert _checkpointed(real, pod) == {}
         assert _handed(real, pod) == {}
-        lease = await real.wait_holder(node, real.key("crashed"))
-        token = int(lease["spec"]["leaseTransitions"])
+        lease = await real.wait_holder(node, None, timeout_s=10)  # at once, not at expiry
+        last = lease["metadata"]["annotations"]
+        assert (last["nodelock.io/last-holder"], last["nodelock.io/last-outcome"]) == (
+            real.key("crashed"),
+            "rejected",
+        ), last
+        token = int(last["nodelock.io/last-token"])
     finally:
         seen = plugin_registrations(real.cluster, node)
         real.cluster.restart_component(plugin, env={})

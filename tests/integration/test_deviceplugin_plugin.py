@@ -388,6 +388,60 @@ async def test_holder_pod_deleted_releases_rejected(env: Env) -> None:
         assert plugin.admission.pending == ()
 
 
+async def test_a_holder_kubelet_rejected_without_allocate_is_released_at_once(env: Env) -> None:
+    """issue 52: kubelet fails the holder without calling the plugin (a restarted kubelet admits
+    the pods bound to it before the plugin reported its devices again); the plugin sees it
+    Failed on its node's pod watch and releases the lock ``rejected`` at once, with an Event
+    naming the cause and what to do."""
+    _, held = await bind(env, "p", {"main": [env.gpu(0)]}, containers=[("main", 1)])
+    async with running(env) as plugin:
+        await eventually(lambda: _synced(plugin), "the pod watch")
+        await env.kube.patch(
+            pod_path(env.namespace, "p", subresource="status"),
+            {
+                "status": {
+                    "phase": "Failed",
+                    "reason": "UnexpectedAdmissionError",
+                    "message": "Allocate failed due to no healthy devices present; cannot "
+                    "allocate unhealthy devices nvidia.com/gpu, which is unexpected",
+                }
+            },
+        )
+        view = await eventually(lambda: released(env, held.token), "the release")
+        assert view.record.last is not None
+        assert view.record.last.outcome == Outcome.REJECTED.value
+        assert view.record.token == held.token
+        assert plugin.admission.pending == ()
+        assert sample(plugin, "nodelock_lock_releases_total", outcome="rejected") == 1
+        labels = {"outcome": "rejected", "result": "released"}
+        assert sample(plugin, "nodelock_deviceplugin_lock_releases_total", **labels) == 1
+        await plugin.events.recorder.flush()
+        selector = "involvedObject.name=p,reason=NodeLockReleased"
+        [event] = (await env.kube.list(event_path(env.namespace), field_selector=selector))["items"]
+        assert f"held by {env.namespace}/p (token {held.token})" in event["message"]
+        assert "before the device plugin had reported its devices" in event["message"]
+        assert "must be created again" in event["message"]
+
+
+async def test_a_holder_deleted_before_its_allocate_is_released_deleted(env: Env) -> None:
+    """The holder is deleted while the plugin watches: its lock is released ``deleted`` at once;
+    a stale view of the lock writes nothing (the token fences it)."""
+    _, held = await bind(env, "p", {"main": [env.gpu(0)]}, containers=[("main", 1)])
+    async with running(env) as plugin:
+        await eventually(lambda: _synced(plugin), "the pod watch")
+        await env.kube.delete(pod_path(env.namespace, "p"), grace_period_seconds=0)
+        view = await eventually(lambda: released(env, held.token), "the release")
+        assert view.record.last is not None
+        assert view.record.last.outcome == Outcome.DELETED.value
+        assert plugin.admission.pending == ()
+        # the lock moves on; the plugin's view of the old holder changes nothing any more
+        assert await plugin.admission.release_ended() is False
+
+
+async def _synced(plugin: DevicePlugin) -> bool | None:
+    return True if plugin.pods.synced else None
+
+
 def _one(*ids: str) -> pb.AllocateRequest:
     return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
 

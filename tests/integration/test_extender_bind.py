@@ -339,13 +339,14 @@ async def test_expired_lock_moves_on_only_once_its_holder_left_handoff(
     y = await create_pod(kube, namespace, pod_body("y", test=namespace, gpus=1))
     z = await create_pod(kube, namespace, pod_body("z", test=namespace, gpus=1))
     clock = FakeClock()
+    lock_registry = CollectorRegistry()
     ext = Extender(
         kube,
         Settings(
             port=0, lock_namespace=namespace, lease_duration_s=15, apiserver_request_timeout_s=10
         ),
         registry=CollectorRegistry(),
-        lock_metrics=LockMetrics(registry=CollectorRegistry()),
+        lock_metrics=LockMetrics(registry=lock_registry),
         clock=clock,
     )
     await ext.start()
@@ -356,29 +357,37 @@ async def test_expired_lock_moves_on_only_once_its_holder_left_handoff(
         clock.now += 60  # far past the lease duration on this process's clock
         error = await post_bind(ext, binding_args(y, node))
         assert f"lock held by {namespace}/stuck" in error
-        # kubelet rejects it (Failed): the holder left handoff, the lock may move on
+        # kubelet rejects it (Failed): the holder ended, so its lock is released at once
+        # (issue 52), without waiting for a bind to take it over
         await kube.patch(
             pod_path(namespace, "stuck", subresource="status"),
             {"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"}},
         )
-        await wait_for(lambda: _phase(ext, stuck, "Failed"))
-        assert await post_bind(ext, binding_args(y, node)) == ""
+        await wait_for(lambda: _holder_is_none(ext, node), timeout_s=5)
         lock = await lease(kube, namespace, node)
         ann = lease_annotations(lock)
         assert ann["nodelock.io/last-holder"] == f"{namespace}/stuck"
-        assert ann["nodelock.io/last-outcome"] == "taken-over"
+        assert ann["nodelock.io/last-outcome"] == "rejected"
+        released_total = lock_registry.get_sample_value(
+            "nodelock_lock_releases_total", {"outcome": "rejected"}
+        )
+        assert released_total == 1
+        assert await post_bind(ext, binding_args(y, node)) == ""
+        lock = await lease(kube, namespace, node)
         assert lock["spec"]["holderIdentity"] == f"{namespace}/y"
         # y's GPU is the one the failed pod had: it is free again
         assert devices_in(await get_pod(kube, namespace, "y")) == {device_ids(node, 4)[0]}
-        # where admins look: y's refusal named the holder, the takeover is on the old holder
+        # where admins look: y's refusal named the holder; the release is on the old holder and
+        # the node, with what to do
         await ext.events.recorder.flush()
         [refused] = await events_on(kube, namespace, "y", "BindRefused")
         assert f"lock held by {namespace}/stuck" in refused["message"]
-        [taken] = await events_on(kube, namespace, "stuck", "NodeLockTakenOver")
-        assert taken["type"] == "Warning"
-        assert taken["involvedObject"]["uid"] == stuck["metadata"]["uid"]
-        assert f"{node}'s GPU lock held by {namespace}/stuck" in taken["message"]
-        [on_node] = await events_on(kube, "default", node, "NodeLockTakenOver")
+        [released] = await events_on(kube, namespace, "stuck", "NodeLockReleased")
+        assert released["type"] == "Warning"
+        assert released["involvedObject"]["uid"] == stuck["metadata"]["uid"]
+        assert f"{node}'s GPU lock held by {namespace}/stuck" in released["message"]
+        assert "must be created again" in released["message"]
+        [on_node] = await events_on(kube, "default", node, "NodeLockReleased")
         assert on_node["involvedObject"]["kind"] == "Node"
         # a holder that was never bound (its extender died before binding) is taken over too
         # ... but only once a binding its bind sent can no longer be applied: a third of the
@@ -391,6 +400,17 @@ async def test_expired_lock_moves_on_only_once_its_holder_left_handoff(
         assert f"lock held by {namespace}/z" in error
         clock.now += 5
         assert await post_bind(ext, binding_args(late, node)) == ""
+        ann = lease_annotations(await lease(kube, namespace, node))
+        assert (ann["nodelock.io/last-holder"], ann["nodelock.io/last-outcome"]) == (
+            f"{namespace}/z",
+            "taken-over",
+        )
+        await ext.events.recorder.flush()
+        [taken] = await events_on(kube, namespace, "z", "NodeLockTakenOver")
+        assert taken["type"] == "Warning"
+        assert taken["involvedObject"]["uid"] == z["metadata"]["uid"]
+        [on_node] = await events_on(kube, "default", node, "NodeLockTakenOver")
+        assert on_node["involvedObject"]["kind"] == "Node"
     finally:
         await ext.stop()
 
@@ -405,6 +425,11 @@ async def events_on(kube: KubeClient, namespace: str, name: str, reason: str) ->
 async def _phase(ext: Extender, pod: dict[str, Any], phase: str) -> bool:
     state = ext.cache.pod(pod["metadata"]["uid"])
     return state is not None and state.phase.value == phase
+
+
+async def _holder_is_none(ext: Extender, node: str) -> bool:
+    view = ext.locks.view(NodeName(node))
+    return view is not None and view.record.holder is None
 
 
 async def _holder_is(ext: Extender, node: str, key: str) -> bool:

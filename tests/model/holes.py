@@ -54,6 +54,8 @@ class Hole(StrEnum):
     SWEEP_IN_HANDOFF = "sweep-in-handoff"
     # the extender's sweep of locks whose holder is bound elsewhere released one bound here
     SWEEP_BOUND_HERE = "sweep-bound-here"
+    # a lock released at once as its holder ended (issue 52) for a holder merely not seen yet
+    ENDED_UNSEEN = "ended-unseen"
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -161,6 +163,14 @@ AVOIDED_BY: dict[Hole, str] = {
         "is bound to that lock's own node and not admitted yet, so the next bind takes the free "
         "lock while kubelet may still admit the holder.  Avoided: the extender never sweeps"
     ),
+    Hole.ENDED_UNSEEN: (
+        "(issue 52) the lock of a holder that ended (Failed, Succeeded, deleted) is released at "
+        "once, by the extender's sweep (Binder.release_ended) and by the device plugin "
+        "(Admission.release_ended); a holder the view has merely not seen yet (a replica's "
+        "cache lagging behind its Lease watch) taken for deleted releases the lock while "
+        "kubelet may still admit it.  Avoided: neither part releases the lock of a holder that "
+        "ended (the extender never sweeps)"
+    ),
 }
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
@@ -204,6 +214,8 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     # allows (takeover.expired_and_left: gone, finished, admitted, bound elsewhere)
     Hole.SWEEP_BOUND_HERE,  # never a hole: the sweep releases only a holder the cache saw bound
     # to another node (takeover.bound_elsewhere)
+    Hole.ENDED_UNSEEN,  # never a hole: only a pod seen Failed or Succeeded, or seen deleted,
+    # has ended (handoff.holder.ended)
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -231,6 +243,7 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.MIG_HOLDER: frozenset({"F1", "S1"}),
     Hole.MIG_PROGRESS_AHEAD: frozenset({"S2"}),
     Hole.SWEEP_IN_HANDOFF: frozenset({"S3"}),
+    Hole.ENDED_UNSEEN: frozenset({"S3"}),
     Hole.SWEEP_BOUND_HERE: frozenset({"S3"}),
 }
 
@@ -316,5 +329,12 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
     # released
     Hole.SWEEP_BOUND_HERE: _patched(
         {"scheduler_ext.takeover.bound_elsewhere": reverted.bound_anywhere}
+    ),
+    # a holder not in the view counts as deleted, seen so or not
+    Hole.ENDED_UNSEEN: _patched(
+        {
+            "scheduler_ext.takeover.ended": reverted.ended_unseen_gone,
+            "deviceplugin.decide.ended": reverted.ended_unseen_gone,
+        }
     ),
 }

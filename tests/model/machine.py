@@ -88,6 +88,11 @@ PROCESSES = frozenset({*REPLICAS, "kubelet", "plugin"})
 # bind's own release, or the sweep's of a holder bound elsewhere) and the sweep's of an expired
 # lock; none may come while the holder may still be admitted on the node (S3)
 LEFT_BEHIND_OUTCOMES = frozenset({Outcome.BIND_FAILED.value, Outcome.EXPIRED.value})
+# the outcomes a lock is released with at once when its holder ended (``handoff.holder.ended``),
+# by an extender's sweep or a device plugin; none may come while the holder may still be
+# admitted (S3).  A plugin also releases ``rejected`` for a holder it refused, a moment before
+# kubelet fails it: that one is left to S2 and L1.
+ENDED_OUTCOMES = frozenset({Outcome.REJECTED.value, Outcome.FINISHED.value, Outcome.DELETED.value})
 
 
 class Fault(StrEnum):
@@ -165,6 +170,10 @@ class ModelConfig:
     # nodes whose plugin has no PodResources socket while List fails (not mounted: it decides
     # from the API server's view); elsewhere the socket is there and a failing List refuses
     socketless: frozenset[str] = frozenset({"n2"})
+    # the device plugin's release of a holder that ended as an action of its own (``EndedModel``):
+    # only in the search for ``Hole.ENDED_UNSEEN``, so that the deep and CI profiles draw the
+    # interleavings they were measured with (the extender's sweep makes the same release there)
+    plugin_releases_ended: bool = False
 
 
 @dataclass
@@ -381,7 +390,15 @@ class HandoffModel(RuleBasedStateMachine):
             old.holder is not None
             and new.holder is None
             and new.last is not None
-            and new.last.outcome in LEFT_BEHIND_OUTCOMES
+            and (
+                new.last.outcome in LEFT_BEHIND_OUTCOMES
+                or (
+                    new.last.outcome in ENDED_OUTCOMES
+                    and not (
+                        writer.startswith("plugin/") and new.last.outcome == Outcome.REJECTED.value
+                    )
+                )
+            )
             and self.in_handoff(old.holder.uid, node)
         ):
             self.violate(
@@ -890,7 +907,10 @@ class HandoffModel(RuleBasedStateMachine):
     @rule(node=st.integers(0, 1))
     def kubelet_rejects(self, node: int) -> None:
         """kubelet rejects its next pod at admission before any Allocate (an eviction or sysctl
-        admit handler): the pod fails; the node lock is not released (nothing was allocated)."""
+        admit handler, or its device manager with no device reported yet after a restart,
+        issue 52): the pod fails (``UnexpectedAdmissionError``) and no plugin is called; its
+        lock is released once a part sees it Failed (``Binder.release_ended``,
+        ``Admission.release_ended``), else taken over or swept once expired."""
         self.begin_step()
         ready = self.kubelet_ready()
         n = ready[node % len(ready)]
@@ -1575,7 +1595,7 @@ def _bigger(a: Slice, b: Slice) -> bool:
     return (a.exclusive, _memory(a), a.cores) > (b.exclusive, _memory(b), b.cores)
 
 
-SWEEP_HOLES = frozenset({Hole.SWEEP_IN_HANDOFF, Hole.SWEEP_BOUND_HERE})
+SWEEP_HOLES = frozenset({Hole.SWEEP_IN_HANDOFF, Hole.SWEEP_BOUND_HERE, Hole.ENDED_UNSEEN})
 
 
 class SweepingModel(HandoffModel):
@@ -1596,10 +1616,35 @@ class SweepingModel(HandoffModel):
             self.log(replica, "sweep: " + "; ".join(done))
 
 
+class EndedModel(SweepingModel):
+    """The sweeping model with the device plugin's release of a holder that ended
+    (``Admission.release_ended``, issue 52) as one more action: in production it runs on every
+    change of the node's pod watch or Lease watch; here the search places it anywhere.  A class
+    of its own, so that the searches of ``SWEEP_IN_HANDOFF`` and ``SWEEP_BOUND_HERE`` draw the
+    interleavings they were tuned on."""
+
+    @precondition(lambda self: self.started)
+    @rule(node=st.integers(0, 1))
+    def plugin_releases_ended(self, node: int) -> None:
+        """One look of a device plugin at its lock's holder: released at once if it ended."""
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        done = self.plugins[n].release_ended()
+        if done:
+            self.log(f"plugin/{n}", done)
+
+
 def machine(config: ModelConfig, name: str) -> type[HandoffModel]:
     """A ``HandoffModel`` class for ``config`` with its own ``Stats``; with the sweep unless
-    the config avoids both of its holes (``SWEEP_HOLES``)."""
-    base = HandoffModel if config.avoid >= SWEEP_HOLES else SweepingModel
+    the config avoids all of its holes (``SWEEP_HOLES``), and with the plugin's release of a
+    holder that ended where the config asks for it and does not avoid ``Hole.ENDED_UNSEEN``."""
+    base: type[HandoffModel]
+    if config.avoid >= SWEEP_HOLES:
+        base = HandoffModel
+    elif Hole.ENDED_UNSEEN in config.avoid or not config.plugin_releases_ended:
+        base = SweepingModel
+    else:
+        base = EndedModel
     return type(name, (base,), {"config": config, "stats": Stats()})
 
 

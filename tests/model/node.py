@@ -111,6 +111,9 @@ class Plugin:
     pods: Watch = field(init=False)
     # the node pod watch (``deviceplugin.podwatch.NodePods``): key -> pod bound here, as seen
     bound: dict[str, JSON] = field(default_factory=dict)
+    gone: set[str] = field(
+        default_factory=set
+    )  # UIDs the pod watch saw deleted (``NodePods.gone``)
     pod_cache: tuple[tuple[HolderKey, str, FencingToken], PodJSON] | None = None
     crash_after_checkpoint: bool = False  # a fault armed for the next serve
     # kubelet's PodResources List on this node, with the devices of one resource
@@ -145,6 +148,7 @@ class Plugin:
             for p in self.store.list_pods(node=self.node)
         }
         self.pods.restart()
+        self.gone = set()
         self.pod_cache = None
         self.unknown_since = {}
         self.crash_after_checkpoint = False
@@ -167,6 +171,7 @@ class Plugin:
         for event in self.pods.deliver(limit):
             if event.type == "DELETED":
                 self.bound.pop(event.name, None)
+                self.gone.add(event.obj["metadata"]["uid"])
             else:
                 self.bound[event.name] = event.obj
             n += 1
@@ -434,14 +439,34 @@ class Plugin:
             self.release(pending)
         return alloc
 
-    def _reject(self, release: tuple[Holder, FencingToken]) -> None:
+    def _reject(
+        self, release: tuple[Holder, FencingToken], outcome: Outcome = Outcome.REJECTED
+    ) -> str:
         holder, token = release
-        pending = PendingRelease.of(holder, token, Outcome.REJECTED)
+        pending = PendingRelease.of(holder, token, outcome)
         cp = self.cp.with_pending(pending)
         if cp.progress is not None and cp.progress.token == token:
             cp = cp.with_progress(None)
         self.write(cp)
-        self.release(pending)
+        return self.release(pending)
+
+    def release_ended(self) -> str:
+        """GLUE ``Admission.release_ended``: ``decide.holder_ended`` on the watched Lease and the
+        node pod watch (the holder's pod as last seen, and whether its deletion was seen); a
+        holder that ended gets its lock released at once, recorded as pending first.  What
+        happened ("" when nothing ended)."""
+        view = self.locks.view(self.node)
+        holder = view.record.holder if view is not None else None
+        found = decide.holder_ended(
+            view,
+            None if holder is None else self.bound.get(holder.key),
+            seen_gone=holder is not None and holder.uid in self.gone,
+            pending_tokens={p.token for p in self.cp.pending},
+        )
+        if found is None:
+            return ""
+        done = self._reject((found.holder, found.token), found.end.outcome)
+        return f"holder {found.holder.key} ended ({found.end.why}): {done}"
 
     def release(self, pending: PendingRelease) -> str:
         lock = HeldLock(self.node, Holder(pending.holder, pending.uid), pending.token, "")
