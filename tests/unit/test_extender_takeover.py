@@ -319,9 +319,12 @@ def test_the_cache_says_a_holder_ended_only_for_what_it_saw() -> None:
     cache = ClusterCache()
     holder = Holder(HolderKey("ns/p"), UID)
     assert cached_ended(cache)(NODE, holder) is None  # never seen: may not have arrived yet
-    obj = {
+    obj = {  # a GPU pod, as every lock holder is (the cache keeps nothing of a bound CPU pod)
         "metadata": {"name": "p", "namespace": "ns", "uid": UID, "resourceVersion": "1"},
-        "spec": {"containers": [{"name": "c"}], "nodeName": "gpu-1"},
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": {DEFAULT_RESOURCE: "1"}}}],
+            "nodeName": "gpu-1",
+        },
         "status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"},
     }
     cache.apply_pod("ADDED", obj)
