@@ -40,8 +40,12 @@ Guarantees:
   leaves the lock alone (docs/deviceplugin.md, "Lock paths").
 - A holder the node's pod watch shows Failed, Succeeded or deleted (``decide.holder_ended``) has
   its lock released at once (``rejected``, ``finished``, ``deleted``), with no Allocate: looked
-  at on every change of the pod watch and the Lease watch (``run_ended_releases``).  A pod the
-  watch has merely not shown is not taken for deleted.
+  at on every change of the pod watch, the Lease watch and of ``serving`` (``holder_changed``,
+  ``run_ended_releases``).  A Failed (rejected) holder only once the plugin serves (``serving``:
+  its ListAndWatch has sent kubelet the devices), never before: while it does not, kubelet
+  would reject the next pod too, and the lock's expiry is the brake
+  (``handoff.holder.released_by_plugin``).  A pod the watch has merely not shown is not taken
+  for deleted.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ from deviceplugin.kubeletview import KubeletViewError, PodResources, read_checkp
 from deviceplugin.metrics import PluginMetrics, ReleaseResult
 from deviceplugin.podwatch import NodePods
 from handoff.audit import KubeletPod
+from handoff.holder import released_by_plugin
 from handoff.wire import DEFAULT_RESOURCE, GPU, DeviceID, Keys
 from kube import failpoints
 from kube.backoff import Backoff
@@ -150,6 +155,7 @@ class Admission:
         pods: NodePods | None = None,
         on_refused: Callable[[Refusal, Holder | None], None] | None = None,
         on_ended: Callable[[EndedHolder], None] | None = None,
+        serving: Callable[[], bool] = lambda: False,
         kubelet: PodResources | None = None,
         kubelet_checkpoint: Path | None = None,
         on_fallback: Callable[[str], None] | None = None,
@@ -168,7 +174,11 @@ class Admission:
         self._sight_lock = asyncio.Lock()
         self._on_refused = on_refused  # an Event on the holder pod (or the node)
         self._on_ended = on_ended  # an Event: the lock of a holder that ended was released
-        # set by the node's pod watch and the Lease watch: look for a holder that ended
+        # whether kubelet has this plugin's devices (ListAndWatch sent them): may a rejected
+        # holder's lock be released at once (``handoff.holder.released_by_plugin``)
+        self._serving = serving
+        # set by the node's pod watch, the Lease watch and ListAndWatch's first answer: look
+        # for a holder that ended
         self.holder_changed = asyncio.Event()
         self.node = node
         self._kube = kube
@@ -556,8 +566,9 @@ class Admission:
     async def release_ended(self) -> bool:
         """Release the node's lock if its holder has ended for good as the node's pod watch
         shows it (``decide.holder_ended``: Failed, Succeeded, deleted): at once, not at expiry,
-        recorded as a pending release first like every other, fenced by the token.  True when
-        a release was decided."""
+        recorded as a pending release first like every other, fenced by the token.  A Failed
+        (rejected) holder only while the plugin serves (``serving``); before, nothing is sent.
+        True when a release was decided."""
         if self._ended() is None:  # most calls: no request, and no wait for an Allocate
             return False
         async with self._lock:
@@ -579,6 +590,12 @@ class Admission:
         return True
 
     def _ended(self) -> EndedHolder | None:
+        found = self._holder_ended()
+        if found is None or not released_by_plugin(found.end, serving=self._serving()):
+            return None
+        return found
+
+    def _holder_ended(self) -> EndedHolder | None:
         if self._pods is None or not self._pods.synced:
             return None
         view = self._locks.view(self.node)
@@ -587,12 +604,14 @@ class Admission:
             view,
             None if holder is None else self._pods.get(holder.key),
             seen_gone=holder is not None and self._pods.gone(holder.uid),
+            failed_before_gone=holder is not None and self._pods.gone_failed(holder.uid),
             pending_tokens={p.token for p in self._cp.pending},
         )
 
     async def run_ended_releases(self) -> None:
         """Release the lock of a holder that ended as soon as the node's pod watch or the Lease
-        watch shows it (``release_ended``), until cancelled."""
+        watch shows it, and a rejected holder's as soon as the plugin serves too
+        (``release_ended``), until cancelled."""
         while True:
             await self.holder_changed.wait()
             self.holder_changed.clear()

@@ -1243,16 +1243,18 @@ def holder_ended(
     *,
     seen_gone: bool,
     pending_tokens: Collection[FencingToken],
+    failed_before_gone: bool = False,
 ) -> EndedHolder | None:
     """Whether the lock in ``view`` is held by a pod that has ended for good
     (``handoff.holder.ended``: Failed, Succeeded, or deleted), from the holder's pod as the
-    node's pod watch shows it (``pod``; None: not there) and whether the watch saw that UID
-    deleted.  None when the lock is free, when a release of its token is already pending
-    (``pending_tokens``: this plugin decided it already), or when the holder may still be
-    admitted.  Such a holder is never served, so nothing else would release its lock before
-    expiry (issue 52: kubelet rejects the holder it admits before the plugin has reported its
-    devices after a kubelet restart).  The release is fenced by ``token``: a lock that moved on
-    meanwhile changes nothing.
+    node's pod watch shows it (``pod``; None: not there), whether the watch saw that UID
+    deleted, and Failed before (``failed_before_gone``).  None when the lock is free, when a
+    release of its token is already pending (``pending_tokens``: this plugin decided it
+    already), or when the holder may still be admitted.  Whether the plugin may release it now
+    is ``handoff.holder.released_by_plugin``'s to say.  Such a holder is never served, so no
+    handoff would release its lock before expiry (issue 52: kubelet rejects the holder it
+    admits before the plugin has reported its devices after a kubelet restart).  The release
+    is fenced by ``token``: a lock that moved on meanwhile changes nothing.
     """
     if view is None or view.record.holder is None:
         return None
@@ -1260,5 +1262,10 @@ def holder_ended(
     if token in pending_tokens:
         return None
     holder = view.record.holder
-    end = ended(None if pod is None else pod_facts(pod), uid=holder.uid, seen_gone=seen_gone)
+    end = ended(
+        None if pod is None else pod_facts(pod),
+        uid=holder.uid,
+        seen_gone=seen_gone,
+        failed_before_gone=failed_before_gone,
+    )
     return None if end is None else EndedHolder(holder, token, end)

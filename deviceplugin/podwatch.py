@@ -39,6 +39,10 @@ def _uid(pod: PodJSON) -> str:
     return str((pod.get("metadata") or {}).get("uid") or "")
 
 
+def _failed(pod: PodJSON) -> bool:
+    return bool((pod.get("status") or {}).get("phase") == "Failed")
+
+
 class NodePods:
     """The pods bound to one node, from a watch; ``run`` never returns."""
 
@@ -53,7 +57,8 @@ class NodePods:
     ) -> None:
         self.node = node
         self._pods: dict[HolderKey, PodJSON] = {}
-        self._gone: OrderedDict[str, None] = OrderedDict()  # UIDs seen deleted
+        # UIDs seen deleted -> whether the pod was last seen Failed (``gone_failed``)
+        self._gone: OrderedDict[str, bool] = OrderedDict()
         self.synced = False
         self.on_synced: Callable[[], None] = lambda: None
         # called after every change the watch applied (an event, or a list replacing the view)
@@ -85,6 +90,11 @@ class NodePods:
         """Whether the watch saw the pod of ``uid`` deleted (the last ``TOMBSTONES`` of them)."""
         return uid in self._gone
 
+    def gone_failed(self, uid: str) -> bool:
+        """Whether the watch saw the pod of ``uid`` deleted, and Failed when last seen (a
+        rejected pod its controller deleted)."""
+        return self._gone.get(uid, False)
+
     async def list_now(self) -> list[PodJSON]:
         """Every pod bound to this node, by one consistent LIST (paged) of the API server; it
         does not change the watch's view.  Raises ``ApiUnavailable``/``ApiError``."""
@@ -94,10 +104,10 @@ class NodePods:
     # -- the watch ------------------------------------------------------------------------------
 
     def _replace(self, items: list[Any]) -> None:
-        before = {_uid(p) for p in self._pods.values()}
+        before = {_uid(p): _failed(p) for p in self._pods.values()}
         self._pods = {_key(p): p for p in items}
-        for uid in before - {_uid(p) for p in items}:
-            self._bury(uid)
+        for uid in before.keys() - {_uid(p) for p in items}:
+            self._bury(uid, failed=before[uid])
         if not self.synced:
             self.synced = True
             self.on_synced()
@@ -106,16 +116,16 @@ class NodePods:
     def _apply(self, kind: str, pod: PodJSON) -> None:
         key = _key(pod)
         if kind == "DELETED":
-            self._pods.pop(key, None)
-            self._bury(_uid(pod))
+            last = self._pods.pop(key, None)
+            self._bury(_uid(pod), failed=_failed(pod) or (last is not None and _failed(last)))
         else:
             self._pods[key] = pod
         self.on_change()
 
-    def _bury(self, uid: str) -> None:
+    def _bury(self, uid: str, *, failed: bool) -> None:
         if not uid:
             return
-        self._gone[uid] = None
+        self._gone[uid] = failed or self._gone.get(uid, False)
         self._gone.move_to_end(uid)
         while len(self._gone) > TOMBSTONES:
             self._gone.popitem(last=False)

@@ -40,7 +40,9 @@ Every phase but ``NOT_BOUND`` and ``IN_HANDOFF``/``UNKNOWN`` is final for a give
 has ended (Failed, Succeeded, or seen deleted) can never be admitted again, so no Allocate can
 come for it and its lock serves no one (docs/design.md, "Expiry and takeover").  ``ADMITTED``
 and ``BOUND_ELSEWHERE`` are final too but not ended: kubelet may still call Allocate for an
-admitted pod it has no device record of, and those keep the expiry rule.
+admitted pod it has no device record of, and those keep the expiry rule.  Who may release
+it at once (the brake on a node whose device plugin is down): ``released_by_extender`` and
+``released_by_plugin`` — a rejected holder only by the node's device plugin while it serves.
 """
 
 from __future__ import annotations
@@ -195,14 +197,20 @@ REJECTED_AT_RESTART = (
 )
 
 
-def ended(facts: PodFacts | None, *, uid: str, seen_gone: bool) -> Ended | None:
+def ended(
+    facts: PodFacts | None, *, uid: str, seen_gone: bool, failed_before_gone: bool = False
+) -> Ended | None:
     """Whether the holder ``uid`` has ended for good, from its pod's facts (``None``: not in the
-    caller's view) and whether the caller saw that UID deleted (``seen_gone``).
+    caller's view), whether the caller saw that UID deleted (``seen_gone``) and, if so, whether
+    it saw it Failed before (``failed_before_gone``).
 
     - Failed: ``Outcome.REJECTED``.  A holder in handoff fails only at admission: kubelet
       rejected it (``UnexpectedAdmissionError`` when its device manager had no device to give,
       or any other admit handler), or a controller failed it; either way it is never admitted.
       A bare pod must be created again; a controller's pod is replaced by its controller.
+      A holder seen Failed and then deleted (a controller that deletes its failed pods) is
+      ``REJECTED`` too: its rejection is what matters to who may release it
+      (``released_by_extender``).
     - Succeeded: ``Outcome.FINISHED`` (it ran, so it was admitted, and is done).
     - Deleted (seen so, or a pod of that name with another UID): ``Outcome.DELETED``.
 
@@ -211,6 +219,11 @@ def ended(facts: PodFacts | None, *, uid: str, seen_gone: bool) -> Ended | None:
     if facts is None:
         if not seen_gone:
             return None
+        if failed_before_gone:
+            return Ended(
+                Outcome.REJECTED,
+                f"the holder pod was Failed, then deleted: it never ran; {AGAIN}",
+            )
         return Ended(Outcome.DELETED, "the holder pod was deleted")
     if uid and facts.uid != uid:
         return Ended(Outcome.DELETED, "the holder pod was deleted (a new pod has the same name)")
@@ -221,6 +234,29 @@ def ended(facts: PodFacts | None, *, uid: str, seen_gone: bool) -> Ended | None:
     if facts.phase == "Succeeded":
         return Ended(Outcome.FINISHED, "the holder pod Succeeded")
     return None
+
+
+def released_by_extender(end: Ended) -> bool:
+    """Whether an extender may release the lock of a holder that ended at once, not waiting for
+    its expiry: for ``finished`` and ``deleted``, not for ``rejected``.
+
+    A rejected holder is, most often, the sign that the node's device plugin is not serving:
+    kubelet fails every pod it admits within milliseconds while no device is reported ("no
+    healthy devices present", or ``UnexpectedAdmissionError`` after a kubelet restart).
+    Released at once, the next pod would be bound there at once and rejected in turn: a burst
+    would drain into one broken node.  So only the node's device plugin releases a rejected
+    holder at once, and only while it serves (``released_by_plugin``); the extender waits for
+    the lock's expiry, which keeps a node whose plugin is down out of a burst.  A holder that
+    Succeeded or was deleted is not a sign of a broken node, and at worst one more pod is bound
+    there and rejected, whose lock is then held until the plugin serves or the lock expires."""
+    return end.outcome is not Outcome.REJECTED
+
+
+def released_by_plugin(end: Ended, *, serving: bool) -> bool:
+    """Whether the node's device plugin may release the lock of a holder that ended at once:
+    a rejected holder only while the plugin ``serving`` (its ListAndWatch has sent kubelet the
+    devices, so kubelet can admit the next pod; ``/readyz``), any other at once."""
+    return serving or released_by_extender(end)
 
 
 # the Event either part writes, on the holder pod and the node, when it released the lock of a

@@ -249,9 +249,10 @@ class Binder:
         return lambda: bool(self.ended_now() - tried)
 
     async def release_ended(self) -> int:
-        """Release, at once, every held lock whose holder this cache saw end for good
-        (``takeover.ended_holders``: Failed, Succeeded, deleted), expired or not, fenced by its
-        token; returns how many."""
+        """Release, at once, every held lock whose holder this cache saw Succeed or deleted
+        (``takeover.ended_holders``), expired or not, fenced by its token; returns how many.  A
+        holder seen Failed is left to its node's serving device plugin, or to expiry
+        (``release_expired_left``)."""
         released = 0
         for node, holder, end in ended_holders(self._locks.holders(), cached_ended(self._cache)):
             token = await self._release_left(node, holder, end.outcome, end.why)
@@ -294,7 +295,7 @@ class Binder:
 
     async def sweep(self, *, every_s: float = SWEEP_S) -> None:
         """Release locks left behind, forever.  Once the cache shows a lock's holder ended
-        (Failed, Succeeded, deleted), at once: the pod watch's event wakes the sweep
+        (Succeeded, deleted; not Failed), at once: the pod watch's event wakes the sweep
         (``release_ended``).  Every ``every_s``: those again (a release that failed is retried
         then), those whose holder is bound elsewhere (``release_bound_elsewhere``) and expired
         ones whose holder left the handoff (``release_expired_left``)."""

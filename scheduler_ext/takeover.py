@@ -12,9 +12,11 @@ assignment) unless the cache accounts for the holder or has no record of it at a
 (``lease_copy_needed``): a holder deleted before this replica started would otherwise block its
 devices forever, since takeover happens only inside a Bind that filter then never sends there.
 
-A holder that has ended (Failed, Succeeded, seen deleted: ``handoff.holder.ended``) needs no
-expiry at all: ``ended_holders`` names those locks for the sweep to release at once (issue 52,
-decision 0012).
+A holder that Succeeded or was seen deleted (``handoff.holder.ended``) needs no expiry at all:
+``ended_holders`` names those locks for the sweep to release at once (issue 52, decision 0012).
+A holder seen Failed (rejected) is not among them: only the node's device plugin, while it
+serves, releases it at once (``handoff.holder.released_by_extender``); here it waits for expiry
+(``expired_and_left``), which keeps a node whose plugin is down out of a burst.
 
 A cached pod can only lag; the final phases (gone, bound elsewhere, admitted, finished) never
 revert for a UID, so the cache may answer yes for them.  "Not bound" can turn into "bound here" at
@@ -26,7 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from handoff.holder import Ended, HolderState, HolderStatus, classify, ended
+from handoff.holder import (
+    Ended,
+    HolderState,
+    HolderStatus,
+    classify,
+    ended,
+    released_by_extender,
+)
 from lockd.model import Holder, NodeLockView, NodeName
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.state import PodState
@@ -191,13 +200,18 @@ def expired_and_left(
 
 def cached_ended(cache: ClusterCache) -> Callable[[NodeName, Holder], Ended | None]:
     """``handoff.holder.ended`` of a lock's holder from ``cache`` alone: its cached pod, and
-    whether the cache saw that UID deleted.  The ended states never revert for a UID, so a
-    lagging cache may say them."""
+    whether the cache saw that UID deleted (and Failed before).  The ended states never revert
+    for a UID, so a lagging cache may say them."""
 
     def of(node: NodeName, holder: Holder) -> Ended | None:
         pod = cache.pod(holder.uid)
         facts = None if pod is None else pod.facts
-        return ended(facts, uid=holder.uid, seen_gone=cache.is_gone(holder.uid))
+        return ended(
+            facts,
+            uid=holder.uid,
+            seen_gone=cache.is_gone(holder.uid),
+            failed_before_gone=cache.gone_failed(holder.uid),
+        )
 
     return of
 
@@ -206,18 +220,20 @@ def ended_holders(
     held: Mapping[NodeName, Holder],
     ended_of: Callable[[NodeName, Holder], Ended | None],
 ) -> list[tuple[NodeName, Holder, Ended]]:
-    """The held locks whose holder has ended for good (Failed, Succeeded, deleted), expired or
-    not, with the outcome to release them with and why (pure).
+    """The held locks whose holder has ended for good and that an extender releases at once,
+    expired or not, with the outcome to release them with and why (pure): the holder Succeeded
+    (``finished``) or was seen deleted (``deleted``), never seen Failed.
 
     Such a holder can never be admitted again, so no Allocate can come for it: its lock is
-    released at once rather than at expiry, and the node's next pod is not kept waiting a lock
-    period behind a pod kubelet already rejected (issue 52: a restarting kubelet rejects the
-    holder it admits before the device plugin has reported its devices again).
+    released at once rather than at expiry.  A holder seen Failed (``rejected``) is left out
+    (``handoff.holder.released_by_extender``): its node's device plugin releases it once it
+    serves, or the sweep once it expired — a node whose plugin is down, where kubelet rejects
+    every pod at once, stays out of a burst for the lock's duration.
     """
     out: list[tuple[NodeName, Holder, Ended]] = []
     for node, holder in sorted(held.items()):
         end = ended_of(node, holder)
-        if end is not None:
+        if end is not None and released_by_extender(end):
             out.append((node, holder, end))
     return out
 

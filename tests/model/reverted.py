@@ -281,8 +281,10 @@ def decide_preferred_unsteered(*args: Any, **named: Any) -> Preference:
     return _decide_preferred(*args, **named)
 
 
-def ended_unseen_gone(facts: PodFacts | None, *, uid: str, seen_gone: bool) -> Ended | None:
+def ended_unseen_gone(
+    facts: PodFacts | None, *, uid: str, seen_gone: bool, failed_before_gone: bool = False
+) -> Ended | None:
     """``handoff.holder.ended`` with ``seen_gone`` ignored: a holder missing from the view
     counts as deleted, as if the view could not lag."""
     del seen_gone
-    return ended(facts, uid=uid, seen_gone=True)
+    return ended(facts, uid=uid, seen_gone=True, failed_before_gone=failed_before_gone)

@@ -1119,3 +1119,10 @@ def test_no_release_for_a_holder_that_may_still_be_admitted_or_one_already_decid
     free = lease(None, holder=None)
     assert holder_ended(free, failed, seen_gone=False, pending_tokens=()) is None
     assert holder_ended(None, failed, seen_gone=False, pending_tokens=()) is None
+
+
+def test_a_holder_failed_then_deleted_has_its_lock_released_rejected() -> None:
+    view = lease(assignment_of(c0=["GPU-00"]))
+    got = holder_ended(view, None, seen_gone=True, failed_before_gone=True, pending_tokens=())
+    assert got is not None
+    assert got.end.outcome is Outcome.REJECTED

@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from deviceplugin.decide import HandoffProgress, handoff_abandoned
-from handoff.holder import HolderState, ended, holder_status, pod_facts
+from handoff.holder import (
+    Ended,
+    HolderState,
+    ended,
+    holder_status,
+    pod_facts,
+    released_by_extender,
+    released_by_plugin,
+)
 from handoff.wire import ContainerName, Keys
 from lockd.model import FencingToken, HolderKey, NodeName, Outcome
 from scheduler_ext.state import pod_state
@@ -166,3 +174,32 @@ def test_a_holder_that_may_still_be_admitted_or_asked_for_has_not_ended(obj: Any
 
 def test_a_holder_merely_missing_from_the_view_has_not_ended() -> None:
     assert ended(None, uid=UID, seen_gone=False) is None
+
+
+def test_a_holder_failed_then_deleted_has_ended_rejected() -> None:
+    """A controller that deletes its failed pods (a StatefulSet) does not turn a rejected
+    holder into a deleted one: who may release it is decided by its rejection."""
+    got = ended(None, uid=UID, seen_gone=True, failed_before_gone=True)
+    assert got is not None
+    assert got.outcome is Outcome.REJECTED
+    assert "created again" in got.why
+
+
+@pytest.mark.parametrize(
+    ("outcome", "extender", "plugin_not_serving", "plugin_serving"),
+    [
+        (Outcome.REJECTED, False, False, True),
+        (Outcome.FINISHED, True, True, True),
+        (Outcome.DELETED, True, True, True),
+    ],
+)
+def test_a_rejected_holder_is_released_at_once_only_by_a_serving_plugin(
+    outcome: Outcome, extender: bool, plugin_not_serving: bool, plugin_serving: bool
+) -> None:
+    """The brake (decision 0012): kubelet rejects every pod it admits while the node's plugin
+    has reported no device, so a rejected holder's lock is released at once only by that plugin
+    once it serves; a holder that Succeeded or was deleted, by either part at once."""
+    end = Ended(outcome, "why")
+    assert released_by_extender(end) is extender
+    assert released_by_plugin(end, serving=False) is plugin_not_serving
+    assert released_by_plugin(end, serving=True) is plugin_serving
