@@ -56,6 +56,9 @@ class Hole(StrEnum):
     SWEEP_BOUND_HERE = "sweep-bound-here"
     # a lock released at once as its holder ended (issue 52) for a holder merely not seen yet
     ENDED_UNSEEN = "ended-unseen"
+    # (issue 52's first attempt) an extender released a rejected holder's lock at once: with
+    # the node's device plugin down, every pod bound there is rejected at once (a storm)
+    REJECTED_RELEASED_UNSERVED = "rejected-released-unserved"
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -171,6 +174,12 @@ AVOIDED_BY: dict[Hole, str] = {
         "kubelet may still admit it.  Avoided: neither part releases the lock of a holder that "
         "ended (the extender never sweeps)"
     ),
+    Hole.REJECTED_RELEASED_UNSERVED: (
+        "(issue 52, decision 0012) a holder kubelet rejected because the node's device plugin "
+        "did not serve is released at once by the extender's sweep: the node's next pod is "
+        "bound at once and rejected too, a burst drains into a node whose plugin is down.  "
+        "Avoided: no plugin ever stops serving (BrakeModel is not used)"
+    ),
 }
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
@@ -216,6 +225,8 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     # to another node (takeover.bound_elsewhere)
     Hole.ENDED_UNSEEN,  # never a hole: only a pod seen Failed or Succeeded, or seen deleted,
     # has ended (handoff.holder.ended)
+    Hole.REJECTED_RELEASED_UNSERVED,  # fixed by decision 0012: an extender never releases a
+    # rejected holder at once (handoff.holder.released_by_extender), the plugin only serving
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -244,6 +255,7 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.MIG_PROGRESS_AHEAD: frozenset({"S2"}),
     Hole.SWEEP_IN_HANDOFF: frozenset({"S3"}),
     Hole.ENDED_UNSEEN: frozenset({"S3"}),
+    Hole.REJECTED_RELEASED_UNSERVED: frozenset({"R1"}),
     Hole.SWEEP_BOUND_HERE: frozenset({"S3"}),
 }
 
@@ -329,6 +341,10 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
     # released
     Hole.SWEEP_BOUND_HERE: _patched(
         {"scheduler_ext.takeover.bound_elsewhere": reverted.bound_anywhere}
+    ),
+    # the extender releases a rejected holder at once, as the plugin does once it serves
+    Hole.REJECTED_RELEASED_UNSERVED: _patched(
+        {"scheduler_ext.takeover.released_by_extender": reverted.released_by_anyone}
     ),
     # a holder not in the view counts as deleted, seen so or not
     Hole.ENDED_UNSEEN: _patched(

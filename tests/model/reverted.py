@@ -288,3 +288,10 @@ def ended_unseen_gone(
     counts as deleted, as if the view could not lag."""
     del seen_gone
     return ended(facts, uid=uid, seen_gone=True, failed_before_gone=failed_before_gone)
+
+
+def released_by_anyone(end: Ended) -> bool:
+    """``handoff.holder.released_by_extender`` as issue 52's first attempt had it: every holder
+    that ended, a rejected one too, is released at once by an extender."""
+    del end
+    return True

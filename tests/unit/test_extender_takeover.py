@@ -328,7 +328,8 @@ def test_the_cache_says_a_holder_ended_only_for_what_it_saw() -> None:
     cache = ClusterCache()
     holder = Holder(HolderKey("ns/p"), UID)
     assert cached_ended(cache)(NODE, holder) is None  # never seen: may not have arrived yet
-    obj: dict[str, Any] = {  # a GPU pod, as every lock holder is (the cache keeps nothing of a bound CPU pod)
+    # a GPU pod, as every lock holder is (the cache keeps nothing of a bound CPU pod)
+    obj: dict[str, Any] = {
         "metadata": {"name": "p", "namespace": "ns", "uid": UID, "resourceVersion": "1"},
         "spec": {
             "containers": [{"name": "c", "resources": {"limits": {DEFAULT_RESOURCE: "1"}}}],
