@@ -93,10 +93,12 @@ PROCESSES = frozenset({*REPLICAS, "kubelet", "plugin"})
 # bind's own release, or the sweep's of a holder bound elsewhere) and the sweep's of an expired
 # lock; none may come while the holder may still be admitted on the node (S3)
 LEFT_BEHIND_OUTCOMES = frozenset({Outcome.BIND_FAILED.value, Outcome.EXPIRED.value})
-# the outcomes a lock is released with at once when its holder ended (``handoff.holder.ended``),
-# by an extender's sweep or a device plugin; none may come while the holder may still be
-# admitted (S3).  A plugin also releases ``rejected`` for a holder it refused, a moment before
-# kubelet fails it: that one is left to S2 and L1.
+# the outcomes a lock is released with at once when its holder ended (``handoff.holder.ended``):
+# ``finished`` and ``deleted`` by an extender's sweep or a device plugin, ``rejected`` by a
+# serving device plugin only; none may come while the holder may still be admitted (S3), nor,
+# for a holder rejected while its node's plugin did not serve, before that plugin serves (R1).
+# A plugin also releases ``rejected`` for a holder it refused, a moment before kubelet fails
+# it: that one is left to S2 and L1.
 ENDED_OUTCOMES = frozenset({Outcome.REJECTED.value, Outcome.FINISHED.value, Outcome.DELETED.value})
 
 
@@ -932,10 +934,11 @@ class HandoffModel(RuleBasedStateMachine):
     @rule(node=st.integers(0, 1))
     def kubelet_rejects(self, node: int) -> None:
         """kubelet rejects its next pod at admission before any Allocate (an eviction or sysctl
-        admit handler, or its device manager with no device reported yet after a restart,
-        issue 52): the pod fails (``UnexpectedAdmissionError``) and no plugin is called; its
-        lock is released once a part sees it Failed (``Binder.release_ended``,
-        ``Admission.release_ended``), else taken over or swept once expired."""
+        admit handler; or its device manager with no device reported, while the node's plugin
+        does not serve, issue 52): the pod fails (``UnexpectedAdmissionError``) and no plugin is
+        called; its lock is released by the node's plugin once it sees it Failed and serves
+        (``Admission.release_ended``, in ``EndedModel``), else swept or taken over once expired
+        (the extenders never release a rejected holder at once: R1)."""
         self.begin_step()
         ready = self.kubelet_ready()
         n = ready[node % len(ready)]
