@@ -191,9 +191,9 @@ AGAIN = (
 # not a known predicate failure)
 UNEXPECTED_ADMISSION = "UnexpectedAdmissionError"
 REJECTED_AT_RESTART = (
-    "kubelet rejected it at admission, its device manager could not give it devices (right "
-    "after a kubelet restart: kubelet admitted it before the device plugin had reported its "
-    "devices again)"
+    "kubelet rejected it at admission, its device manager could not give it devices: kubelet "
+    "admitted it before the device plugin had reported its devices (right after a kubelet "
+    "restart, or while the plugin was down or restarting)"
 )
 
 
