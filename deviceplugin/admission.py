@@ -38,6 +38,14 @@ Guarantees:
 - The lock is released ``allocated`` right after the holder's last GPU container is answered, and
   ``rejected`` only when ``decide`` says the holder can never be served.  Every other refusal
   leaves the lock alone (docs/deviceplugin.md, "Lock paths").
+- A holder the node's pod watch shows Failed, Succeeded or deleted (``decide.holder_ended``) has
+  its lock released at once (``rejected``, ``finished``, ``deleted``), with no Allocate: looked
+  at on every change of the pod watch, the Lease watch and of ``serving`` (``holder_changed``,
+  ``run_ended_releases``).  A Failed (rejected) holder only once the plugin serves (``serving``:
+  its ListAndWatch has sent kubelet the devices), never before: while it does not, kubelet
+  would reject the next pod too, and the lock's expiry is the brake
+  (``handoff.holder.released_by_plugin``).  A pod the watch has merely not shown is not taken
+  for deleted.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from deviceplugin.checkpoint import Checkpoint, PendingRelease
 from deviceplugin.decide import (
     Allocation,
     Context,
+    EndedHolder,
     HandoffProgress,
     KubeletAdmission,
     KubeletRecords,
@@ -73,6 +82,7 @@ from deviceplugin.decide import (
     decide_preferred,
     handoff_abandoned,
     hint,
+    holder_ended,
     kubelet_admitting,
     kubelet_records,
     sight,
@@ -83,6 +93,7 @@ from deviceplugin.kubeletview import KubeletViewError, PodResources, read_checkp
 from deviceplugin.metrics import PluginMetrics, ReleaseResult
 from deviceplugin.podwatch import NodePods
 from handoff.audit import KubeletPod
+from handoff.holder import released_by_plugin
 from handoff.wire import DEFAULT_RESOURCE, GPU, DeviceID, Keys
 from kube import failpoints
 from kube.backoff import Backoff
@@ -143,6 +154,8 @@ class Admission:
         api_retry_s: float = API_RETRY_S,
         pods: NodePods | None = None,
         on_refused: Callable[[Refusal, Holder | None], None] | None = None,
+        on_ended: Callable[[EndedHolder], None] | None = None,
+        serving: Callable[[], bool] = lambda: False,
         kubelet: PodResources | None = None,
         kubelet_checkpoint: Path | None = None,
         on_fallback: Callable[[str], None] | None = None,
@@ -160,6 +173,13 @@ class Admission:
         self._sightings = KubeletSightings()
         self._sight_lock = asyncio.Lock()
         self._on_refused = on_refused  # an Event on the holder pod (or the node)
+        self._on_ended = on_ended  # an Event: the lock of a holder that ended was released
+        # whether kubelet has this plugin's devices (ListAndWatch sent them): may a rejected
+        # holder's lock be released at once (``handoff.holder.released_by_plugin``)
+        self._serving = serving
+        # set by the node's pod watch, the Lease watch and ListAndWatch's first answer: look
+        # for a holder that ended
+        self.holder_changed = asyncio.Event()
         self.node = node
         self._kube = kube
         self._locks = locks
@@ -543,6 +563,63 @@ class Admission:
                 self._time_unknown({key for key in keys if not uids.get(key)})
         return listed
 
+    async def release_ended(self) -> bool:
+        """Release the node's lock if its holder has ended for good as the node's pod watch
+        shows it (``decide.holder_ended``: Failed, Succeeded, deleted): at once, not at expiry,
+        recorded as a pending release first like every other, fenced by the token.  A Failed
+        (rejected) holder only while the plugin serves (``serving``); before, nothing is sent.
+        True when a release was decided."""
+        if self._ended() is None:  # most calls: no request, and no wait for an Allocate
+            return False
+        async with self._lock:
+            found = self._ended()
+            if found is None:
+                return False
+            log.info(
+                "node %s: lock holder %s (token %d) ended (%s): releasing its lock: %s",
+                self.node,
+                found.holder.key,
+                found.token,
+                found.end.outcome.value,
+                found.end.why,
+            )
+            result = await self._reject((found.holder, found.token), found.end.outcome)
+        # only the part whose write released the lock says so (the extender may have been first)
+        if self._on_ended is not None and result is ReleaseResult.RELEASED:
+            self._on_ended(found)
+        return True
+
+    def _ended(self) -> EndedHolder | None:
+        found = self._holder_ended()
+        if found is None or not released_by_plugin(found.end, serving=self._serving()):
+            return None
+        return found
+
+    def _holder_ended(self) -> EndedHolder | None:
+        if self._pods is None or not self._pods.synced:
+            return None
+        view = self._locks.view(self.node)
+        holder = view.record.holder if view is not None else None
+        return holder_ended(
+            view,
+            None if holder is None else self._pods.get(holder.key),
+            seen_gone=holder is not None and self._pods.gone(holder.uid),
+            failed_before_gone=holder is not None and self._pods.gone_failed(holder.uid),
+            pending_tokens={p.token for p in self._cp.pending},
+        )
+
+    async def run_ended_releases(self) -> None:
+        """Release the lock of a holder that ended as soon as the node's pod watch or the Lease
+        watch shows it, and a rejected holder's as soon as the plugin serves too
+        (``release_ended``), until cancelled."""
+        while True:
+            await self.holder_changed.wait()
+            self.holder_changed.clear()
+            try:
+                await self.release_ended()
+            except Exception:  # must never stop the plugin; the next change tries again
+                log.exception("releasing the lock of a holder that ended failed")
+
     async def run_sightings(self, period_s: float = SIGHTING_PERIOD_S) -> None:
         """Read kubelet's List every ``period_s`` until cancelled, so that the pods it admitted
         before the next holder are known as such when that holder's Allocate comes
@@ -637,10 +714,12 @@ class Admission:
             f"node {self.node}: cannot write the device plugin checkpoint {self._file}: {exc}",
         )
 
-    async def _reject(self, release: tuple[Holder, FencingToken]) -> None:
-        """Release the holder's lock ``rejected`` (recorded first; retried if it fails)."""
+    async def _reject(
+        self, release: tuple[Holder, FencingToken], outcome: Outcome = Outcome.REJECTED
+    ) -> ReleaseResult:
+        """Release the holder's lock ``outcome`` (recorded first; retried if it fails)."""
         holder, token = release
-        pending = PendingRelease.of(holder, token, Outcome.REJECTED)
+        pending = PendingRelease.of(holder, token, outcome)
         cp = self._cp.with_pending(pending)
         if cp.progress is not None and cp.progress.token == token:
             cp = cp.with_progress(None)
@@ -649,7 +728,7 @@ class Admission:
         except OSError as exc:  # keep it in memory: the retrier still releases it
             log.error("cannot record a pending release in %s: %s", self._file, exc)
             self._cp = cp
-        await self._release_soon(pending)
+        return await self._release_soon(pending)
 
     def _step(self, step: str) -> None:
         """Observe how long the node's lock has been held when the handoff reaches ``step``."""
@@ -725,13 +804,15 @@ class Admission:
 
     # -- releases -------------------------------------------------------------------------------
 
-    async def _release_soon(self, pending: PendingRelease) -> None:
+    async def _release_soon(self, pending: PendingRelease) -> ReleaseResult:
         """Try the release now (bounded); on failure the background retrier owns it."""
+        result = ReleaseResult.RETRY
         try:
-            await asyncio.wait_for(self._release(pending), RELEASE_INLINE_S)
+            result = await asyncio.wait_for(self._release(pending), RELEASE_INLINE_S)
         except TimeoutError:
             log.warning("release of token %d is slow; retrying in the background", pending.token)
         self._pending_changed.set()
+        return result
 
     async def _release(self, pending: PendingRelease) -> ReleaseResult:
         lock = HeldLock(self.node, Holder(pending.holder, pending.uid), pending.token, "")

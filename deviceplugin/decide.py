@@ -53,7 +53,7 @@ from enum import StrEnum
 from typing import Any
 
 from handoff.audit import KubeletPod, PluginAnswer
-from handoff.holder import HolderState
+from handoff.holder import Ended, HolderState, ended, pod_facts
 from handoff.holder import holder_status as handoff_status
 from handoff.request import container_needs
 from handoff.wire import (
@@ -1226,3 +1226,46 @@ def handoff_abandoned(pod: PodJSON | None, progress: HandoffProgress, node: Node
     admits a pod being deleted before stopping it), and so may one of phase Unknown: False.
     """
     return not handoff_status(pod, uid=progress.uid, node=node).in_handoff
+
+
+@dataclass(frozen=True)
+class EndedHolder:
+    """The node lock's holder, seen ended: release its lock with ``end.outcome``."""
+
+    holder: Holder
+    token: FencingToken
+    end: Ended
+
+
+def holder_ended(
+    view: NodeLockView | None,
+    pod: PodJSON | None,
+    *,
+    seen_gone: bool,
+    pending_tokens: Collection[FencingToken],
+    failed_before_gone: bool = False,
+) -> EndedHolder | None:
+    """Whether the lock in ``view`` is held by a pod that has ended for good
+    (``handoff.holder.ended``: Failed, Succeeded, or deleted), from the holder's pod as the
+    node's pod watch shows it (``pod``; None: not there), whether the watch saw that UID
+    deleted, and Failed before (``failed_before_gone``).  None when the lock is free, when a
+    release of its token is already pending (``pending_tokens``: this plugin decided it
+    already), or when the holder may still be admitted.  Whether the plugin may release it now
+    is ``handoff.holder.released_by_plugin``'s to say.  Such a holder is never served, so no
+    handoff would release its lock before expiry (issue 52: kubelet rejects the holder it
+    admits before the plugin has reported its devices after a kubelet restart).  The release
+    is fenced by ``token``: a lock that moved on meanwhile changes nothing.
+    """
+    if view is None or view.record.holder is None:
+        return None
+    token = view.record.token
+    if token in pending_tokens:
+        return None
+    holder = view.record.holder
+    end = ended(
+        None if pod is None else pod_facts(pod),
+        uid=holder.uid,
+        seen_gone=seen_gone,
+        failed_before_gone=failed_before_gone,
+    )
+    return None if end is None else EndedHolder(holder, token, end)

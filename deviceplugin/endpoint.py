@@ -28,6 +28,7 @@ import grpc
 
 from deviceplugin.dirwatch import POLL_S, DirChanges
 from deviceplugin.metrics import PluginMetrics
+from kube import failpoints
 from proto import deviceplugin_v1beta1_pb2 as pb
 from proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -178,6 +179,7 @@ class Endpoint:
             await self._changes.wait(period)
 
     async def _register(self) -> bool:
+        await failpoints.pause("register.start")  # e2e: a plugin slow to register again
         request = register_request(self.socket_name, self._resource)
         try:
             async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:

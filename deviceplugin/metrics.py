@@ -154,7 +154,7 @@ class PluginMetrics:
             self.kubelet_view.labels(result=result)
         for pref in ("hit", "miss"):
             self.preferred.labels(result=pref)
-        for outcome in (Outcome.ALLOCATED, Outcome.REJECTED):
+        for outcome in (Outcome.ALLOCATED, Outcome.REJECTED, Outcome.FINISHED, Outcome.DELETED):
             for rr in ReleaseResult:
                 self.releases.labels(outcome=outcome.value, result=rr.value)
         self.allocations.labels(result="allocated")

@@ -144,6 +144,8 @@ class DevicePlugin:
             mode=config.mode,
             pods=self.pods,
             on_refused=self.events.refused if config.events else None,
+            on_ended=self.events.released_ended if config.events else None,
+            serving=self.serving,
             kubelet=self.kubelet,
             kubelet_checkpoint=config.plugin_dir / KUBELET_CHECKPOINT.name,
             on_fallback=self.events.fallback if config.events else None,
@@ -186,7 +188,15 @@ class DevicePlugin:
         )
         if self.config.dra_check_s > 0:
             self._spawn("dra-check", self._follow_dra())
-        self._spawn("lease-watch", self.locks.watch(node=self.config.node))
+        self.pods.on_change = self.admission.holder_changed.set
+        self._spawn(
+            "lease-watch",
+            self.locks.watch(
+                node=self.config.node,
+                on_change=lambda view, node: self.admission.holder_changed.set(),
+            ),
+        )
+        self._spawn("ended-holders", self.admission.run_ended_releases())
         self._spawn("pod-watch", self.pods.run())
         self._spawn("devices", self.backend.watch(self.state))
         self._spawn("health-gauges", self._follow_health())
@@ -244,6 +254,14 @@ class DevicePlugin:
     async def _all_serving(self) -> None:
         for endpoint in [self.endpoint, *self.mig_endpoints.values()]:
             await endpoint.serving.wait()
+
+    def serving(self) -> bool:
+        """Whether every endpoint's ListAndWatch stream is open and has sent kubelet the devices
+        (``DevicePluginServicer.listed``): kubelet can admit a pod asking for them."""
+        return all(
+            not isinstance(e.servicer, DevicePluginServicer) or e.servicer.listed
+            for e in [self.endpoint, *self.mig_endpoints.values()]
+        )
 
     def waiting_for(self) -> list[str]:
         """What the plugin still waits for before it is ready (``/readyz``; empty: ready): its

@@ -2,7 +2,9 @@
 
 The device plugin uses it to notice a GPU pod that kubelet may be admitting besides the lock's
 holder (one bound around the extender).  It is built to answer "which pods are bound here" and
-"this pod by key" from memory, so the holder pod could later be read from it instead of a GET.
+"this pod by key" from memory, so the holder pod could later be read from it instead of a GET,
+and which pods it saw deleted (``gone``).  ``on_change`` is called after every change, so the
+plugin releases the lock of a holder that ended as soon as the watch shows it.
 
 Guarantees: those of the list-then-watch loop it runs (``kube.reflector``): events are applied in
 the order the API server sent them; after a 410 Gone, an unexpected error, or a watch round with
@@ -16,6 +18,7 @@ include every pod kubelet may be admitting.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,11 +27,20 @@ from kube.reflector import Reflector
 from lockd.model import HolderKey, NodeName
 
 PodJSON = Mapping[str, Any]
+TOMBSTONES = 1024  # how many deleted pods' UIDs are remembered (``gone``)
 
 
 def _key(pod: PodJSON) -> HolderKey:
     meta = pod.get("metadata") or {}
     return HolderKey(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+
+def _uid(pod: PodJSON) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")
+
+
+def _failed(pod: PodJSON) -> bool:
+    return bool((pod.get("status") or {}).get("phase") == "Failed")
 
 
 class NodePods:
@@ -45,8 +57,12 @@ class NodePods:
     ) -> None:
         self.node = node
         self._pods: dict[HolderKey, PodJSON] = {}
+        # UIDs seen deleted -> whether the pod was last seen Failed (``gone_failed``)
+        self._gone: OrderedDict[str, bool] = OrderedDict()
         self.synced = False
         self.on_synced: Callable[[], None] = lambda: None
+        # called after every change the watch applied (an event, or a list replacing the view)
+        self.on_change: Callable[[], None] = lambda: None
         self._reflector = Reflector(
             kube,
             pod_path(),
@@ -70,6 +86,15 @@ class NodePods:
         """The pod ``namespace/name`` as last seen (None: not bound here, or not seen yet)."""
         return self._pods.get(key)
 
+    def gone(self, uid: str) -> bool:
+        """Whether the watch saw the pod of ``uid`` deleted (the last ``TOMBSTONES`` of them)."""
+        return uid in self._gone
+
+    def gone_failed(self, uid: str) -> bool:
+        """Whether the watch saw the pod of ``uid`` deleted, and Failed when last seen (a
+        rejected pod its controller deleted)."""
+        return self._gone.get(uid, False)
+
     async def list_now(self) -> list[PodJSON]:
         """Every pod bound to this node, by one consistent LIST (paged) of the API server; it
         does not change the watch's view.  Raises ``ApiUnavailable``/``ApiError``."""
@@ -79,17 +104,31 @@ class NodePods:
     # -- the watch ------------------------------------------------------------------------------
 
     def _replace(self, items: list[Any]) -> None:
+        before = {_uid(p): _failed(p) for p in self._pods.values()}
         self._pods = {_key(p): p for p in items}
+        for uid in before.keys() - {_uid(p) for p in items}:
+            self._bury(uid, failed=before[uid])
         if not self.synced:
             self.synced = True
             self.on_synced()
+        self.on_change()
 
     def _apply(self, kind: str, pod: PodJSON) -> None:
         key = _key(pod)
         if kind == "DELETED":
-            self._pods.pop(key, None)
+            last = self._pods.pop(key, None)
+            self._bury(_uid(pod), failed=_failed(pod) or (last is not None and _failed(last)))
         else:
             self._pods[key] = pod
+        self.on_change()
+
+    def _bury(self, uid: str, *, failed: bool) -> None:
+        if not uid:
+            return
+        self._gone[uid] = failed or self._gone.get(uid, False)
+        self._gone.move_to_end(uid)
+        while len(self._gone) > TOMBSTONES:
+            self._gone.popitem(last=False)
 
     async def run(self) -> None:
         """List, then watch forever; list again on 410 Gone or a silent round; back off on

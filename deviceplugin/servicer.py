@@ -141,6 +141,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 if not sent:
                     sent = True
                     self._listing += 1
+                    # kubelet can admit pods now: a rejected holder's lock may be released
+                    self._admission.holder_changed.set()
                 await self._state.wait_newer(version)
         finally:
             if sent:

@@ -35,6 +35,14 @@ The phases, decided in this order from the pod object alone:
 
 Every phase but ``NOT_BOUND`` and ``IN_HANDOFF``/``UNKNOWN`` is final for a given UID: a cached
 (lagging) copy of the pod may be trusted for it.
+
+``ended`` picks, of those, the holders whose lock is released at once, not at expiry: a pod that
+has ended (Failed, Succeeded, or seen deleted) can never be admitted again, so no Allocate can
+come for it and its lock serves no one (docs/design.md, "Expiry and takeover").  ``ADMITTED``
+and ``BOUND_ELSEWHERE`` are final too but not ended: kubelet may still call Allocate for an
+admitted pod it has no device record of, and those keep the expiry rule.  Who may release
+it at once (the brake on a node whose device plugin is down): ``released_by_extender`` and
+``released_by_plugin`` — a rejected holder only by the node's device plugin while it serves.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from lockd.model import Outcome
 
 
 class HolderState(StrEnum):
@@ -161,3 +171,102 @@ def classify(facts: PodFacts | None, *, uid: str, node: str) -> HolderStatus:
 def holder_status(pod: Mapping[str, Any] | None, *, uid: str, node: str) -> HolderStatus:
     """Classify the holder's pod object (``None``: it does not exist) for a lock on ``node``."""
     return classify(None if pod is None else pod_facts(pod), uid=uid, node=node)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A lock holder that has ended: the outcome its lock is released with, and why, in words
+    a person can act on."""
+
+    outcome: Outcome
+    why: str
+
+
+AGAIN = (
+    "it never runs: a bare pod must be created again, a controller's pod is replaced by its "
+    "controller"
+)
+# kubelet's reason for a pod its device manager could not give devices at admission
+# (``pkg/kubelet/lifecycle/predicate.go``, v1.31.9 and v1.37.2: an admit handler's error that is
+# not a known predicate failure)
+UNEXPECTED_ADMISSION = "UnexpectedAdmissionError"
+REJECTED_AT_RESTART = (
+    "kubelet rejected it at admission, its device manager could not give it devices: kubelet "
+    "admitted it before the device plugin had reported its devices (right after a kubelet "
+    "restart, or while the plugin was down or restarting)"
+)
+
+
+def ended(
+    facts: PodFacts | None, *, uid: str, seen_gone: bool, failed_before_gone: bool = False
+) -> Ended | None:
+    """Whether the holder ``uid`` has ended for good, from its pod's facts (``None``: not in the
+    caller's view), whether the caller saw that UID deleted (``seen_gone``) and, if so, whether
+    it saw it Failed before (``failed_before_gone``).
+
+    - Failed: ``Outcome.REJECTED``.  A holder in handoff fails only at admission: kubelet
+      rejected it (``UnexpectedAdmissionError`` when its device manager had no device to give,
+      or any other admit handler), or a controller failed it; either way it is never admitted.
+      A bare pod must be created again; a controller's pod is replaced by its controller.
+      A holder seen Failed and then deleted (a controller that deletes its failed pods) is
+      ``REJECTED`` too: its rejection is what matters to who may release it
+      (``released_by_extender``).
+    - Succeeded: ``Outcome.FINISHED`` (it ran, so it was admitted, and is done).
+    - Deleted (seen so, or a pod of that name with another UID): ``Outcome.DELETED``.
+
+    A pod merely missing from the view is not ended: the view may not have seen it yet.
+    """
+    if facts is None:
+        if not seen_gone:
+            return None
+        if failed_before_gone:
+            return Ended(
+                Outcome.REJECTED,
+                f"the holder pod was Failed, then deleted: it never ran; {AGAIN}",
+            )
+        return Ended(Outcome.DELETED, "the holder pod was deleted")
+    if uid and facts.uid != uid:
+        return Ended(Outcome.DELETED, "the holder pod was deleted (a new pod has the same name)")
+    reason = f" ({facts.reason})" if facts.reason else ""
+    if facts.phase == "Failed":
+        cause = REJECTED_AT_RESTART if facts.reason == UNEXPECTED_ADMISSION else "it failed"
+        return Ended(Outcome.REJECTED, f"the holder pod is Failed{reason}: {cause}; {AGAIN}")
+    if facts.phase == "Succeeded":
+        return Ended(Outcome.FINISHED, "the holder pod Succeeded")
+    return None
+
+
+def released_by_extender(end: Ended) -> bool:
+    """Whether an extender may release the lock of a holder that ended at once, not waiting for
+    its expiry: for ``finished`` and ``deleted``, not for ``rejected``.
+
+    A rejected holder is, most often, the sign that the node's device plugin is not serving:
+    kubelet fails every pod it admits within milliseconds while no device is reported ("no
+    healthy devices present", or ``UnexpectedAdmissionError`` after a kubelet restart).
+    Released at once, the next pod would be bound there at once and rejected in turn: a burst
+    would drain into one broken node.  So only the node's device plugin releases a rejected
+    holder at once, and only while it serves (``released_by_plugin``); the extender waits for
+    the lock's expiry, which keeps a node whose plugin is down out of a burst.  A holder that
+    Succeeded or was deleted is not a sign of a broken node, and at worst one more pod is bound
+    there and rejected, whose lock is then held until the plugin serves or the lock expires."""
+    return end.outcome is not Outcome.REJECTED
+
+
+def released_by_plugin(end: Ended, *, serving: bool) -> bool:
+    """Whether the node's device plugin may release the lock of a holder that ended at once:
+    a rejected holder only while the plugin ``serving`` (its ListAndWatch has sent kubelet the
+    devices, so kubelet can admit the next pod; ``/readyz``), any other at once."""
+    return serving or released_by_extender(end)
+
+
+# the Event either part writes, on the holder pod and the node, when it released the lock of a
+# holder that ended (docs/events.md)
+RELEASED_EVENT = "NodeLockReleased"
+
+
+def released_message(node: str, holder: str, token: int, end: Ended) -> str:
+    """The ``RELEASED_EVENT`` message: which lock, whose, how it ended and what to do."""
+    return (
+        f"node {node}'s GPU lock held by {holder} (token {token}) was released at once "
+        f"({end.outcome.value}): {end.why}"
+    )

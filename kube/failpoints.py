@@ -46,6 +46,9 @@ KNOWN: Mapping[str, Action] = {
     "allocate.start": Action.SLEEP,
     # deviceplugin/admission.py: the answer recorded in the checkpoint, never sent
     "allocate.after-checkpoint": Action.EXIT,
+    # deviceplugin/endpoint.py: a Register is about to be sent (a plugin slower to register
+    # again than a restarted kubelet is to admit the pods already bound to it)
+    "register.start": Action.SLEEP,
 }
 
 LINE = "nodelock failpoint {name}: "  # the start of the line a failpoint logs when it fires

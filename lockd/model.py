@@ -25,6 +25,8 @@ class Outcome(StrEnum):
     BROKEN = "broken"
     TAKEN_OVER = "taken-over"
     EXPIRED = "expired"  # released once expired, its holder gone, finished or admitted
+    FINISHED = "finished"  # released at once: its holder Succeeded
+    DELETED = "deleted"  # released at once: its holder was deleted
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from handoff.holder import Ended
 from handoff.wire import LEASE_ASSIGNMENT, Assignment, format_assignment, format_token
 from kube import failpoints
 from kube.client import KubeClient, pod_path
@@ -57,7 +58,7 @@ from kube.errors import ApiError, ApiUnavailable, Conflict, NotFound
 from lockd.errors import LockError, LockHeld
 from lockd.locks import NodeLocks
 from lockd.microtime import now_microtime
-from lockd.model import HeldLock, Holder, HolderKey, LockRecord, NodeName, Outcome
+from lockd.model import FencingToken, HeldLock, Holder, HolderKey, LockRecord, NodeName, Outcome
 from scheduler_ext.cache import ClusterCache, node_gpus
 from scheduler_ext.choose import Fit, NodeGPUs, NoFit, choose, conflicts, fit
 from scheduler_ext.config import DEFAULT_HTTP_TIMEOUT_S, BindPath
@@ -76,7 +77,9 @@ from scheduler_ext.takeover import (
     DEFAULT_REQUEST_TIMEOUT_S,
     binding_may_still_land,
     bound_elsewhere,
+    cached_ended,
     cached_judgement,
+    ended_holders,
     expired_and_left,
     holder_accounted,
     judge,
@@ -142,10 +145,12 @@ class Binder:
         http_timeout_s: float = DEFAULT_HTTP_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         on_takeover: Callable[[LockRecord, str], None] | None = None,
+        on_ended: Callable[[NodeName, Holder, FencingToken, Ended], None] | None = None,
     ) -> None:
         """``kube`` and ``locks`` should send through a ``deadline.DeadlineClient``: then every
         request of a bind, lockd's included, is held to the bind's deadline."""
         self._on_takeover = on_takeover  # an Event: the expired lock is about to be taken over
+        self._on_ended = on_ended  # an Event: the lock of a holder that ended was released
         self._kube = kube
         self._cache = cache
         self._locks = locks
@@ -231,7 +236,31 @@ class Binder:
         released = 0
         for node, holder in bound_elsewhere(self._locks.holders(), node_of):
             why = f"its holder {holder.key} is bound to {node_of(holder.uid)}"
-            released += await self._release_left(node, holder, Outcome.BIND_FAILED, why)
+            released += await self._release_left(node, holder, Outcome.BIND_FAILED, why) is not None
+        return released
+
+    def ended_now(self) -> set[tuple[NodeName, str]]:
+        """(node, holder UID) of every held lock whose holder this cache saw end (sends
+        nothing)."""
+        ended = ended_holders(self._locks.holders(), cached_ended(self._cache))
+        return {(node, holder.uid) for node, holder, _ in ended}
+
+    def _newly_ended(self, tried: set[tuple[NodeName, str]]) -> Callable[[], bool]:
+        return lambda: bool(self.ended_now() - tried)
+
+    async def release_ended(self) -> int:
+        """Release, at once, every held lock whose holder this cache saw Succeed or deleted
+        (``takeover.ended_holders``), expired or not, fenced by its token; returns how many.  A
+        holder seen Failed is left to its node's serving device plugin, or to expiry
+        (``release_expired_left``)."""
+        released = 0
+        for node, holder, end in ended_holders(self._locks.holders(), cached_ended(self._cache)):
+            token = await self._release_left(node, holder, end.outcome, end.why)
+            if token is None:
+                continue
+            released += 1
+            if self._on_ended is not None:
+                self._on_ended(node, holder, token, end)
         return released
 
     async def release_expired_left(self) -> int:
@@ -243,38 +272,50 @@ class Binder:
             expired=self._locks.expired,
             cached_judgement=cached_judgement(self._cache),
         ):
-            released += await self._release_left(node, holder, Outcome.EXPIRED, why)
+            released += await self._release_left(node, holder, Outcome.EXPIRED, why) is not None
         return released
 
     async def _release_left(
         self, node: NodeName, holder: Holder, outcome: Outcome, why: str
-    ) -> int:
+    ) -> FencingToken | None:
         """Release ``node``'s lock if ``holder`` still holds it, fenced by the token (a lock
-        that changed hands meanwhile is left alone); 1 if released."""
+        that changed hands meanwhile is left alone); the released token, None if not."""
         view = self._locks.view(node)
         if view is None or view.record.holder is None or view.record.holder.uid != holder.uid:
-            return 0
+            return None
         held = HeldLock(node, view.record.holder, view.record.token, view.record.resource_version)
         try:
             await self._locks.release(held, outcome=outcome)
         except (LockError, ApiError, ApiUnavailable) as exc:
             log.info("lock of %s left by %s not released: %s", node, holder.key, exc)
-            return 0
+            return None
         self.queues.notify(node)
         log.info("released the lock of %s (token %d, %s): %s", node, held.token, outcome, why)
-        return 1
+        return held.token
 
     async def sweep(self, *, every_s: float = SWEEP_S) -> None:
-        """Release locks left behind every ``every_s``, forever: those whose holder is bound
-        elsewhere (``release_bound_elsewhere``) and expired ones whose holder left the handoff
-        (``release_expired_left``)."""
+        """Release locks left behind, forever.  Once the cache shows a lock's holder ended
+        (Succeeded, deleted; not Failed), at once: the pod watch's event wakes the sweep
+        (``release_ended``).  Every ``every_s``: those again (a release that failed is retried
+        then), those whose holder is bound elsewhere (``release_bound_elsewhere``) and expired
+        ones whose holder left the handoff (``release_expired_left``)."""
+        loop = asyncio.get_running_loop()  # the pace is real time, whatever ``clock`` is
+        tried: set[tuple[NodeName, str]] = set()
+        full_at = loop.time() + every_s
         while True:
-            await asyncio.sleep(every_s)
+            left = max(0.0, full_at - loop.time())
+            await self._cache.wait_until(self._newly_ended(tried), timeout_s=left)
             try:
-                await self.release_bound_elsewhere()
-                await self.release_expired_left()
+                tried = self.ended_now()
+                await self.release_ended()
+                if loop.time() >= full_at:
+                    full_at = loop.time() + every_s
+                    await self.release_bound_elsewhere()
+                    await self.release_expired_left()
             except Exception:  # a sweep must never stop the extender
                 log.exception("releasing locks left behind failed")
+                full_at = loop.time() + every_s
+                await asyncio.sleep(min(every_s, 0.5))
 
     # ---- bind -------------------------------------------------------------------------------
 

@@ -44,7 +44,14 @@ from lockd.model import NodeName
 from scheduler_ext.choose import FitKey, NodeGPUs
 from scheduler_ext.need import NEED_MEMO_SIZE, NeedMemo, PodNeed
 from scheduler_ext.sharing import Holding, holdings, sharing_node
-from scheduler_ext.state import BadObject, NodeState, PodState, node_state, pod_state
+from scheduler_ext.state import (
+    BadObject,
+    NodeState,
+    PodPhase,
+    PodState,
+    node_state,
+    pod_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +123,8 @@ class ClusterCache:
         self._with_key: dict[FitKey, NodeGPUs] = {}  # a picture per fit key seen (some stale)
         self._stale: set[NodeName] = set()  # pictures the write in progress invalidated
         self._changed_nodes: set[NodeName] = set()  # pictures rebuilt since take_changed_nodes
-        self._gone: OrderedDict[str, None] = OrderedDict()  # UIDs seen deleted
+        # UIDs seen deleted -> whether the pod was last seen Failed (``gone_failed``)
+        self._gone: OrderedDict[str, bool] = OrderedDict()
         self._pending_sizes: Counter[int] = Counter()  # GPUs per unbound GPU pod -> pods
         self._pending_gpus = 0
         self.nodes_synced = False
@@ -169,6 +177,11 @@ class ClusterCache:
 
     def is_gone(self, uid: str) -> bool:
         return uid in self._gone
+
+    def gone_failed(self, uid: str) -> bool:
+        """Whether this cache saw the pod of ``uid`` deleted after seeing it Failed (or its
+        deletion's last state Failed): a rejected pod its controller deleted."""
+        return self._gone.get(uid, False)
 
     def finished(self, uid: str) -> bool:
         """Whether this cache saw the pod deleted or terminal (it holds no GPUs any more)."""
@@ -375,11 +388,12 @@ class ClusterCache:
         self._index(state)
         return True
 
-    def _drop_pod(self, uid: str) -> None:
+    def _drop_pod(self, uid: str, *, failed: bool = False) -> None:
         old = self._pods.pop(uid, None)
         if old is not None:
             self._unindex(old)
-        self._gone[uid] = None
+        failed = failed or self._gone.get(uid, False)
+        self._gone[uid] = failed or (old is not None and old.phase is PodPhase.FAILED)
         self._gone.move_to_end(uid)
         while len(self._gone) > TOMBSTONES:
             self._gone.popitem(last=False)
@@ -421,7 +435,9 @@ class ClusterCache:
                 self.mark_alive("pods")
                 return
             assert isinstance(uid, str)
-            self._drop_pod(uid)
+            status = obj.get("status")
+            phase = status.get("phase") if isinstance(status, Mapping) else None
+            self._drop_pod(uid, failed=phase == PodPhase.FAILED.value)
         else:
             state = self.keep_pod(obj)
             if isinstance(state, Dropped):

@@ -1,5 +1,6 @@
-"""The extender's Kubernetes Events: what a bind waited for, why it was refused, and an expired
-lock taken over, on the pod (``kubectl describe pod``) and the node (``describe node``).
+"""The extender's Kubernetes Events: what a bind waited for, why it was refused, an expired lock
+taken over, and a lock released because its holder ended, on the pod (``kubectl describe pod``)
+and the node (``describe node``).
 
 Guarantees: the messages name the node, the lock's holder and its fencing token where known;
 writes are rate-limited per object and reason and never delay or fail a bind
@@ -8,8 +9,9 @@ writes are rate-limited per object and reason and never delay or fail a bind
 
 from __future__ import annotations
 
+from handoff.holder import RELEASED_EVENT, Ended, released_message
 from kube.events import EventRecorder, EventType, ObjectRef
-from lockd.model import LockRecord, NodeLockView
+from lockd.model import FencingToken, Holder, LockRecord, NodeLockView, NodeName
 from scheduler_ext.metrics import Result
 from scheduler_ext.protocol import BindingArgs
 
@@ -78,3 +80,13 @@ class BindEvents:
         if holder is not None and "/" in holder.key:
             pod = ObjectRef.pod(holder.key, holder.uid)
             self.recorder.record(pod, EventType.WARNING, TAKEOVER, message)
+
+    def released_ended(
+        self, node: NodeName, holder: Holder, token: FencingToken, end: Ended
+    ) -> None:
+        """The lock of a holder that ended was released: on the node and the holder pod."""
+        message = released_message(node, holder.key, token, end)
+        self.recorder.record(ObjectRef.node(node), EventType.WARNING, RELEASED_EVENT, message)
+        if "/" in holder.key:
+            pod = ObjectRef.pod(holder.key, holder.uid)
+            self.recorder.record(pod, EventType.WARNING, RELEASED_EVENT, message)

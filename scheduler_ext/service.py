@@ -190,6 +190,7 @@ class Extender:
             http_timeout_s=settings.scheduler_http_timeout_s,
             clock=clock,
             on_takeover=self.events.takeover if settings.events else None,
+            on_ended=self.events.released_ended if settings.events else None,
         )
         self.endpoints = Endpoints(
             self.cache,

@@ -12,6 +12,12 @@ assignment) unless the cache accounts for the holder or has no record of it at a
 (``lease_copy_needed``): a holder deleted before this replica started would otherwise block its
 devices forever, since takeover happens only inside a Bind that filter then never sends there.
 
+A holder that Succeeded or was seen deleted (``handoff.holder.ended``) needs no expiry at all:
+``ended_holders`` names those locks for the sweep to release at once (issue 52, decision 0012).
+A holder seen Failed (rejected) is not among them: only the node's device plugin, while it
+serves, releases it at once (``handoff.holder.released_by_extender``); here it waits for expiry
+(``expired_and_left``), which keeps a node whose plugin is down out of a burst.
+
 A cached pod can only lag; the final phases (gone, bound elsewhere, admitted, finished) never
 revert for a UID, so the cache may answer yes for them.  "Not bound" can turn into "bound here" at
 any moment, so for it (and for a pod the cache never saw) ``judge`` asks for a fresh read.
@@ -22,7 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from handoff.holder import HolderState, HolderStatus, classify
+from handoff.holder import (
+    Ended,
+    HolderState,
+    HolderStatus,
+    classify,
+    ended,
+    released_by_extender,
+)
 from lockd.model import Holder, NodeLockView, NodeName
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.state import PodState
@@ -31,8 +44,10 @@ __all__ = [
     "HolderState",
     "Judgement",
     "binding_may_still_land",
+    "cached_ended",
     "cached_judgement",
     "copy_unneeded",
+    "ended_holders",
     "expired_and_left",
     "holder_accounted",
     "holder_state",
@@ -180,6 +195,46 @@ def expired_and_left(
         verdict = cached_judgement(node, holder)
         if verdict.allowed:
             out.append((node, holder, verdict.why))
+    return out
+
+
+def cached_ended(cache: ClusterCache) -> Callable[[NodeName, Holder], Ended | None]:
+    """``handoff.holder.ended`` of a lock's holder from ``cache`` alone: its cached pod, and
+    whether the cache saw that UID deleted (and Failed before).  The ended states never revert
+    for a UID, so a lagging cache may say them."""
+
+    def of(node: NodeName, holder: Holder) -> Ended | None:
+        pod = cache.pod(holder.uid)
+        facts = None if pod is None else pod.facts
+        return ended(
+            facts,
+            uid=holder.uid,
+            seen_gone=cache.is_gone(holder.uid),
+            failed_before_gone=cache.gone_failed(holder.uid),
+        )
+
+    return of
+
+
+def ended_holders(
+    held: Mapping[NodeName, Holder],
+    ended_of: Callable[[NodeName, Holder], Ended | None],
+) -> list[tuple[NodeName, Holder, Ended]]:
+    """The held locks whose holder has ended for good and that an extender releases at once,
+    expired or not, with the outcome to release them with and why (pure): the holder Succeeded
+    (``finished``) or was seen deleted (``deleted``), never seen Failed.
+
+    Such a holder can never be admitted again, so no Allocate can come for it: its lock is
+    released at once rather than at expiry.  A holder seen Failed (``rejected``) is left out
+    (``handoff.holder.released_by_extender``): its node's device plugin releases it once it
+    serves, or the sweep once it expired — a node whose plugin is down, where kubelet rejects
+    every pod at once, stays out of a burst for the lock's duration.
+    """
+    out: list[tuple[NodeName, Holder, Ended]] = []
+    for node, holder in sorted(held.items()):
+        end = ended_of(node, holder)
+        if end is not None and released_by_extender(end):
+            out.append((node, holder, end))
     return out
 
 

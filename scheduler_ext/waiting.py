@@ -43,7 +43,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from lockd.model import Holder, NodeLockView, NodeName
+from lockd.model import Holder, NodeLockView, NodeName, Outcome
 
 DEFAULT_HOLD_S = 0.2  # the hold estimate before any hold was seen
 STEERING_SHARE = 1 / 8  # of the wait budget: a wait prioritize accepts to keep the policy
@@ -174,6 +174,19 @@ class _Waiter:
     abandoned: bool = False
     timed_out: bool = False  # its budget ran out on the event loop's own clock
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def teaches_hold(released: NodeLockView | None) -> bool:
+    """Whether a lock's release says how long a handoff holds it: only a handoff that ended
+    ``allocated`` (or a release that names no outcome) does.  A holder that ended without one —
+    rejected by kubelet before any Allocate, deleted, finished, expired, taken over, a failed
+    bind — held it for as long as kubelet was away or the pod waited, which says nothing about
+    the next pod's wait: learnt, a kubelet restart's rejected holder (issue 52) made the next
+    binds expect a wait of that length and fail fast while the lock was free again."""
+    if released is None:
+        return False
+    last = released.record.last
+    return last is None or last.outcome == Outcome.ALLOCATED.value
 
 
 class HoldEstimate:
@@ -389,7 +402,8 @@ class BindQueues:
                 self._learn_demand(node, holder.uid)
         elif since is not None:
             del self._held_since[node]
-            self.hold.add(now - since[1])
+            if teaches_hold(view):
+                self.hold.add(now - since[1])
         self.notify(node)
 
     def _learn_demand(self, node: NodeName, uid: str) -> None:

@@ -427,10 +427,15 @@ async def test_kubelet_killed_mid_handoff(real: GPUCluster, checkpoint: str) -> 
 
 
 @pytest.mark.core
-async def test_takeover_after_a_holder_kubelet_rejected(real: GPUCluster) -> None:
+async def test_the_lock_of_a_holder_rejected_while_the_plugin_is_down_moves_on_after(
+    real: GPUCluster,
+) -> None:
     """The plugin dies in the middle of a pod's first Allocate (after writing its progress):
-    kubelet rejects the pod, nothing of it is recorded or handed to the runtime, and the lock it
-    holds is taken over for the node's next pod, which runs with exactly its assignment."""
+    kubelet rejects the pod, nothing of it is recorded or handed to the runtime.  While the
+    plugin is down the lock stays held (no extender releases a rejected holder at once: kubelet
+    would reject the node's next pod too; decision 0012); it moves on once the restarted plugin
+    serves (``rejected``) or it expired (``expired``, ``taken-over``), and the node's next pod
+    runs with exactly its assignment."""
     node = real.nodes[1]
     plugin = f"deviceplugin-{node}"
     line = exited_at("allocate.after-checkpoint")
@@ -449,7 +454,8 @@ async def test_takeover_after_a_holder_kubelet_rejected(real: GPUCluster) -> Non
         assert pod["status"]["reason"] == "UnexpectedAdmissionError", pod["status"]
         assert _checkpointed(real, pod) == {}
         assert _handed(real, pod) == {}
-        lease = await real.wait_holder(node, real.key("crashed"))
+        # seen Failed, and still held: the plugin is down
+        lease = await real.wait_holder(node, real.key("crashed"), timeout_s=1)
         token = int(lease["spec"]["leaseTransitions"])
     finally:
         seen = plugin_registrations(real.cluster, node)

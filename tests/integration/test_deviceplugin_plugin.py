@@ -388,6 +388,81 @@ async def test_holder_pod_deleted_releases_rejected(env: Env) -> None:
         assert plugin.admission.pending == ()
 
 
+async def test_a_holder_kubelet_rejected_is_released_at_once_once_the_plugin_serves(
+    env: Env,
+) -> None:
+    """issue 52, decision 0012: kubelet fails the holder without calling the plugin (a restarted
+    kubelet admits the pods bound to it before the plugin reported its devices again).  While
+    the plugin has sent kubelet no device (no ListAndWatch stream), its lock stays held: kubelet
+    would reject the next pod too.  As soon as ListAndWatch has sent the devices, the plugin
+    releases it ``rejected``, with an Event naming the cause and what to do."""
+    _, held = await bind(env, "p", {"main": [env.gpu(0)]}, containers=[("main", 1)])
+    async with running(env) as plugin, dial(plugin) as stub:
+        await eventually(lambda: _synced(plugin), "the pod watch")
+        await env.kube.patch(
+            pod_path(env.namespace, "p", subresource="status"),
+            {
+                "status": {
+                    "phase": "Failed",
+                    "reason": "UnexpectedAdmissionError",
+                    "message": "Allocate failed due to no healthy devices present; cannot "
+                    "allocate unhealthy devices nvidia.com/gpu, which is unexpected",
+                }
+            },
+        )
+        await eventually(lambda: _failed(plugin, f"{env.namespace}/p"), "the pod watch")
+        assert not plugin.serving()
+        assert await plugin.admission.release_ended() is False
+        assert (await lease(env)).record.holder is not None
+        assert plugin.admission.pending == ()
+        # kubelet opens ListAndWatch: the devices are sent, and the lock is released at once
+        stream = stub.ListAndWatch(pb.Empty())
+        first = await stream.read()
+        assert isinstance(first, pb.ListAndWatchResponse)
+        assert len(first.devices) == GPU_COUNT
+        view = await eventually(lambda: released(env, held.token), "the release")
+        assert plugin.serving()
+        stream.cancel()
+        assert view.record.last is not None
+        assert view.record.last.outcome == Outcome.REJECTED.value
+        assert view.record.token == held.token
+        assert plugin.admission.pending == ()
+        assert sample(plugin, "nodelock_lock_releases_total", outcome="rejected") == 1
+        labels = {"outcome": "rejected", "result": "released"}
+        assert sample(plugin, "nodelock_deviceplugin_lock_releases_total", **labels) == 1
+        await plugin.events.recorder.flush()
+        selector = "involvedObject.name=p,reason=NodeLockReleased"
+        [event] = (await env.kube.list(event_path(env.namespace), field_selector=selector))["items"]
+        assert f"held by {env.namespace}/p (token {held.token})" in event["message"]
+        assert "before the device plugin had reported its devices" in event["message"]
+        assert "must be created again" in event["message"]
+
+
+async def _failed(plugin: DevicePlugin, key: str) -> bool | None:
+    pod = plugin.pods.get(HolderKey(key))
+    return True if pod is not None and pod["status"].get("phase") == "Failed" else None
+
+
+async def test_a_holder_deleted_before_its_allocate_is_released_deleted(env: Env) -> None:
+    """The holder is deleted while the plugin watches: its lock is released ``deleted`` at once,
+    serving or not (a deleted holder says nothing about kubelet's devices); a stale view of the
+    lock writes nothing (the token fences it)."""
+    _, held = await bind(env, "p", {"main": [env.gpu(0)]}, containers=[("main", 1)])
+    async with running(env) as plugin:
+        await eventually(lambda: _synced(plugin), "the pod watch")
+        await env.kube.delete(pod_path(env.namespace, "p"), grace_period_seconds=0)
+        view = await eventually(lambda: released(env, held.token), "the release")
+        assert view.record.last is not None
+        assert view.record.last.outcome == Outcome.DELETED.value
+        assert plugin.admission.pending == ()
+        # the lock moves on; the plugin's view of the old holder changes nothing any more
+        assert await plugin.admission.release_ended() is False
+
+
+async def _synced(plugin: DevicePlugin) -> bool | None:
+    return True if plugin.pods.synced else None
+
+
 def _one(*ids: str) -> pb.AllocateRequest:
     return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
 

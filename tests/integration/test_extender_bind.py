@@ -395,6 +395,91 @@ async def test_expired_lock_moves_on_only_once_its_holder_left_handoff(
         await ext.stop()
 
 
+async def test_a_rejected_holder_keeps_its_lock_until_expiry_an_ended_one_frees_it_at_once(
+    kube: KubeClient, namespace: str, nodes: list[str]
+) -> None:
+    """Decision 0012, the extender's part: a holder kubelet rejected (Failed) keeps its lock
+    until expiry — only the node's serving device plugin may release it sooner, and this
+    cluster has none: a node whose plugin is down stays out of a burst.  A holder deleted, or
+    one that Succeeded, has its lock released at once (``deleted``, ``finished``), counted, with
+    the Event ``NodeLockReleased`` on it."""
+    node = await gpu_node(kube, nodes, namespace, 4)
+    rejected = await create_pod(kube, namespace, pod_body("rejected", test=namespace, gpus=1))
+    deleted = await create_pod(kube, namespace, pod_body("deleted", test=namespace, gpus=1))
+    done = await create_pod(kube, namespace, pod_body("done", test=namespace, gpus=1))
+    clock = FakeClock()
+    lock_registry = CollectorRegistry()
+    ext = Extender(
+        kube,
+        Settings(
+            port=0, lock_namespace=namespace, lease_duration_s=15, apiserver_request_timeout_s=10
+        ),
+        registry=CollectorRegistry(),
+        lock_metrics=LockMetrics(registry=lock_registry),
+        clock=clock,
+    )
+
+    def released(outcome: str) -> float | None:
+        return lock_registry.get_sample_value("nodelock_lock_releases_total", {"outcome": outcome})
+
+    await ext.start()
+    try:
+        await wait_for(lambda: _known(ext, node))
+        assert await post_bind(ext, binding_args(rejected, node)) == ""
+        await kube.patch(
+            pod_path(namespace, "rejected", subresource="status"),
+            {"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"}},
+        )
+        await wait_for(lambda: _phase(ext, rejected, "Failed"))
+        # the extender's own passes, as its sweep makes them: nothing to release before expiry
+        assert await ext.binder.release_ended() == 0
+        assert await ext.binder.release_expired_left() == 0
+        assert await _holder_is(ext, node, f"{namespace}/rejected")
+        error = await post_bind(ext, binding_args(deleted, node))
+        assert f"lock held by {namespace}/rejected" in error
+        clock.now += 16  # expired on this process's clock: the sweep releases it
+        assert await ext.binder.release_expired_left() == 1
+        ann = lease_annotations(await lease(kube, namespace, node))
+        assert ann["nodelock.io/last-outcome"] == "expired", ann
+        assert released("rejected") in (None, 0.0)
+
+        # deleted while it holds the lock: released at once by the sweep, woken by the watch
+        assert await post_bind(ext, binding_args(deleted, node)) == ""
+        await kube.delete(pod_path(namespace, "deleted"), grace_period_seconds=0)
+        await wait_for(lambda: _holder_is_none(ext, node), timeout_s=10)
+        ann = lease_annotations(await lease(kube, namespace, node))
+        assert (ann["nodelock.io/last-holder"], ann["nodelock.io/last-outcome"]) == (
+            f"{namespace}/deleted",
+            "deleted",
+        )
+        assert released("deleted") == 1
+
+        # Succeeded while it holds the lock: released at once, ``finished``
+        assert await post_bind(ext, binding_args(done, node)) == ""
+        await kube.patch(
+            pod_path(namespace, "done", subresource="status"), {"status": {"phase": "Succeeded"}}
+        )
+        await wait_for(lambda: _holder_is_none(ext, node), timeout_s=10)
+        ann = lease_annotations(await lease(kube, namespace, node))
+        assert (ann["nodelock.io/last-holder"], ann["nodelock.io/last-outcome"]) == (
+            f"{namespace}/done",
+            "finished",
+        )
+        assert released("finished") == 1
+        await ext.events.recorder.flush()
+        [on_pod] = await events_on(kube, namespace, "done", "NodeLockReleased")
+        assert on_pod["involvedObject"]["uid"] == done["metadata"]["uid"]
+        assert "(finished)" in on_pod["message"]
+        assert await events_on(kube, namespace, "rejected", "NodeLockReleased") == []
+    finally:
+        await ext.stop()
+
+
+async def _holder_is_none(ext: Extender, node: str) -> bool:
+    view = ext.locks.view(NodeName(node))
+    return view is not None and view.record.holder is None
+
+
 async def events_on(kube: KubeClient, namespace: str, name: str, reason: str) -> list[Any]:
     """The Events about the object ``name`` with ``reason`` (what ``kubectl describe`` shows)."""
     selector = f"involvedObject.name={name},reason={reason}"

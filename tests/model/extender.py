@@ -649,12 +649,19 @@ class Replica:
     # -- locks left behind ----------------------------------------------------------------------
 
     def sweep(self) -> list[str]:
-        """``Binder.sweep``'s one pass: ``release_bound_elsewhere`` (each held lock whose holder
-        this replica's cache saw bound to another node, ``takeover.bound_elsewhere``), then
-        ``release_expired_left`` (each expired lock whose holder the cache saw leave the handoff
-        for good, ``takeover.expired_and_left``)."""
+        """``Binder.sweep``'s one pass: ``release_ended`` (each held lock whose holder this
+        replica's cache saw end: Failed, Succeeded, deleted; ``takeover.ended_holders``, expired
+        or not), ``release_bound_elsewhere`` (each held lock whose holder this replica's cache
+        saw bound to another node, ``takeover.bound_elsewhere``), then ``release_expired_left``
+        (each expired lock whose holder the cache saw leave the handoff for good,
+        ``takeover.expired_and_left``).  In production the first also runs at once on every pod
+        watch event; here the search places the pass anywhere."""
         done: list[str] = []
         obs, now = self.locks.obs, self.clock.now
+        for node, holder, end in takeover.ended_holders(
+            obs.holders(), takeover.cached_ended(self.cache)
+        ):
+            done.append(self._release_left(node, holder, end.outcome, end.why))
 
         def node_of(uid: str) -> NodeName | None:
             pod = self.cache.pod(uid)

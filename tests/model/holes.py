@@ -54,6 +54,11 @@ class Hole(StrEnum):
     SWEEP_IN_HANDOFF = "sweep-in-handoff"
     # the extender's sweep of locks whose holder is bound elsewhere released one bound here
     SWEEP_BOUND_HERE = "sweep-bound-here"
+    # a lock released at once as its holder ended (issue 52) for a holder merely not seen yet
+    ENDED_UNSEEN = "ended-unseen"
+    # (issue 52's first attempt) an extender released a rejected holder's lock at once: with
+    # the node's device plugin down, every pod bound there is rejected at once (a storm)
+    REJECTED_RELEASED_UNSERVED = "rejected-released-unserved"
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -161,6 +166,20 @@ AVOIDED_BY: dict[Hole, str] = {
         "is bound to that lock's own node and not admitted yet, so the next bind takes the free "
         "lock while kubelet may still admit the holder.  Avoided: the extender never sweeps"
     ),
+    Hole.ENDED_UNSEEN: (
+        "(issue 52) the lock of a holder that ended (Failed, Succeeded, deleted) is released at "
+        "once, by the extender's sweep (Binder.release_ended) and by the device plugin "
+        "(Admission.release_ended); a holder the view has merely not seen yet (a replica's "
+        "cache lagging behind its Lease watch) taken for deleted releases the lock while "
+        "kubelet may still admit it.  Avoided: neither part releases the lock of a holder that "
+        "ended (the extender never sweeps)"
+    ),
+    Hole.REJECTED_RELEASED_UNSERVED: (
+        "(issue 52, decision 0012) a holder kubelet rejected because the node's device plugin "
+        "did not serve is released at once by the extender's sweep: the node's next pod is "
+        "bound at once and rejected too, a burst drains into a node whose plugin is down.  "
+        "Avoided: no plugin ever stops serving (BrakeModel is not used)"
+    ),
 }
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
@@ -204,6 +223,10 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     # allows (takeover.expired_and_left: gone, finished, admitted, bound elsewhere)
     Hole.SWEEP_BOUND_HERE,  # never a hole: the sweep releases only a holder the cache saw bound
     # to another node (takeover.bound_elsewhere)
+    Hole.ENDED_UNSEEN,  # never a hole: only a pod seen Failed or Succeeded, or seen deleted,
+    # has ended (handoff.holder.ended)
+    Hole.REJECTED_RELEASED_UNSERVED,  # fixed by decision 0012: an extender never releases a
+    # rejected holder at once (handoff.holder.released_by_extender), the plugin only serving
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -231,6 +254,8 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.MIG_HOLDER: frozenset({"F1", "S1"}),
     Hole.MIG_PROGRESS_AHEAD: frozenset({"S2"}),
     Hole.SWEEP_IN_HANDOFF: frozenset({"S3"}),
+    Hole.ENDED_UNSEEN: frozenset({"S3"}),
+    Hole.REJECTED_RELEASED_UNSERVED: frozenset({"R1"}),
     Hole.SWEEP_BOUND_HERE: frozenset({"S3"}),
 }
 
@@ -316,5 +341,16 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
     # released
     Hole.SWEEP_BOUND_HERE: _patched(
         {"scheduler_ext.takeover.bound_elsewhere": reverted.bound_anywhere}
+    ),
+    # the extender releases a rejected holder at once, as the plugin does once it serves
+    Hole.REJECTED_RELEASED_UNSERVED: _patched(
+        {"scheduler_ext.takeover.released_by_extender": reverted.released_by_anyone}
+    ),
+    # a holder not in the view counts as deleted, seen so or not
+    Hole.ENDED_UNSEEN: _patched(
+        {
+            "scheduler_ext.takeover.ended": reverted.ended_unseen_gone,
+            "deviceplugin.decide.ended": reverted.ended_unseen_gone,
+        }
     ),
 }

@@ -23,6 +23,11 @@ every actor run to quiescence with time passing, and checks bounded liveness.
   holder's GPUs as taken, held whole on a sharing node, until its cache counts the holder.
 - W1: a node's binds on one replica take their turns in the order they joined its queue.
 - W2: a bind whose caller left (kube-scheduler gave up) sends no Lease write and no binding.
+- R1: a lock whose holder kubelet rejected while its node's device plugin was not serving (no
+  device reported) is not released at once (``rejected``, ``finished``, ``deleted``) while that
+  plugin still does not serve: only its expiry (``expired``, ``taken-over``) frees it then, so
+  a node whose plugin is down takes no further pod of a burst before the lock's duration
+  (decision 0012, the brake).
 - L1 (at ``settle``): in a run with no fault, no pod that went through the extender is refused
   at admission; after settling, every pending GPU pod that fits some node is bound and
   admitted, every bound pod is admitted or failed, and every held lock is takeable.
@@ -88,6 +93,13 @@ PROCESSES = frozenset({*REPLICAS, "kubelet", "plugin"})
 # bind's own release, or the sweep's of a holder bound elsewhere) and the sweep's of an expired
 # lock; none may come while the holder may still be admitted on the node (S3)
 LEFT_BEHIND_OUTCOMES = frozenset({Outcome.BIND_FAILED.value, Outcome.EXPIRED.value})
+# the outcomes a lock is released with at once when its holder ended (``handoff.holder.ended``):
+# ``finished`` and ``deleted`` by an extender's sweep or a device plugin, ``rejected`` by a
+# serving device plugin only; none may come while the holder may still be admitted (S3), nor,
+# for a holder rejected while its node's plugin did not serve, before that plugin serves (R1).
+# A plugin also releases ``rejected`` for a holder it refused, a moment before kubelet fails
+# it: that one is left to S2 and L1.
+ENDED_OUTCOMES = frozenset({Outcome.REJECTED.value, Outcome.FINISHED.value, Outcome.DELETED.value})
 
 
 class Fault(StrEnum):
@@ -122,7 +134,7 @@ SETTLE_IDLE_TICKS = 6
 
 
 class Violation(AssertionError):
-    """An invariant broke; ``invariant`` is its name (S1..S4, V1, F1, W1, W2, L1)."""
+    """An invariant broke; ``invariant`` is its name (S1..S4, V1, F1, W1, W2, R1, L1)."""
 
     def __init__(self, invariant: str, message: str, trace: list[str]) -> None:
         lines = "\n".join(trace[-150:])
@@ -165,6 +177,14 @@ class ModelConfig:
     # nodes whose plugin has no PodResources socket while List fails (not mounted: it decides
     # from the API server's view); elsewhere the socket is there and a failing List refuses
     socketless: frozenset[str] = frozenset({"n2"})
+    # the device plugin's release of a holder that ended as an action of its own (``EndedModel``):
+    # only in the search for ``Hole.ENDED_UNSEEN``, so that the deep and CI profiles draw the
+    # interleavings they were measured with (the extender's sweep makes the same release there)
+    plugin_releases_ended: bool = False
+    # a device plugin that stops serving (kubelet has no device of it) and serves again, as
+    # actions of their own (``BrakeModel``): only in the search for
+    # ``Hole.REJECTED_RELEASED_UNSERVED``, for the same reason
+    plugin_stops_serving: bool = False
 
 
 @dataclass
@@ -209,6 +229,8 @@ class HandoffModel(RuleBasedStateMachine):
         self.bypass: set[str] = set()  # uids of pods created bound
         # uids of pods a fault rejected: their own refusal is excused, no other pod's
         self.excused: set[str] = set()
+        # uids of pods kubelet rejected while their node's plugin did not serve -> the node (R1)
+        self.rejected_unserved: dict[str, NodeName] = {}
         self.listing = Listing.ACTIVE_PODS
         self.hand_edits: dict[NodeName, int] = dict.fromkeys(self.nodes, 0)
         self.created = 0
@@ -381,13 +403,35 @@ class HandoffModel(RuleBasedStateMachine):
             old.holder is not None
             and new.holder is None
             and new.last is not None
-            and new.last.outcome in LEFT_BEHIND_OUTCOMES
+            and (
+                new.last.outcome in LEFT_BEHIND_OUTCOMES
+                or (
+                    new.last.outcome in ENDED_OUTCOMES
+                    and not (
+                        writer.startswith("plugin/") and new.last.outcome == Outcome.REJECTED.value
+                    )
+                )
+            )
             and self.in_handoff(old.holder.uid, node)
         ):
             self.violate(
                 "S3",
                 f"{writer} released the lock of {node} as {new.last.outcome} while its holder "
                 f"{old.holder.key} is still in handoff",
+            )
+        if (
+            old.holder is not None
+            and new.holder is None
+            and new.last is not None
+            and new.last.outcome in ENDED_OUTCOMES
+            and self.rejected_unserved.get(old.holder.uid) == node
+            and not self.plugins[node].serving
+        ):
+            self.violate(
+                "R1",
+                f"{writer} released the lock of {node} as {new.last.outcome} at once: its holder "
+                f"{old.holder.key} was rejected while the node's device plugin does not serve, "
+                "so the node's next pod would be rejected too",
             )
         if (
             old.holder is not None
@@ -890,7 +934,11 @@ class HandoffModel(RuleBasedStateMachine):
     @rule(node=st.integers(0, 1))
     def kubelet_rejects(self, node: int) -> None:
         """kubelet rejects its next pod at admission before any Allocate (an eviction or sysctl
-        admit handler): the pod fails; the node lock is not released (nothing was allocated)."""
+        admit handler; or its device manager with no device reported, while the node's plugin
+        does not serve, issue 52): the pod fails (``UnexpectedAdmissionError``) and no plugin is
+        called; its lock is released by the node's plugin once it sees it Failed and serves
+        (``Admission.release_ended``, in ``EndedModel``), else swept or taken over once expired
+        (the extenders never release a rejected holder at once: R1)."""
         self.begin_step()
         ready = self.kubelet_ready()
         n = ready[node % len(ready)]
@@ -900,7 +948,11 @@ class HandoffModel(RuleBasedStateMachine):
         if kubelet.allocated.get(uid):
             self.log(f"kubelet/{n}", f"{self.key_of(uid)} is being admitted; not rejected")
             return
-        kubelet.reject(uid, "Evicted: the node was low on memory (admission)")
+        if not self.plugins[n].serving:
+            self.rejected_unserved[uid] = n
+            kubelet.reject(uid, "Allocate failed: no healthy devices present (admission)")
+        else:
+            kubelet.reject(uid, "Evicted: the node was low on memory (admission)")
         self.excused.add(uid)
         self.fault(
             f"kubelet/{n}",
@@ -1575,7 +1627,14 @@ def _bigger(a: Slice, b: Slice) -> bool:
     return (a.exclusive, _memory(a), a.cores) > (b.exclusive, _memory(b), b.cores)
 
 
-SWEEP_HOLES = frozenset({Hole.SWEEP_IN_HANDOFF, Hole.SWEEP_BOUND_HERE})
+SWEEP_HOLES = frozenset(
+    {
+        Hole.SWEEP_IN_HANDOFF,
+        Hole.SWEEP_BOUND_HERE,
+        Hole.ENDED_UNSEEN,
+        Hole.REJECTED_RELEASED_UNSERVED,
+    }
+)
 
 
 class SweepingModel(HandoffModel):
@@ -1596,10 +1655,59 @@ class SweepingModel(HandoffModel):
             self.log(replica, "sweep: " + "; ".join(done))
 
 
+class EndedModel(SweepingModel):
+    """The sweeping model with the device plugin's release of a holder that ended
+    (``Admission.release_ended``, issue 52) as one more action: in production it runs on every
+    change of the node's pod watch or Lease watch; here the search places it anywhere.  A class
+    of its own, so that the searches of ``SWEEP_IN_HANDOFF`` and ``SWEEP_BOUND_HERE`` draw the
+    interleavings they were tuned on."""
+
+    @precondition(lambda self: self.started)
+    @rule(node=st.integers(0, 1))
+    def plugin_releases_ended(self, node: int) -> None:
+        """One look of a device plugin at its lock's holder: released at once if it ended."""
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        done = self.plugins[n].release_ended()
+        if done:
+            self.log(f"plugin/{n}", done)
+
+
+class BrakeModel(EndedModel):
+    """The model with the device plugin's release of a holder that ended, and a plugin that
+    stops serving (kubelet has none of its devices: a pod it admits is rejected,
+    ``kubelet_rejects``) and serves again: the brake of decision 0012, checked by R1.  A class
+    of its own for the same reason as ``EndedModel``."""
+
+    @precondition(lambda self: self.started)
+    @rule(node=st.integers(0, 1), serving=st.booleans())
+    def plugin_serving(self, node: int, serving: bool) -> None:
+        """The node's plugin stops serving (its ListAndWatch stream closed: a kubelet restart,
+        the plugin down), or serves again (its devices sent)."""
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        self.plugins[n].serving = serving
+        if serving:
+            self.log(f"plugin/{n}", "serves: ListAndWatch sent kubelet the devices")
+        else:
+            self.fault(f"plugin/{n}", "not serving: kubelet has none of its devices")
+
+
 def machine(config: ModelConfig, name: str) -> type[HandoffModel]:
     """A ``HandoffModel`` class for ``config`` with its own ``Stats``; with the sweep unless
-    the config avoids both of its holes (``SWEEP_HOLES``)."""
-    base = HandoffModel if config.avoid >= SWEEP_HOLES else SweepingModel
+    the config avoids all of its holes (``SWEEP_HOLES``); with a plugin that stops serving and
+    serves again (``BrakeModel``) where the config asks for it and does not avoid
+    ``Hole.REJECTED_RELEASED_UNSERVED``; else with the plugin's release of a holder that ended
+    where the config asks for it and does not avoid ``Hole.ENDED_UNSEEN``."""
+    base: type[HandoffModel]
+    if config.avoid >= SWEEP_HOLES:
+        base = HandoffModel
+    elif config.plugin_stops_serving and Hole.REJECTED_RELEASED_UNSERVED not in config.avoid:
+        base = BrakeModel
+    elif Hole.ENDED_UNSEEN in config.avoid or not config.plugin_releases_ended:
+        base = SweepingModel
+    else:
+        base = EndedModel
     return type(name, (base,), {"config": config, "stats": Stats()})
 
 

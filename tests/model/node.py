@@ -59,6 +59,7 @@ from deviceplugin.decide import (
 )
 from deviceplugin.kubeletview import KubeletViewError
 from deviceplugin.sharing import fold, physical_request, virtual_choice
+from handoff import holder as handoff_holder
 from handoff.audit import KubeletPod
 from handoff.wire import ContainerName, DeviceID
 from kube.errors import ApiUnavailable
@@ -111,6 +112,13 @@ class Plugin:
     pods: Watch = field(init=False)
     # the node pod watch (``deviceplugin.podwatch.NodePods``): key -> pod bound here, as seen
     bound: dict[str, JSON] = field(default_factory=dict)
+    # UIDs the pod watch saw deleted (``NodePods.gone``), and of those, the ones last seen
+    # Failed (``NodePods.gone_failed``)
+    gone: set[str] = field(default_factory=set)
+    gone_failed: set[str] = field(default_factory=set)
+    # ``DevicePlugin.serving``: its ListAndWatch has sent kubelet the devices (a restart starts
+    # serving at once here; ``BrakeModel`` turns it off and on)
+    serving: bool = True
     pod_cache: tuple[tuple[HolderKey, str, FencingToken], PodJSON] | None = None
     crash_after_checkpoint: bool = False  # a fault armed for the next serve
     # kubelet's PodResources List on this node, with the devices of one resource
@@ -145,6 +153,9 @@ class Plugin:
             for p in self.store.list_pods(node=self.node)
         }
         self.pods.restart()
+        self.gone = set()
+        self.gone_failed = set()
+        self.serving = True
         self.pod_cache = None
         self.unknown_since = {}
         self.crash_after_checkpoint = False
@@ -166,7 +177,13 @@ class Plugin:
         n = 0
         for event in self.pods.deliver(limit):
             if event.type == "DELETED":
-                self.bound.pop(event.name, None)
+                last = self.bound.pop(event.name, None)
+                uid = event.obj["metadata"]["uid"]
+                self.gone.add(uid)
+                if any(
+                    (p or {}).get("status", {}).get("phase") == "Failed" for p in (last, event.obj)
+                ):
+                    self.gone_failed.add(uid)
             else:
                 self.bound[event.name] = event.obj
             n += 1
@@ -434,14 +451,38 @@ class Plugin:
             self.release(pending)
         return alloc
 
-    def _reject(self, release: tuple[Holder, FencingToken]) -> None:
+    def _reject(
+        self, release: tuple[Holder, FencingToken], outcome: Outcome = Outcome.REJECTED
+    ) -> str:
         holder, token = release
-        pending = PendingRelease.of(holder, token, Outcome.REJECTED)
+        pending = PendingRelease.of(holder, token, outcome)
         cp = self.cp.with_pending(pending)
         if cp.progress is not None and cp.progress.token == token:
             cp = cp.with_progress(None)
         self.write(cp)
-        self.release(pending)
+        return self.release(pending)
+
+    def release_ended(self) -> str:
+        """GLUE ``Admission.release_ended``: ``decide.holder_ended`` on the watched Lease and the
+        node pod watch (the holder's pod as last seen, and whether its deletion was seen); a
+        holder that ended gets its lock released at once, recorded as pending first — a
+        rejected one only while the plugin serves (``handoff.holder.released_by_plugin``).
+        What happened ("" when nothing ended)."""
+        view = self.locks.view(self.node)
+        holder = view.record.holder if view is not None else None
+        found = decide.holder_ended(
+            view,
+            None if holder is None else self.bound.get(holder.key),
+            seen_gone=holder is not None and holder.uid in self.gone,
+            failed_before_gone=holder is not None and holder.uid in self.gone_failed,
+            pending_tokens={p.token for p in self.cp.pending},
+        )
+        if found is None:
+            return ""
+        if not handoff_holder.released_by_plugin(found.end, serving=self.serving):
+            return f"holder {found.holder.key} ended ({found.end.outcome.value}): not serving"
+        done = self._reject((found.holder, found.token), found.end.outcome)
+        return f"holder {found.holder.key} ended ({found.end.why}): {done}"
 
     def release(self, pending: PendingRelease) -> str:
         lock = HeldLock(self.node, Holder(pending.holder, pending.uid), pending.token, "")

@@ -192,12 +192,37 @@ FOCUS: dict[Hole, ModelConfig] = {
         max_pods=2,
         prompt=frozenset({"E0", "E1"}),
     ),
+    Hole.ENDED_UNSEEN: ModelConfig(
+        fault_kinds=frozenset({Fault.ADMISSION_REJECT, Fault.POD_DELETE}),
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=2,
+        prompt=frozenset({"kubelet"}),
+        plugin_releases_ended=True,
+    ),
+    Hole.REJECTED_RELEASED_UNSERVED: ModelConfig(
+        fault_kinds=frozenset({Fault.ADMISSION_REJECT}),
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=2,
+        swarm=False,  # every run may reject
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+        plugin_releases_ended=True,
+        plugin_stops_serving=True,
+    ),
 }
 
 
 # Actions no other hole's search needs, left out of it (each such search keeps the interleavings
 # it was tuned on); the deep and CI profiles take them.
-ONLY_WHEN_SEARCHED = frozenset({Hole.SWEEP_IN_HANDOFF, Hole.SWEEP_BOUND_HERE})
+ONLY_WHEN_SEARCHED = frozenset(
+    {
+        Hole.SWEEP_IN_HANDOFF,
+        Hole.SWEEP_BOUND_HERE,
+        Hole.ENDED_UNSEEN,
+        Hole.REJECTED_RELEASED_UNSERVED,
+    }
+)
 
 
 def focus(hole: Hole, *, avoid: frozenset[Hole] = KNOWN_HOLES) -> ModelConfig:
@@ -243,6 +268,8 @@ SEARCH_SEEDS: dict[Hole, int] = {
     Hole.MIG_PROGRESS_AHEAD: 1,
     Hole.SWEEP_IN_HANDOFF: 1,
     Hole.SWEEP_BOUND_HERE: 1,
+    Hole.ENDED_UNSEEN: 1,
+    Hole.REJECTED_RELEASED_UNSERVED: 5,
 }
 
 

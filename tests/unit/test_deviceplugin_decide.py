@@ -23,6 +23,7 @@ from deviceplugin.decide import (
     gpu_containers,
     handoff_abandoned,
     hint,
+    holder_ended,
     kubelet_admitting,
     kubelet_records,
     unknown_listed,
@@ -37,6 +38,7 @@ from lockd.model import (
     LockRecord,
     NodeLockView,
     NodeName,
+    Outcome,
 )
 
 NODE = NodeName("n1")
@@ -1077,3 +1079,50 @@ def test_kubelets_checkpoint_records_only_containers_with_devices() -> None:
     ]
     assert kubelet_records(answers) == {"uid-a": {"c", "d"}}
     assert kubelet_records([]) == {}
+
+
+# -- a holder that ended: its lock is released at once (issue 52) -------------------------------
+
+
+def _status(phase: str, reason: str = "") -> dict[str, Any]:
+    p = pod(assignment_of(c0=["GPU-00"]), containers=[container("c0", 1)])
+    p["status"] = {"phase": phase, "reason": reason}
+    return p
+
+
+def test_a_holder_kubelet_rejected_before_any_allocate_has_its_lock_released_rejected() -> None:
+    view = lease(assignment_of(c0=["GPU-00"]))
+    got = holder_ended(
+        view, _status("Failed", "UnexpectedAdmissionError"), seen_gone=False, pending_tokens=()
+    )
+    assert got is not None
+    assert (got.holder.key, got.token, got.end.outcome) == ("ns/p", TOKEN, Outcome.REJECTED)
+
+
+def test_a_holder_that_succeeded_or_was_deleted_has_its_lock_released() -> None:
+    view = lease(assignment_of(c0=["GPU-00"]))
+    done = holder_ended(view, _status("Succeeded"), seen_gone=False, pending_tokens=())
+    assert done is not None
+    assert done.end.outcome is Outcome.FINISHED
+    gone = holder_ended(view, None, seen_gone=True, pending_tokens=())
+    assert gone is not None
+    assert gone.end.outcome is Outcome.DELETED
+
+
+def test_no_release_for_a_holder_that_may_still_be_admitted_or_one_already_decided() -> None:
+    view = lease(assignment_of(c0=["GPU-00"]))
+    waiting = pod(assignment_of(c0=["GPU-00"]), containers=[container("c0", 1)])
+    assert holder_ended(view, waiting, seen_gone=False, pending_tokens=()) is None
+    assert holder_ended(view, None, seen_gone=False, pending_tokens=()) is None  # not seen yet
+    failed = _status("Failed", "UnexpectedAdmissionError")
+    assert holder_ended(view, failed, seen_gone=False, pending_tokens=(TOKEN,)) is None
+    free = lease(None, holder=None)
+    assert holder_ended(free, failed, seen_gone=False, pending_tokens=()) is None
+    assert holder_ended(None, failed, seen_gone=False, pending_tokens=()) is None
+
+
+def test_a_holder_failed_then_deleted_has_its_lock_released_rejected() -> None:
+    view = lease(assignment_of(c0=["GPU-00"]))
+    got = holder_ended(view, None, seen_gone=True, failed_before_gone=True, pending_tokens=())
+    assert got is not None
+    assert got.end.outcome is Outcome.REJECTED

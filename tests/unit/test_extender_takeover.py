@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
+from handoff.holder import Ended, ended
 from handoff.wire import DEFAULT_LOCK_NAMESPACE, DEFAULT_PREFIX, DEFAULT_RESOURCE, Keys
 from lockd.lease import LeaseFormat
-from lockd.model import FencingToken, Holder, HolderKey, NodeLockView, NodeName
+from lockd.model import FencingToken, Holder, HolderKey, NodeLockView, NodeName, Outcome
 from scheduler_ext.cache import ClusterCache
 from scheduler_ext.state import PodState, pod_state
 from scheduler_ext.takeover import (
@@ -18,7 +19,9 @@ from scheduler_ext.takeover import (
     Judgement,
     binding_may_still_land,
     bound_elsewhere,
+    cached_ended,
     copy_unneeded,
+    ended_holders,
     expired_and_left,
     holder_accounted,
     holder_state,
@@ -280,3 +283,84 @@ def test_expired_locks_whose_holder_left_for_good_are_left_behind() -> None:
         "holder pod was deleted",
     ]
     assert expired_and_left(held, expired=lambda n: False, cached_judgement=cached) == []
+
+
+def test_locks_whose_holder_finished_or_was_deleted_are_released_at_once_expired_or_not() -> None:
+    """issue 52: a holder Succeeded or seen deleted ends its lock at once, with the outcome
+    named; one that kubelet may still admit, or ask devices for (admitted), or that the cache
+    has no record of, does not.  Nor does one kubelet rejected (Failed), also once deleted: the
+    extender leaves it to the node's serving device plugin, or to expiry (the brake on a node
+    whose plugin is down)."""
+    nodes = [NodeName(n) for n in "abcdefghi"]
+    pods: dict[str, PodState | None] = {
+        "a": pod(node="a", phase="Failed", uid="u-a"),  # rejected by kubelet
+        "b": pod(node="b", phase="Succeeded", uid="u-b"),
+        "c": None,  # deleted, and the cache saw it go
+        "d": pod(node="d", uid="other"),  # a new pod of the same name
+        "e": pod(node="e", uid="u-e"),  # in handoff
+        "f": pod(node="f", phase="Running", uid="u-f"),  # admitted: the expiry rule
+        "g": None,  # unknown to the cache
+        "h": pod(node=None, uid="u-h"),  # not bound
+        "i": None,  # Failed, then deleted (a controller that deletes its failed pods)
+    }
+    held = {n: Holder(HolderKey(f"ns/{n}"), f"u-{n}") for n in nodes}
+
+    def of(node: NodeName, holder: Holder) -> Ended | None:
+        p = pods[node]
+        return ended(
+            None if p is None else p.facts,
+            uid=holder.uid,
+            seen_gone=node in ("c", "i"),
+            failed_before_gone=node == "i",
+        )
+
+    assert of(nodes[0], held[nodes[0]]) is not None
+    assert of(nodes[8], held[nodes[8]]) is not None
+    got = ended_holders(held, of)
+    assert [(n, h, e.outcome) for n, h, e in got] == [
+        (nodes[1], held[nodes[1]], Outcome.FINISHED),
+        (nodes[2], held[nodes[2]], Outcome.DELETED),
+        (nodes[3], held[nodes[3]], Outcome.DELETED),
+    ]
+
+
+def test_the_cache_says_a_holder_ended_only_for_what_it_saw() -> None:
+    cache = ClusterCache()
+    holder = Holder(HolderKey("ns/p"), UID)
+    assert cached_ended(cache)(NODE, holder) is None  # never seen: may not have arrived yet
+    # a GPU pod, as every lock holder is (the cache keeps nothing of a bound CPU pod)
+    obj: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": UID, "resourceVersion": "1"},
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": {DEFAULT_RESOURCE: "1"}}}],
+            "nodeName": "gpu-1",
+        },
+        "status": {"phase": "Failed", "reason": "UnexpectedAdmissionError"},
+    }
+    cache.apply_pod("ADDED", obj)
+    end = cached_ended(cache)(NODE, holder)
+    assert end is not None
+    assert end.outcome is Outcome.REJECTED
+    cache.apply_pod("DELETED", obj)
+    end = cached_ended(cache)(NODE, holder)
+    assert end is not None
+    assert end.outcome is Outcome.REJECTED  # Failed, then deleted: still a rejected holder
+    assert "Failed, then deleted" in end.why
+    gpu = [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    pending: dict[str, Any] = {
+        "metadata": {**obj["metadata"], "uid": "u-2"},
+        "spec": {"containers": gpu, "nodeName": "gpu-1"},
+        "status": {},
+    }
+    cache.apply_pod("ADDED", pending)
+    cache.apply_pod("DELETED", pending)
+    end = cached_ended(cache)(NODE, Holder(HolderKey("ns/p"), "u-2"))
+    assert end is not None
+    assert end.outcome is Outcome.DELETED
+    # a deletion whose last state says Failed, though the cache never saw it Failed
+    failed = {**pending, "metadata": {**obj["metadata"], "uid": "u-3"}, "status": obj["status"]}
+    cache.apply_pod("ADDED", pending | {"metadata": failed["metadata"]})
+    cache.apply_pod("DELETED", failed)
+    end = cached_ended(cache)(NODE, Holder(HolderKey("ns/p"), "u-3"))
+    assert end is not None
+    assert end.outcome is Outcome.REJECTED

@@ -7,10 +7,19 @@ The clock is injected; the lock is a plain view the test changes.  Waiting never
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
-from lockd.model import FencingToken, Holder, HolderKey, LockRecord, NodeLockView, NodeName
+from lockd.model import (
+    FencingToken,
+    Holder,
+    HolderKey,
+    LastHandoff,
+    LockRecord,
+    NodeLockView,
+    NodeName,
+)
 from scheduler_ext.waiting import (
     BindQueues,
     GiveUp,
@@ -306,3 +315,23 @@ async def test_a_waiter_cancelled_as_it_is_woken_stays_cancelled() -> None:
         await task
     assert turns == []
     assert queues.depths() == {}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "learnt"),
+    [("allocated", True), ("rejected", False), ("deleted", False), ("expired", False)],
+)
+def test_only_a_handoff_that_allocated_teaches_the_hold_time(outcome: str, learnt: bool) -> None:
+    """issue 52: a holder kubelet rejected after a restart held the lock for as long as kubelet
+    was away; learnt, that hold made the next binds expect as long a wait and fail fast."""
+    clock, lock = Clock(), Lock()
+    queues = BindQueues(budget_s=4.0, clock=clock)
+    lock.hold("a")
+    queues.lock_changed(lock(), N)
+    clock.t += 12.0
+    lock.free()
+    freed = lock()
+    assert freed is not None
+    last = LastHandoff(HolderKey("ns/a"), "uid-a", freed.record.token, outcome)
+    queues.lock_changed(replace(freed, record=replace(freed.record, last=last)), N)
+    assert queues.hold.samples == (1 if learnt else 0)

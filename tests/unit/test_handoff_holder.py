@@ -8,9 +8,17 @@ from typing import Any
 import pytest
 
 from deviceplugin.decide import HandoffProgress, handoff_abandoned
-from handoff.holder import HolderState, holder_status, pod_facts
+from handoff.holder import (
+    Ended,
+    HolderState,
+    ended,
+    holder_status,
+    pod_facts,
+    released_by_extender,
+    released_by_plugin,
+)
 from handoff.wire import ContainerName, Keys
-from lockd.model import FencingToken, HolderKey, NodeName
+from lockd.model import FencingToken, HolderKey, NodeName, Outcome
 from scheduler_ext.state import pod_state
 from scheduler_ext.takeover import judge
 
@@ -109,3 +117,89 @@ def test_the_extender_and_the_plugin_agree_with_it(
         HolderKey("team/train-0"), UID, FencingToken(3), (ContainerName("c"),)
     )
     assert handoff_abandoned(obj, progress, NODE) is left
+
+
+# -- a holder that has ended: its lock is released at once (issue 52) --------------------------
+
+
+def test_a_holder_kubelet_rejected_has_ended_rejected_with_a_cause_a_person_can_act_on() -> None:
+    rejected = pod(phase="Failed", reason="UnexpectedAdmissionError")
+    got = ended(pod_facts(rejected), uid=UID, seen_gone=False)
+    assert got is not None
+    assert got.outcome is Outcome.REJECTED
+    assert "before the device plugin had reported its devices" in got.why
+    assert "created again" in got.why
+    assert "controller" in got.why
+
+
+def test_a_holder_failed_otherwise_has_ended_rejected() -> None:
+    got = ended(
+        pod_facts(pod(phase="Failed", reason="OutOfnvidia.com/gpu")), uid=UID, seen_gone=False
+    )
+    assert got is not None
+    assert got.outcome is Outcome.REJECTED
+    assert "device plugin" not in got.why
+
+
+def test_a_holder_that_succeeded_has_ended_finished() -> None:
+    got = ended(pod_facts(pod(phase="Succeeded")), uid=UID, seen_gone=False)
+    assert got is not None
+    assert got.outcome is Outcome.FINISHED
+
+
+def test_a_holder_seen_deleted_or_replaced_has_ended_deleted() -> None:
+    gone = ended(None, uid=UID, seen_gone=True)
+    assert gone is not None
+    assert gone.outcome is Outcome.DELETED
+    replaced = ended(pod_facts(pod(uid="uid-new")), uid=UID, seen_gone=False)
+    assert replaced is not None
+    assert replaced.outcome is Outcome.DELETED
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pod(),  # in handoff
+        pod(deleting=True),  # being deleted: kubelet may still admit it
+        pod(phase="Unknown"),
+        pod(node=None),  # not bound yet
+        pod(phase="Running", containerStatuses=[RUNNING]),  # admitted: kubelet may still ask
+        pod(node="gpu-2"),  # bound elsewhere: the sweep's own rule
+        pod(containerStatuses=[WAITING]),
+    ],
+)
+def test_a_holder_that_may_still_be_admitted_or_asked_for_has_not_ended(obj: Any) -> None:
+    assert ended(pod_facts(obj), uid=UID, seen_gone=False) is None
+
+
+def test_a_holder_merely_missing_from_the_view_has_not_ended() -> None:
+    assert ended(None, uid=UID, seen_gone=False) is None
+
+
+def test_a_holder_failed_then_deleted_has_ended_rejected() -> None:
+    """A controller that deletes its failed pods (a StatefulSet) does not turn a rejected
+    holder into a deleted one: who may release it is decided by its rejection."""
+    got = ended(None, uid=UID, seen_gone=True, failed_before_gone=True)
+    assert got is not None
+    assert got.outcome is Outcome.REJECTED
+    assert "created again" in got.why
+
+
+@pytest.mark.parametrize(
+    ("outcome", "extender", "plugin_not_serving", "plugin_serving"),
+    [
+        (Outcome.REJECTED, False, False, True),
+        (Outcome.FINISHED, True, True, True),
+        (Outcome.DELETED, True, True, True),
+    ],
+)
+def test_a_rejected_holder_is_released_at_once_only_by_a_serving_plugin(
+    outcome: Outcome, extender: bool, plugin_not_serving: bool, plugin_serving: bool
+) -> None:
+    """The brake (decision 0012): kubelet rejects every pod it admits while the node's plugin
+    has reported no device, so a rejected holder's lock is released at once only by that plugin
+    once it serves; a holder that Succeeded or was deleted, by either part at once."""
+    end = Ended(outcome, "why")
+    assert released_by_extender(end) is extender
+    assert released_by_plugin(end, serving=False) is plugin_not_serving
+    assert released_by_plugin(end, serving=True) is plugin_serving

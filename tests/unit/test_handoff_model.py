@@ -34,6 +34,8 @@ from lockd import NodeName
 from tests.model.__main__ import NOT_FOUND
 from tests.model.holes import BREAKS, KNOWN_HOLES, PLANTS, Hole
 from tests.model.machine import (
+    BrakeModel,
+    EndedModel,
     Fault,
     HandoffModel,
     ModelConfig,
@@ -81,8 +83,10 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.MIG_PROGRESS_AHEAD: 250,
     Hole.SWEEP_IN_HANDOFF: 900,
     Hole.SWEEP_BOUND_HERE: 300,
+    Hole.ENDED_UNSEEN: 300,
+    Hole.REJECTED_RELEASED_UNSERVED: 100,
 }
-INVARIANT = r"(S[1-4]|V1|F1|W[12]|L1)"
+INVARIANT = r"(S[1-4]|V1|F1|W[12]|R1|L1)"
 
 
 def search(hole: Hole, examples: int, *, planted: bool = False) -> tuple[int, str]:
@@ -720,9 +724,10 @@ def test_replay_mig_progress_ahead_of_kubelet_planted_breaks() -> None:
     )
 
 
-def sweep_steps(m: HandoffModel, *, reject: bool) -> None:
+def sweep_steps(m: HandoffModel, *, reject: bool, expire: bool = True) -> None:
     """one-1 is bound and holds n1's lock; kubelet rejects it before any Allocate (``reject``)
-    or has not admitted it yet; the lock's duration passes with no other bind, and E0 sweeps."""
+    or has not admitted it yet; the lock's duration passes (``expire``) with no other bind, and
+    E0 sweeps."""
     m.create_pod(0)  # team/one-1
     m.schedule(0, "E0", 0)
     for _ in range(4):  # acquire, confirm, send, bound
@@ -732,20 +737,119 @@ def sweep_steps(m: HandoffModel, *, reject: bool) -> None:
     if reject:
         m.kubelet_rejects(0)
         m.deliver_to("E0")
-    m.tick(16.0)
+    if expire:
+        m.tick(16.0)
     assert isinstance(m, SweepingModel)
     m.extender_sweeps("E0")
 
 
-def test_replay_sweep_releases_the_expired_lock_of_a_rejected_holder() -> None:
-    """kubelet rejected the holder before any Allocate, so no plugin releases its lock: once
-    expired, the sweep releases it (``expired``) and the node needs no takeover."""
+@pytest.mark.parametrize("expire", [True, False])
+def test_replay_sweep_releases_the_lock_of_a_rejected_holder_only_once_expired(
+    expire: bool,
+) -> None:
+    """kubelet rejected the holder before any Allocate: the extender's sweep leaves its lock to
+    the node's serving plugin until it expires (decision 0012: a node whose plugin is down must
+    not take the next pod at once), and releases it ``expired`` after."""
     m = replay(
         Hole.SWEEP_IN_HANDOFF,
         frozenset({Fault.ADMISSION_REJECT}),
-        partial(sweep_steps, reject=True),
+        partial(sweep_steps, reject=True, expire=expire),
     )
-    assert any("sweep: n1: released token 1 expired (holder pod Failed" in line for line in m.trace)
+    swept = [line for line in m.trace if "sweep:" in line]
+    if expire:
+        assert any("sweep: n1: released token 1 expired (holder pod Failed" in s for s in swept)
+    else:
+        assert swept == [], "\n".join(m.trace)
+
+
+def plugin_sees_rejection_steps(m: HandoffModel, *, serving: bool = True) -> None:
+    """one-1 is bound and holds n1's lock; kubelet rejects it before any Allocate (with n1's
+    plugin not ``serving``: for lack of devices); n1's plugin sees the pod Failed on its pod
+    watch and looks at its lock's holder."""
+    m.create_pod(0)  # team/one-1
+    m.schedule(0, "E0", 0)
+    for _ in range(4):  # acquire, confirm, send, bound
+        m.extender_step(0)
+    for watcher in list(m.watchers()):
+        m.deliver_to(watcher)
+    if not serving:
+        assert isinstance(m, BrakeModel)
+        m.plugin_serving(0, False)
+    m.kubelet_rejects(0)
+    m.deliver_to("plugin-pods/n1")
+    assert isinstance(m, EndedModel)
+    m.plugin_releases_ended(0)
+
+
+def test_replay_the_plugin_releases_the_lock_of_a_holder_kubelet_rejected_at_once() -> None:
+    """issue 52: kubelet fails the holder without calling Allocate; the plugin releases its
+    lock ``rejected`` from its node's pod watch, long before the lock expires."""
+    m = replay(Hole.ENDED_UNSEEN, frozenset({Fault.ADMISSION_REJECT}), plugin_sees_rejection_steps)
+    assert any(
+        "plugin/n1" in line
+        and "holder team/one-1 ended (the holder pod is Failed (UnexpectedAdmissionError)" in line
+        and line.endswith("released token 1 rejected  [n1:rv6/t1/free]")
+        for line in m.trace
+    ), "\n".join(m.trace)
+
+
+def test_replay_a_plugin_not_serving_releases_a_rejected_holder_only_once_it_serves() -> None:
+    """Decision 0012: kubelet rejected the holder because n1's plugin had sent it no device;
+    the plugin keeps the lock while it does not serve, and releases it ``rejected`` at once when
+    it serves again; the extender's sweep meanwhile leaves it alone (R1)."""
+
+    def steps(m: HandoffModel) -> None:
+        plugin_sees_rejection_steps(m, serving=False)
+        assert m.trace[-1].endswith("ended (rejected): not serving  [n1:rv3/t1/one-1]"), m.trace[-1]
+        m.deliver_to("E0")
+        assert isinstance(m, BrakeModel)
+        m.extender_sweeps("E0")
+        assert "sweep:" not in m.trace[-1]
+        m.plugin_serving(0, True)
+        m.plugin_releases_ended(0)
+        did(m, "plugin/n1", "released token 1 rejected")
+
+    replay(Hole.REJECTED_RELEASED_UNSERVED, frozenset({Fault.ADMISSION_REJECT}), steps)
+
+
+def test_replay_an_extender_releasing_a_rejected_holder_at_once_breaks_the_brake() -> None:
+    """Planted (issue 52's first attempt): the extender's sweep releases the holder kubelet
+    rejected for lack of devices at once, while the node's plugin does not serve: R1."""
+
+    def steps(m: HandoffModel) -> None:
+        plugin_sees_rejection_steps(m, serving=False)
+        m.deliver_to("E0")
+        assert isinstance(m, BrakeModel)
+        m.extender_sweeps("E0")
+
+    replay(
+        Hole.REJECTED_RELEASED_UNSERVED,
+        frozenset({Fault.ADMISSION_REJECT}),
+        steps,
+        planted=True,
+    )
+
+
+def test_replay_a_holder_not_yet_seen_is_not_taken_for_deleted() -> None:
+    """E1's pod watch has not shown one-1 when its Lease watch shows one-1 holding n1's lock:
+    its sweep leaves the lock alone (the holder has merely not been seen) and one-1 is served;
+    planted (a holder missing from the cache counts as deleted), the lock is released while
+    kubelet may still admit one-1 (S3)."""
+
+    def steps(m: HandoffModel) -> None:
+        m.create_pod(0)  # team/one-1
+        m.schedule(0, "E0", 0)
+        for _ in range(4):
+            m.extender_step(0)
+        e1 = m.replicas["E1"]
+        for event in e1.leases.deliver(None):  # E1's Lease watch only: its pod watch lags
+            e1.locks.take_event(event)
+        assert isinstance(m, SweepingModel)
+        m.extender_sweeps("E1")
+
+    m = replay(Hole.ENDED_UNSEEN, frozenset(), steps)
+    assert not any("sweep:" in line for line in m.trace)
+    replay(Hole.ENDED_UNSEEN, frozenset(), steps, planted=True)
 
 
 def test_replay_sweep_leaves_the_expired_lock_of_a_holder_in_handoff() -> None:
