@@ -5,7 +5,8 @@ and what an operator does with it on day two.
 One cluster for the module: ``node-system`` and two GPU nodes of 4 simulated GPUs, started bare
 (``--no-install``), then, in order: the install as docs/install.md writes it, GPU pods whose real
 containers print the devices they were given, an upgrade to a new image while a burst of GPU
-pods runs, and the uninstall.  Each test leaves the cluster as the next one expects it.
+pods runs, a device plugin pod deleted during a burst, a GPU node drained and relabelled, and the
+uninstall.  Each test leaves the cluster as the next one expects it.
 """
 
 from __future__ import annotations
@@ -375,6 +376,185 @@ def test_a_device_plugin_pod_deleted_during_a_burst_gives_no_gpu_twice(shipped: 
         if p["spec"]["nodeName"] == node
     ]
     assert [p["metadata"]["name"] != plugin for p in again] == [True]
+    s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+
+
+def gpu_deployment(name: str, replicas: int, *, command: str) -> dict[str, Any]:
+    pod = gpu_pod(name, command=command, restart="Always")
+    pod["metadata"]["labels"] = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": pod["metadata"], "spec": pod["spec"]},
+        },
+    }
+
+
+def wait_for(what: str, found: Any, *, timeout_s: float) -> Any:
+    """Poll ``found`` until it returns something true; that value.  A timeout fails the test
+    with ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = found()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout_s:.0f}s: {what}")
+        time.sleep(1)
+
+
+def live_pods(s: Shipped, namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The pods of ``selector`` not being deleted."""
+    pods = s.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def running_on(s: Shipped, namespace: str, selector: str, count: int) -> Any:
+    """``count`` live pods of ``selector``, all Running (else None): for ``wait_for``."""
+    pods = live_pods(s, namespace, selector)
+    if len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods):
+        return pods
+    return None
+
+
+def plugin_pod_on(s: Shipped, node: str) -> dict[str, Any] | None:
+    pods = s.json("get", "pods", "-n", NAMESPACE, "-l", "nodelock.io/device-plugin=true")
+    return next((p for p in pods["items"] if p["spec"].get("nodeName") == node), None)
+
+
+def allocatable_gpus(s: Shipped, node: str) -> str:
+    return str(s.json("get", "node", node)["status"]["allocatable"].get(DEFAULT_RESOURCE, "0"))
+
+
+def check_running(s: Shipped, namespace: str, pods: list[dict[str, Any]]) -> None:
+    """Each running container printed exactly its assignment, and no GPU of a node is in two."""
+    seen: dict[tuple[str, str], str] = {}
+    for pod in pods:
+        name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
+        devices = logged_devices(s, namespace, name)
+        assert devices == assigned(pod), name
+        for d in devices:
+            assert (node, d) not in seen, f"{node} {d} given to {seen.get((node, d))} and {name}"
+            seen[node, d] = name
+
+
+def test_a_gpu_node_drained_and_relabelled_moves_its_gpu_pods_and_leaves_no_lock(
+    shipped: Shipped,
+) -> None:
+    """An operator's day two: ``kubectl drain`` a GPU node running GPU pods of a Deployment (the
+    pods are evicted and run again on the other node; the device plugin pod, a DaemonSet's, is
+    left where it is: kubectl's drain filters, k8s.io/kubectl pkg/drain/filters.go
+    ``daemonSetFilter``, v0.37.2), ``kubectl uncordon``; then the node's
+    ``nodelock.io/enabled`` label removed (the DaemonSet's nodeSelector: the controller deletes
+    the plugin pod, pkg/controller/daemon/daemon_controller.go ``podsShouldBeOnNode``, v1.37.2;
+    kubelet marks the plugin's devices unhealthy when its socket goes,
+    pkg/kubelet/cm/devicemanager/manager.go ``PluginDisconnected``, so allocatable drops to 0)
+    and a GPU pod finds no node while the other node is full; the label back: the plugin pod
+    returns, and GPU pods are placed on the node again.  No GPU twice, no lock left."""
+    s = shipped
+    ns = new_namespace(s)
+    app = "app=serve"
+    command = f"{PRINT_DEVICES}; sleep 3600"
+    deployment = gpu_deployment("serve", GPUS_PER_NODE, command=command)
+    deployment["spec"]["template"]["spec"]["containers"][0]["image"] = s.started.images.base.ref
+    s.cluster.kubectl("apply", "-n", ns, "-f", "-", input_text=json.dumps(deployment))
+    pods = wait_for(
+        "the Deployment's pods Running",
+        lambda: running_on(s, ns, app, GPUS_PER_NODE),
+        timeout_s=180,
+    )
+    on_node = [p["spec"]["nodeName"] for p in pods]
+    drained = max(set(on_node), key=on_node.count)
+    other = next(n.name for n in s.gpu_nodes if n.name != drained)
+    plugin = plugin_pod_on(s, drained)
+    assert plugin is not None
+
+    res = subprocess.run(
+        [
+            str(s.cluster.binaries.kubectl),
+            f"--kubeconfig={s.cluster.kubeconfig}",
+            "drain",
+            drained,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=180s",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert s.json("get", "node", drained)["spec"].get("unschedulable") is True
+    left = [
+        p["metadata"]["name"] for p in live_pods(s, ns, app) if p["spec"].get("nodeName") == drained
+    ]
+    assert left == []  # drain returns once the evicted pods are gone
+    still = plugin_pod_on(s, drained)
+    assert still is not None
+    assert still["metadata"]["uid"] == plugin["metadata"]["uid"]
+    moved = wait_for(
+        "the evicted pods Running again on the other node",
+        lambda: running_on(s, ns, app, GPUS_PER_NODE),
+        timeout_s=180,
+    )
+    assert {p["spec"]["nodeName"] for p in moved} == {other}
+    check_running(s, ns, moved)
+    wait_no_lock_held(s, timeout_s=45)
+    s.kubectl("uncordon", drained)
+
+    s.kubectl("label", "node", drained, "nodelock.io/enabled-")
+    wait_for(
+        "the plugin pod gone from the unlabelled node",
+        lambda: plugin_pod_on(s, drained) is None,
+        timeout_s=120,
+    )
+    wait_for(
+        "kubelet reporting no allocatable GPU without its plugin",
+        lambda: allocatable_gpus(s, drained) == "0",
+        timeout_s=120,
+    )
+    # the other node's GPUs are all taken: a GPU pod now has no node to go to
+    create_pods(s, ns, [gpu_pod("waiting", command=command)])
+
+    def failed_scheduling() -> bool:
+        events = s.json(
+            "get",
+            "events",
+            "-n",
+            ns,
+            "--field-selector",
+            "involvedObject.name=waiting,reason=FailedScheduling",
+        )["items"]
+        return bool(events)
+
+    wait_for("a FailedScheduling Event for the pod", failed_scheduling, timeout_s=60)
+    assert not s.json("get", "pod", "-n", ns, "waiting")["spec"].get("nodeName")
+
+    s.kubectl("label", "node", drained, "nodelock.io/enabled=true")
+    wait_for(
+        "the plugin pod back and Ready on the relabelled node",
+        lambda: (
+            (p := plugin_pod_on(s, drained)) is not None
+            and all(c["ready"] for c in p["status"].get("containerStatuses") or [{"ready": False}])
+        ),
+        timeout_s=120,
+    )
+    s.kubectl("scale", "-n", ns, "deploy", "serve", f"--replicas={2 * GPUS_PER_NODE - 1}")
+    everything = wait_for(
+        "every GPU pod Running",
+        lambda: running_on(s, ns, "app in (serve,gpu-test)", 2 * GPUS_PER_NODE),
+        timeout_s=180,
+    )
+    placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in everything}
+    assert placed["waiting"] == drained
+    assert sorted(placed.values()).count(drained) == GPUS_PER_NODE
+    check_running(s, ns, everything)
+    wait_no_lock_held(s, timeout_s=45)
     s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
 
 
