@@ -6,13 +6,17 @@ One cluster for the module: ``node-system`` and two GPU nodes of 4 simulated GPU
 (``--no-install``), then, in order: the install as docs/install.md writes it, GPU pods whose real
 containers print the devices they were given, an upgrade to a new image while a burst of GPU
 pods runs, a device plugin pod deleted during a burst, a GPU node drained and relabelled, and the
-uninstall.  Each test leaves the cluster as the next one expects it.
+uninstall; then the plain manifests of deploy/manifests installed as docs/install.md writes it,
+used and deleted.  The chart and the manifests are never installed at once: the manifests come
+after the chart's uninstall, on the same cluster (a second one would cost its start again).
+Each test leaves the cluster as the next one expects it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -572,3 +576,204 @@ def test_uninstall_removes_the_release_and_keeps_the_lock_namespace(shipped: Shi
         "get", "validatingadmissionpolicies,validatingadmissionpolicybindings", "-o", "name"
     )
     assert [line for line in policies.splitlines() if "nodelock" in line] == []
+
+
+# ---- the plain manifests, as docs/install.md installs them -------------------------------------
+
+INSTALL_DOC = Path(__file__).resolve().parents[2] / "docs" / "install.md"
+MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "manifests"
+MAP_FILE = "25-admission-scheduler-name.yaml"
+# The one change these nodes need beyond the documented ones: no NVML here, so the device plugin
+# serves simulated GPUs (docs/containerd-nodes.md, "The plain manifests"); the test ops make the
+# patch fail if the manifest's arguments move.
+SIMULATED_BACKEND = [
+    {"op": "test", "path": "/spec/template/spec/containers/0/args/3", "value": "--backend=nvml"},
+    {
+        "op": "replace",
+        "path": "/spec/template/spec/containers/0/args/3",
+        "value": "--backend=simulated",
+    },
+    {
+        "op": "add",
+        "path": "/spec/template/spec/containers/0/args/-",
+        "value": f"--sim-gpus={GPUS_PER_NODE}",
+    },
+    {"op": "remove", "path": "/spec/template/spec/initContainers"},
+]
+
+
+def doc_lines(start: str, *, containing: str = "") -> list[str]:
+    """The lines of docs/install.md that begin with ``start`` (and contain ``containing``),
+    stripped, as an operator copies them."""
+    return [
+        line.strip()
+        for line in INSTALL_DOC.read_text().splitlines()
+        if line.strip().startswith(start) and containing in line
+    ]
+
+
+def doc_commands(start: str) -> list[str]:
+    """The commands of docs/install.md written inline (between backquotes) that begin with
+    ``start``."""
+    lines = INSTALL_DOC.read_text().splitlines()
+    inline = [c for line in lines if "```" not in line for c in re.findall(r"`([^`]+)`", line)]
+    return [c for c in inline if c.startswith(start)]
+
+
+def doc_block(first: str) -> str:
+    """The ```sh block of docs/install.md whose first line begins with ``first``."""
+    text = INSTALL_DOC.read_text()
+    for block in text.split("```sh\n")[1:]:
+        body = block.split("```", 1)[0]
+        if body.lstrip().startswith(first):
+            return body
+    raise AssertionError(f"docs/install.md has no sh block starting {first!r}")
+
+
+def sh(s: Shipped, script: str, *, cwd: Path, bash: bool = False) -> str:
+    """Run an operator's shell lines against the cluster (its kubectl first on PATH)."""
+    env = {
+        "PATH": f"{s.cluster.binaries.directory}:{os.environ['PATH']}",
+        "KUBECONFIG": str(s.cluster.kubeconfig),
+        "HOME": str(cwd),
+    }
+    res = subprocess.run(
+        ["bash" if bash else "sh", "-ec", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert res.returncode == 0, f"{script}\n{res.stdout}\n{res.stderr}"
+    return res.stdout
+
+
+def mirror(node: RuntimeNode, have: str, name: str) -> None:
+    """Give a node's containerd the image ``have`` also under ``name``: install.md's "keep the
+    name and mirror it", for nodes that reach no registry."""
+    ctr = ["ctr", f"--address={node.containerd_socket}", "--namespace=k8s.io", "images"]
+    listed = subprocess.run(
+        [*ctr, "list", "--quiet"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    source = have if have in listed else f"docker.io/{have}"
+    assert source in listed, listed
+    subprocess.run([*ctr, "tag", "--force", source, name], check=True, timeout=60)
+
+
+def manifest_image(path: Path, prefix: str) -> str:
+    [image] = {
+        line.split("image:", 1)[1].strip()
+        for line in path.read_text().splitlines()
+        if line.strip().startswith("image:") and prefix in line
+    }
+    return image
+
+
+def test_the_plain_manifests_install_run_gpu_pods_and_delete_cleanly(shipped: Shipped) -> None:
+    """docs/install.md's "Plain manifests", after the chart is uninstalled (the two never run
+    at once): the manifests copied, kube-scheduler's tag set by the page's ``sed`` line to the
+    API server's version, the images mirrored under the names the files carry, the TLS Secrets
+    made by the page's openssl lines, the files applied in order (without the
+    MutatingAdmissionPolicy before 1.36); the extender, scheduler and plugin pods Ready, GPU pods
+    whose containers print exactly their assignment; then the page's uninstall: no lock held,
+    the files deleted, the lock namespace last, and nothing of nodelock left."""
+    s = shipped
+    work = Path(tempfile.mkdtemp(prefix="nl-manifests-", dir="/tmp"))
+    copy = work / "deploy" / "manifests"
+    shutil.copytree(MANIFESTS, copy)
+    minor = int(s.cluster.binaries.kubernetes_version.lstrip("v").split(".")[1])
+    with_map = minor >= 36
+
+    # kube-scheduler's tag: the page's two lines, as written
+    [version_line] = doc_lines("KUBE_VERSION=$(kubectl get --raw /version")
+    [sed_line] = doc_lines("sed -i", containing="50-scheduler.yaml")
+    sh(s, f"{version_line}\n{sed_line}", cwd=work)
+    scheduler_image = manifest_image(copy / "50-scheduler.yaml", "kube-scheduler")
+    assert (
+        scheduler_image == f"registry.k8s.io/kube-scheduler:{s.cluster.binaries.kubernetes_version}"
+    )
+    nodelock_image = manifest_image(copy / "30-extender.yaml", "nodelock")
+    assert manifest_image(copy / "40-device-plugin.yaml", "nodelock") == nodelock_image
+    images = s.started.images
+    for node in s.started.nodes:
+        mirror(node, images.nodelock.ref, nodelock_image)
+        mirror(node, images.scheduler.ref, scheduler_image)
+    plugin_file = copy / "40-device-plugin.yaml"
+    (work / "simulated.json").write_text(json.dumps(SIMULATED_BACKEND))
+    patched = sh(
+        s,
+        f"kubectl patch --local -f {plugin_file} --type=json --patch-file=simulated.json -o yaml",
+        cwd=work,
+    )
+    plugin_file.write_text(patched)
+    for node in s.gpu_nodes:  # docs/install.md, "Node by node": the device plugin goes there
+        s.kubectl("label", "node", node.name, "nodelock.io/enabled=true", "--overwrite")
+    [namespace_line] = doc_lines("kubectl apply -f deploy/manifests/00-namespace.yaml")
+    sh(s, namespace_line, cwd=work)
+    tls = doc_block("NS=nodelock-system; SVC=")
+    sh(s, tls, cwd=work, bash=True)  # process substitution: the page's lines are bash
+    if with_map:
+        [apply_line] = doc_lines("kubectl apply -f deploy/manifests/ ")
+    else:  # "leave that file out on an older cluster"
+        [apply_line] = doc_lines(
+            "ls deploy/manifests/*.yaml | grep -v " + MAP_FILE.removesuffix(".yaml")
+        )
+    sh(s, apply_line.split("#")[0], cwd=work)
+    for workload in (
+        "deploy/nodelock-extender",
+        "deploy/nodelock-scheduler",
+        "ds/nodelock-device-plugin",
+    ):
+        sh(s, f"kubectl -n {NAMESPACE} rollout status {workload} --timeout=180s", cwd=work)
+    # the runtime reports an image by any of its names: the pods name the manifests' images
+    for p in s.json("get", "pods", "-n", NAMESPACE)["items"]:
+        assert {c["image"] for c in p["spec"]["containers"]} <= {nodelock_image, scheduler_image}
+        assert all(c["ready"] for c in p["status"]["containerStatuses"]), p["status"]
+    for node in s.gpu_nodes:
+        wait_for(
+            f"{node.name} reporting {GPUS_PER_NODE} GPUs",
+            lambda n=node.name: allocatable_gpus(s, n) == str(GPUS_PER_NODE),
+            timeout_s=120,
+        )
+
+    ns = new_namespace(s)
+    count = GPU_NODES * GPUS_PER_NODE
+    create_pods(
+        s, ns, [gpu_pod(f"gpu-{i}", command=f"{PRINT_DEVICES}; sleep 3600") for i in range(count)]
+    )
+    pods = wait_for(
+        "every GPU pod Running",
+        lambda: running_on(s, ns, "app=gpu-test", count),
+        timeout_s=180,
+    )
+    check_running(s, ns, pods)
+    assert all(len(logged_devices(s, ns, p["metadata"]["name"])) == 1 for p in pods)
+    s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+
+    # docs/install.md, "Uninstall", with plain manifests
+    s.kubectl("-n", NAMESPACE, "scale", "deploy", "nodelock-scheduler", "--replicas=0")
+    wait_no_lock_held(s, timeout_s=45)
+    [delete] = doc_commands("kubectl delete -f deploy/manifests/50-scheduler.yaml")
+    if not with_map:
+        delete = delete.replace(f" -f deploy/manifests/{MAP_FILE}", "")
+    sh(s, delete, cwd=work)
+    [unannotate] = doc_commands("kubectl annotate nodes --all")
+    sh(s, unannotate, cwd=work)
+    [delete_namespace] = doc_commands(f"kubectl delete namespace {NAMESPACE}")
+    sh(s, delete_namespace, cwd=work)
+    kinds = (
+        "clusterroles,clusterrolebindings,"
+        "validatingadmissionpolicies,validatingadmissionpolicybindings"
+    )
+    if with_map:
+        kinds += ",mutatingadmissionpolicies,mutatingadmissionpolicybindings"
+    left = [
+        line for line in s.kubectl("get", kinds, "-o", "name").splitlines() if "nodelock" in line
+    ]
+    assert left == []
+    assert (
+        s.kubectl("get", "namespace", NAMESPACE, "--ignore-not-found", "-o", "name").strip() == ""
+    )
+    shutil.rmtree(work, ignore_errors=True)
