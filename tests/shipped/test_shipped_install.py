@@ -461,105 +461,114 @@ def test_a_gpu_node_drained_and_relabelled_moves_its_gpu_pods_and_leaves_no_lock
     returns, and GPU pods are placed on the node again.  No GPU twice, no lock left."""
     s = shipped
     ns = new_namespace(s)
-    app = "app=serve"
-    command = f"{PRINT_DEVICES}; sleep 3600"
-    deployment = gpu_deployment("serve", GPUS_PER_NODE, command=command)
-    deployment["spec"]["template"]["spec"]["containers"][0]["image"] = s.started.images.base.ref
-    s.cluster.kubectl("apply", "-n", ns, "-f", "-", input_text=json.dumps(deployment))
-    pods = wait_for(
-        "the Deployment's pods Running",
-        lambda: running_on(s, ns, app, GPUS_PER_NODE),
-        timeout_s=180,
-    )
-    on_node = [p["spec"]["nodeName"] for p in pods]
-    drained = max(set(on_node), key=on_node.count)
-    other = next(n.name for n in s.gpu_nodes if n.name != drained)
-    plugin = plugin_pod_on(s, drained)
-    assert plugin is not None
+    try:
+        app = "app=serve"
+        command = f"{PRINT_DEVICES}; sleep 3600"
+        deployment = gpu_deployment("serve", GPUS_PER_NODE, command=command)
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"] = s.started.images.base.ref
+        s.cluster.kubectl("apply", "-n", ns, "-f", "-", input_text=json.dumps(deployment))
+        pods = wait_for(
+            "the Deployment's pods Running",
+            lambda: running_on(s, ns, app, GPUS_PER_NODE),
+            timeout_s=180,
+        )
+        on_node = [p["spec"]["nodeName"] for p in pods]
+        drained = max(set(on_node), key=on_node.count)
+        other = next(n.name for n in s.gpu_nodes if n.name != drained)
+        plugin = plugin_pod_on(s, drained)
+        assert plugin is not None
 
-    res = subprocess.run(
-        [
-            str(s.cluster.binaries.kubectl),
-            f"--kubeconfig={s.cluster.kubeconfig}",
-            "drain",
-            drained,
-            "--ignore-daemonsets",
-            "--delete-emptydir-data",
-            "--timeout=180s",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert s.json("get", "node", drained)["spec"].get("unschedulable") is True
-    left = [
-        p["metadata"]["name"] for p in live_pods(s, ns, app) if p["spec"].get("nodeName") == drained
-    ]
-    assert left == []  # drain returns once the evicted pods are gone
-    still = plugin_pod_on(s, drained)
-    assert still is not None
-    assert still["metadata"]["uid"] == plugin["metadata"]["uid"]
-    moved = wait_for(
-        "the evicted pods Running again on the other node",
-        lambda: running_on(s, ns, app, GPUS_PER_NODE),
-        timeout_s=180,
-    )
-    assert {p["spec"]["nodeName"] for p in moved} == {other}
-    check_running(s, ns, moved)
-    wait_no_lock_held(s, timeout_s=45)
-    s.kubectl("uncordon", drained)
+        res = subprocess.run(
+            [
+                str(s.cluster.binaries.kubectl),
+                f"--kubeconfig={s.cluster.kubeconfig}",
+                "drain",
+                drained,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=180s",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert s.json("get", "node", drained)["spec"].get("unschedulable") is True
+        left = [
+            p["metadata"]["name"]
+            for p in live_pods(s, ns, app)
+            if p["spec"].get("nodeName") == drained
+        ]
+        assert left == []  # drain returns once the evicted pods are gone
+        still = plugin_pod_on(s, drained)
+        assert still is not None
+        assert still["metadata"]["uid"] == plugin["metadata"]["uid"]
+        moved = wait_for(
+            "the evicted pods Running again on the other node",
+            lambda: running_on(s, ns, app, GPUS_PER_NODE),
+            timeout_s=180,
+        )
+        assert {p["spec"]["nodeName"] for p in moved} == {other}
+        check_running(s, ns, moved)
+        wait_no_lock_held(s, timeout_s=45)
+        s.kubectl("uncordon", drained)
 
-    s.kubectl("label", "node", drained, "nodelock.io/enabled-")
-    wait_for(
-        "the plugin pod gone from the unlabelled node",
-        lambda: plugin_pod_on(s, drained) is None,
-        timeout_s=120,
-    )
-    wait_for(
-        "kubelet reporting no allocatable GPU without its plugin",
-        lambda: allocatable_gpus(s, drained) == "0",
-        timeout_s=120,
-    )
-    # the other node's GPUs are all taken: a GPU pod now has no node to go to
-    create_pods(s, ns, [gpu_pod("waiting", command=command)])
+        s.kubectl("label", "node", drained, "nodelock.io/enabled-")
+        wait_for(
+            "the plugin pod gone from the unlabelled node",
+            lambda: plugin_pod_on(s, drained) is None,
+            timeout_s=120,
+        )
+        wait_for(
+            "kubelet reporting no allocatable GPU without its plugin",
+            lambda: allocatable_gpus(s, drained) == "0",
+            timeout_s=120,
+        )
+        # the other node's GPUs are all taken: a GPU pod now has no node to go to
+        create_pods(s, ns, [gpu_pod("waiting", command=command)])
 
-    def failed_scheduling() -> bool:
-        events = s.json(
-            "get",
-            "events",
-            "-n",
-            ns,
-            "--field-selector",
-            "involvedObject.name=waiting,reason=FailedScheduling",
-        )["items"]
-        return bool(events)
+        def failed_scheduling() -> bool:
+            events = s.json(
+                "get",
+                "events",
+                "-n",
+                ns,
+                "--field-selector",
+                "involvedObject.name=waiting,reason=FailedScheduling",
+            )["items"]
+            return bool(events)
 
-    wait_for("a FailedScheduling Event for the pod", failed_scheduling, timeout_s=60)
-    assert not s.json("get", "pod", "-n", ns, "waiting")["spec"].get("nodeName")
+        wait_for("a FailedScheduling Event for the pod", failed_scheduling, timeout_s=60)
+        assert not s.json("get", "pod", "-n", ns, "waiting")["spec"].get("nodeName")
 
-    s.kubectl("label", "node", drained, "nodelock.io/enabled=true")
-    wait_for(
-        "the plugin pod back and Ready on the relabelled node",
-        lambda: (
-            (p := plugin_pod_on(s, drained)) is not None
-            and all(c["ready"] for c in p["status"].get("containerStatuses") or [{"ready": False}])
-        ),
-        timeout_s=120,
-    )
-    s.kubectl("scale", "-n", ns, "deploy", "serve", f"--replicas={2 * GPUS_PER_NODE - 1}")
-    everything = wait_for(
-        "every GPU pod Running",
-        lambda: running_on(s, ns, "app in (serve,gpu-test)", 2 * GPUS_PER_NODE),
-        timeout_s=180,
-    )
-    placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in everything}
-    assert placed["waiting"] == drained
-    assert sorted(placed.values()).count(drained) == GPUS_PER_NODE
-    check_running(s, ns, everything)
-    wait_no_lock_held(s, timeout_s=45)
-    s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+        s.kubectl("label", "node", drained, "nodelock.io/enabled=true")
+        wait_for(
+            "the plugin pod back and Ready on the relabelled node",
+            lambda: (
+                (p := plugin_pod_on(s, drained)) is not None
+                and all(
+                    c["ready"] for c in p["status"].get("containerStatuses") or [{"ready": False}]
+                )
+            ),
+            timeout_s=120,
+        )
+        s.kubectl("scale", "-n", ns, "deploy", "serve", f"--replicas={2 * GPUS_PER_NODE - 1}")
+        everything = wait_for(
+            "every GPU pod Running",
+            lambda: running_on(s, ns, "app in (serve,gpu-test)", 2 * GPUS_PER_NODE),
+            timeout_s=180,
+        )
+        placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in everything}
+        assert placed["waiting"] == drained
+        assert sorted(placed.values()).count(drained) == GPUS_PER_NODE
+        check_running(s, ns, everything)
+        wait_no_lock_held(s, timeout_s=45)
+    finally:  # whatever failed, the next tests get both nodes schedulable, labelled and empty
+        for node in s.gpu_nodes:
+            s.kubectl("uncordon", node.name, check=False)
+            s.kubectl("label", "node", node.name, "nodelock.io/enabled=true", "--overwrite")
+        s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", "--ignore-not-found")
 
 
 def test_uninstall_removes_the_release_and_keeps_the_lock_namespace(shipped: Shipped) -> None:
@@ -740,17 +749,21 @@ def test_the_plain_manifests_install_run_gpu_pods_and_delete_cleanly(shipped: Sh
 
     ns = new_namespace(s)
     count = GPU_NODES * GPUS_PER_NODE
-    create_pods(
-        s, ns, [gpu_pod(f"gpu-{i}", command=f"{PRINT_DEVICES}; sleep 3600") for i in range(count)]
-    )
-    pods = wait_for(
-        "every GPU pod Running",
-        lambda: running_on(s, ns, "app=gpu-test", count),
-        timeout_s=180,
-    )
-    check_running(s, ns, pods)
-    assert all(len(logged_devices(s, ns, p["metadata"]["name"])) == 1 for p in pods)
-    s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+    try:
+        create_pods(
+            s,
+            ns,
+            [gpu_pod(f"gpu-{i}", command=f"{PRINT_DEVICES}; sleep 3600") for i in range(count)],
+        )
+        pods = wait_for(
+            "every GPU pod Running",
+            lambda: running_on(s, ns, "app=gpu-test", count),
+            timeout_s=180,
+        )
+        check_running(s, ns, pods)
+        assert all(len(logged_devices(s, ns, p["metadata"]["name"])) == 1 for p in pods)
+    finally:
+        s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
 
     # docs/install.md, "Uninstall", with plain manifests
     s.kubectl("-n", NAMESPACE, "scale", "deploy", "nodelock-scheduler", "--replicas=0")
