@@ -30,6 +30,7 @@ from typing import Any
 
 from devcluster.binaries import ensure_control_plane, ensure_cri, ensure_kubelet, ensure_simkubelet
 from devcluster.cluster import Cluster
+from devcluster.errors import DevclusterError
 from devcluster.gpunodes import up_gpu_cluster
 from devcluster.invariants import PodRecord, allocated, check_locks_free, check_pods
 from devcluster.namespaces import create_namespace
@@ -586,16 +587,43 @@ def report(
 
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the demo: a local GPU cluster and a GPU workload")
-    p.add_argument("--nodes", type=int, default=16)
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help=f"GPU nodes (default {DEFAULT_SHAPE.nodes}; {CONTAINERD_SHAPE.nodes} with "
+        "--runtime containerd)",
+    )
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help=f"GPUs a node (default {DEFAULT_SHAPE.gpus_per_node}; "
+        f"{CONTAINERD_SHAPE.gpus_per_node} with --runtime containerd)",
+    )
     p.add_argument(
         "--shared-nodes",
         type=int,
-        default=2,
-        help="how many of the nodes (the last ones) share their GPUs, for the inference wave",
+        default=None,
+        help="how many of the nodes (the last ones) share their GPUs, for the inference wave "
+        f"(default {DEFAULT_SHAPE.shared_nodes}; not with --runtime containerd)",
     )
     p.add_argument(
-        "--gpu-split", type=int, default=4, help="virtual devices per GPU on the sharing nodes"
+        "--gpu-split",
+        type=int,
+        default=None,
+        help="virtual devices per GPU on the sharing nodes "
+        f"(default {DEFAULT_SHAPE.gpu_split}; not with --runtime containerd)",
+    )
+    p.add_argument(
+        "--runtime",
+        choices=["containerd"],
+        default=None,
+        help="containerd: the demo as an install (docs/containerd-nodes.md): nodes with "
+        "containerd, runc, CNI and kube-proxy, the image built from deploy/Containerfile and the "
+        "Helm chart installed on them, a small GPU workload in real containers, each "
+        "container's printed devices against its assignment, and nodelock audit (needs root "
+        "and `make runtime-deps`)",
     )
     p.add_argument(
         "--kubelet",
@@ -612,13 +640,60 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_main)
 
 
+@dataclass(frozen=True)
+class DemoShape:
+    nodes: int
+    gpus_per_node: int
+    shared_nodes: int = 0
+    gpu_split: int = 1
+
+
+DEFAULT_SHAPE = DemoShape(nodes=16, gpus_per_node=8, shared_nodes=2, gpu_split=4)
+# real containers: a cluster a laptop starts in a couple of minutes
+CONTAINERD_SHAPE = DemoShape(nodes=2, gpus_per_node=4)
+
+
+def demo_shape(args: argparse.Namespace) -> DemoShape:
+    """The cluster's shape from the command line, each size not given taken from the default
+    of the runtime asked for; ``DevclusterError`` for what a runtime does not take."""
+    if args.runtime is None:
+        base = DEFAULT_SHAPE
+    else:
+        base = CONTAINERD_SHAPE
+        given = [
+            flag
+            for flag, value in (
+                ("--shared-nodes", args.shared_nodes),
+                ("--gpu-split", args.gpu_split),
+                ("--kubelet real", None if args.kubelet == KubeletKind.SIM.value else 1),
+            )
+            if value is not None
+        ]
+        if given:
+            raise DevclusterError(
+                f"--runtime containerd does not take {', '.join(given)}: its nodes run the real "
+                "kubelet and serve whole simulated GPUs through the chart's device plugin"
+            )
+
+    def pick(value: int | None, default: int) -> int:
+        return default if value is None else int(value)
+
+    return DemoShape(
+        nodes=pick(args.nodes, base.nodes),
+        gpus_per_node=pick(args.gpus_per_node, base.gpus_per_node),
+        shared_nodes=pick(args.shared_nodes, base.shared_nodes),
+        gpu_split=pick(args.gpu_split, base.gpu_split),
+    )
+
+
 def gpu_cluster_options(args: argparse.Namespace) -> dict[str, Any]:
     """``up_gpu_cluster``'s arguments from the demo's command line."""
+    shape = demo_shape(args)
     return {
-        "nodes": args.nodes,
-        "gpus_per_node": args.gpus_per_node,
-        "gpu_split": args.gpu_split,
-        "shared_nodes": args.shared_nodes,
+        "nodes": shape.nodes,
+        "gpus_per_node": shape.gpus_per_node,
+        "gpu_split": shape.gpu_split,
+        "shared_nodes": shape.shared_nodes,
         "kubelet": KubeletKind(args.kubelet),
     }
 
@@ -632,6 +707,9 @@ def _kubelets(kind: KubeletKind) -> str:
 def _main(args: argparse.Namespace) -> int:
     from devcluster.cluster import default_state_dir
 
+    shape = demo_shape(args)
+    if args.runtime is not None:
+        return _main_containerd(args, shape)
     state = args.state_dir or default_state_dir().with_name("demo")
     t0 = time.monotonic()
     print("nodelock demo: building or reusing the Kubernetes binaries and the node harness")
@@ -653,15 +731,15 @@ def _main(args: argparse.Namespace) -> int:
     try:
         print(
             f"control plane up ({time.monotonic() - t0:.1f}s); starting the extender and "
-            f"{args.nodes} GPU nodes x {args.gpus_per_node} GPUs ({_kubelets(kubelet)})"
+            f"{shape.nodes} GPU nodes x {shape.gpus_per_node} GPUs ({_kubelets(kubelet)})"
         )
         up_gpu_cluster(cluster, **gpu_cluster_options(args))
         print(
             f"GPU cluster ready ({time.monotonic() - t0:.1f}s): "
-            f"{args.nodes * args.gpus_per_node} GPUs"
+            f"{shape.nodes * shape.gpus_per_node} GPUs"
         )
-        workloads = default_workload(args.nodes * args.gpus_per_node)
-        workloads += shared_workload(args.shared_nodes, args.gpu_split)
+        workloads = default_workload(shape.nodes * shape.gpus_per_node)
+        workloads += shared_workload(shape.shared_nodes, shape.gpu_split)
         ext_url = cluster.settings()["extender"]["metrics"][0]  # the plain-HTTP metrics port
         tl, extra = asyncio.run(
             run_workload(
@@ -704,3 +782,21 @@ def _main(args: argparse.Namespace) -> int:
         cluster.down()
         print("\ncluster stopped (run with --keep to leave it up and look around)")
     return 0 if ok else 1
+
+
+def _main_containerd(args: argparse.Namespace, shape: DemoShape) -> int:
+    """``demo --runtime containerd``: nodelock.demo_containerd in its own state directory."""
+    from devcluster.cluster import default_state_dir
+    from nodelock import demo_containerd
+
+    state = args.state_dir or default_state_dir().with_name("demo-containerd")
+    print("nodelock demo: building or reusing the Kubernetes binaries")
+    cluster = Cluster(state, binaries=ensure_control_plane())
+    demo_containerd.prepare(cluster)
+    return demo_containerd.run_demo(
+        cluster,
+        nodes=shape.nodes,
+        gpus_per_node=shape.gpus_per_node,
+        keep=args.keep,
+        timeout_s=args.timeout,
+    )

@@ -5,14 +5,19 @@ and what an operator does with it on day two.
 One cluster for the module: ``node-system`` and two GPU nodes of 4 simulated GPUs, started bare
 (``--no-install``), then, in order: the install as docs/install.md writes it, GPU pods whose real
 containers print the devices they were given (the device plugin's environment and the CDI devices
-containerd applied from the node's CDI spec), an upgrade to a new image while a burst of GPU
-pods runs, and the uninstall.  Each test leaves the cluster as the next one expects it.
+containerd applied from the node's CDI spec), a GPU node without its CDI spec, an upgrade to a new
+image while a burst of GPU pods runs, a device plugin pod deleted during a burst, a GPU node
+drained and relabelled, and the uninstall; then the plain manifests of deploy/manifests installed
+as docs/install.md writes it, used and deleted.  The chart and the manifests are never installed
+at once: the manifests come after the chart's uninstall, on the same cluster (a second one would
+cost its start again).  Each test leaves the cluster as the next one expects it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -452,6 +457,194 @@ def test_a_device_plugin_pod_deleted_during_a_burst_gives_no_gpu_twice(shipped: 
     s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
 
 
+def gpu_deployment(name: str, replicas: int, *, command: str) -> dict[str, Any]:
+    pod = gpu_pod(name, command=command, restart="Always")
+    pod["metadata"]["labels"] = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": pod["metadata"], "spec": pod["spec"]},
+        },
+    }
+
+
+def wait_for(what: str, found: Any, *, timeout_s: float) -> Any:
+    """Poll ``found`` until it returns something true; that value.  A timeout fails the test
+    with ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = found()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout_s:.0f}s: {what}")
+        time.sleep(1)
+
+
+def live_pods(s: Shipped, namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The pods of ``selector`` not being deleted."""
+    pods = s.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def running_on(s: Shipped, namespace: str, selector: str, count: int) -> Any:
+    """``count`` live pods of ``selector``, all Running (else None): for ``wait_for``."""
+    pods = live_pods(s, namespace, selector)
+    if len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods):
+        return pods
+    return None
+
+
+def plugin_pod_on(s: Shipped, node: str) -> dict[str, Any] | None:
+    pods = s.json("get", "pods", "-n", NAMESPACE, "-l", "nodelock.io/device-plugin=true")
+    return next((p for p in pods["items"] if p["spec"].get("nodeName") == node), None)
+
+
+def allocatable_gpus(s: Shipped, node: str) -> str:
+    return str(s.json("get", "node", node)["status"]["allocatable"].get(DEFAULT_RESOURCE, "0"))
+
+
+def check_running(s: Shipped, namespace: str, pods: list[dict[str, Any]]) -> None:
+    """Each running container printed exactly its assignment, and no GPU of a node is in two."""
+    seen: dict[tuple[str, str], str] = {}
+    for pod in pods:
+        name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
+        devices = logged_devices(s, namespace, name)
+        assert devices == assigned(pod) == cdi_devices(s, namespace, name), name
+        for d in devices:
+            assert (node, d) not in seen, f"{node} {d} given to {seen.get((node, d))} and {name}"
+            seen[node, d] = name
+
+
+def test_a_gpu_node_drained_and_relabelled_moves_its_gpu_pods_and_leaves_no_lock(
+    shipped: Shipped,
+) -> None:
+    """An operator's day two: ``kubectl drain`` a GPU node running GPU pods of a Deployment (the
+    pods are evicted and run again on the other node; the device plugin pod, a DaemonSet's, is
+    left where it is: kubectl's drain filters, k8s.io/kubectl pkg/drain/filters.go
+    ``daemonSetFilter``, v0.37.2), ``kubectl uncordon``; then the node's
+    ``nodelock.io/enabled`` label removed (the DaemonSet's nodeSelector: the controller deletes
+    the plugin pod, pkg/controller/daemon/daemon_controller.go ``podsShouldBeOnNode``, v1.37.2;
+    kubelet marks the plugin's devices unhealthy when its socket goes,
+    pkg/kubelet/cm/devicemanager/manager.go ``PluginDisconnected``, so allocatable drops to 0)
+    and a GPU pod finds no node while the other node is full; the label back: the plugin pod
+    returns, and GPU pods are placed on the node again.  No GPU twice, no lock left."""
+    s = shipped
+    ns = new_namespace(s)
+    try:
+        app = "app=serve"
+        command = f"{PRINT_DEVICES}; sleep 3600"
+        deployment = gpu_deployment("serve", GPUS_PER_NODE, command=command)
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"] = s.started.images.base.ref
+        s.cluster.kubectl("apply", "-n", ns, "-f", "-", input_text=json.dumps(deployment))
+        pods = wait_for(
+            "the Deployment's pods Running",
+            lambda: running_on(s, ns, app, GPUS_PER_NODE),
+            timeout_s=180,
+        )
+        on_node = [p["spec"]["nodeName"] for p in pods]
+        drained = max(set(on_node), key=on_node.count)
+        other = next(n.name for n in s.gpu_nodes if n.name != drained)
+        plugin = plugin_pod_on(s, drained)
+        assert plugin is not None
+
+        res = subprocess.run(
+            [
+                str(s.cluster.binaries.kubectl),
+                f"--kubeconfig={s.cluster.kubeconfig}",
+                "drain",
+                drained,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=180s",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert s.json("get", "node", drained)["spec"].get("unschedulable") is True
+        left = [
+            p["metadata"]["name"]
+            for p in live_pods(s, ns, app)
+            if p["spec"].get("nodeName") == drained
+        ]
+        assert left == []  # drain returns once the evicted pods are gone
+        still = plugin_pod_on(s, drained)
+        assert still is not None
+        assert still["metadata"]["uid"] == plugin["metadata"]["uid"]
+        moved = wait_for(
+            "the evicted pods Running again on the other node",
+            lambda: running_on(s, ns, app, GPUS_PER_NODE),
+            timeout_s=180,
+        )
+        assert {p["spec"]["nodeName"] for p in moved} == {other}
+        check_running(s, ns, moved)
+        wait_no_lock_held(s, timeout_s=45)
+        s.kubectl("uncordon", drained)
+
+        s.kubectl("label", "node", drained, "nodelock.io/enabled-")
+        wait_for(
+            "the plugin pod gone from the unlabelled node",
+            lambda: plugin_pod_on(s, drained) is None,
+            timeout_s=120,
+        )
+        wait_for(
+            "kubelet reporting no allocatable GPU without its plugin",
+            lambda: allocatable_gpus(s, drained) == "0",
+            timeout_s=120,
+        )
+        # the other node's GPUs are all taken: a GPU pod now has no node to go to
+        create_pods(s, ns, [gpu_pod("waiting", command=command)])
+
+        def failed_scheduling() -> bool:
+            events = s.json(
+                "get",
+                "events",
+                "-n",
+                ns,
+                "--field-selector",
+                "involvedObject.name=waiting,reason=FailedScheduling",
+            )["items"]
+            return bool(events)
+
+        wait_for("a FailedScheduling Event for the pod", failed_scheduling, timeout_s=60)
+        assert not s.json("get", "pod", "-n", ns, "waiting")["spec"].get("nodeName")
+
+        s.kubectl("label", "node", drained, "nodelock.io/enabled=true")
+        wait_for(
+            "the plugin pod back and Ready on the relabelled node",
+            lambda: (
+                (p := plugin_pod_on(s, drained)) is not None
+                and all(
+                    c["ready"] for c in p["status"].get("containerStatuses") or [{"ready": False}]
+                )
+            ),
+            timeout_s=120,
+        )
+        s.kubectl("scale", "-n", ns, "deploy", "serve", f"--replicas={2 * GPUS_PER_NODE - 1}")
+        everything = wait_for(
+            "every GPU pod Running",
+            lambda: running_on(s, ns, "app in (serve,gpu-test)", 2 * GPUS_PER_NODE),
+            timeout_s=180,
+        )
+        placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in everything}
+        assert placed["waiting"] == drained
+        assert sorted(placed.values()).count(drained) == GPUS_PER_NODE
+        check_running(s, ns, everything)
+        wait_no_lock_held(s, timeout_s=45)
+    finally:  # whatever failed, the next tests get both nodes schedulable, labelled and empty
+        for node in s.gpu_nodes:
+            s.kubectl("uncordon", node.name, check=False)
+            s.kubectl("label", "node", node.name, "nodelock.io/enabled=true", "--overwrite")
+        s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", "--ignore-not-found")
+
+
 def test_uninstall_removes_the_release_and_keeps_the_lock_namespace(shipped: Shipped) -> None:
     s = shipped
     uninstall(s.cluster)
@@ -466,3 +659,208 @@ def test_uninstall_removes_the_release_and_keeps_the_lock_namespace(shipped: Shi
         "get", "validatingadmissionpolicies,validatingadmissionpolicybindings", "-o", "name"
     )
     assert [line for line in policies.splitlines() if "nodelock" in line] == []
+
+
+# ---- the plain manifests, as docs/install.md installs them -------------------------------------
+
+INSTALL_DOC = Path(__file__).resolve().parents[2] / "docs" / "install.md"
+MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "manifests"
+MAP_FILE = "25-admission-scheduler-name.yaml"
+# The one change these nodes need beyond the documented ones: no NVML here, so the device plugin
+# serves simulated GPUs (docs/containerd-nodes.md, "The plain manifests"); the test ops make the
+# patch fail if the manifest's arguments move.
+SIMULATED_BACKEND = [
+    {"op": "test", "path": "/spec/template/spec/containers/0/args/3", "value": "--backend=nvml"},
+    {
+        "op": "replace",
+        "path": "/spec/template/spec/containers/0/args/3",
+        "value": "--backend=simulated",
+    },
+    {
+        "op": "add",
+        "path": "/spec/template/spec/containers/0/args/-",
+        "value": f"--sim-gpus={GPUS_PER_NODE}",
+    },
+    {"op": "remove", "path": "/spec/template/spec/initContainers"},
+]
+
+
+def doc_lines(start: str, *, containing: str = "") -> list[str]:
+    """The lines of docs/install.md that begin with ``start`` (and contain ``containing``),
+    stripped, as an operator copies them."""
+    return [
+        line.strip()
+        for line in INSTALL_DOC.read_text().splitlines()
+        if line.strip().startswith(start) and containing in line
+    ]
+
+
+def doc_commands(start: str) -> list[str]:
+    """The commands of docs/install.md written inline (between backquotes) that begin with
+    ``start``."""
+    lines = INSTALL_DOC.read_text().splitlines()
+    inline = [c for line in lines if "```" not in line for c in re.findall(r"`([^`]+)`", line)]
+    return [c for c in inline if c.startswith(start)]
+
+
+def doc_block(first: str) -> str:
+    """The ```sh block of docs/install.md whose first line begins with ``first``."""
+    text = INSTALL_DOC.read_text()
+    for block in text.split("```sh\n")[1:]:
+        body = block.split("```", 1)[0]
+        if body.lstrip().startswith(first):
+            return body
+    raise AssertionError(f"docs/install.md has no sh block starting {first!r}")
+
+
+def sh(s: Shipped, script: str, *, cwd: Path, bash: bool = False) -> str:
+    """Run an operator's shell lines against the cluster (its kubectl first on PATH)."""
+    env = {
+        "PATH": f"{s.cluster.binaries.directory}:{os.environ['PATH']}",
+        "KUBECONFIG": str(s.cluster.kubeconfig),
+        "HOME": str(cwd),
+    }
+    res = subprocess.run(
+        ["bash" if bash else "sh", "-ec", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert res.returncode == 0, f"{script}\n{res.stdout}\n{res.stderr}"
+    return res.stdout
+
+
+def mirror(node: RuntimeNode, have: str, name: str) -> None:
+    """Give a node's containerd the image ``have`` also under ``name``: install.md's "keep the
+    name and mirror it", for nodes that reach no registry."""
+    ctr = ["ctr", f"--address={node.containerd_socket}", "--namespace=k8s.io", "images"]
+    listed = subprocess.run(
+        [*ctr, "list", "--quiet"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    source = have if have in listed else f"docker.io/{have}"
+    assert source in listed, listed
+    subprocess.run([*ctr, "tag", "--force", source, name], check=True, timeout=60)
+
+
+def manifest_image(path: Path, prefix: str) -> str:
+    [image] = {
+        line.split("image:", 1)[1].strip()
+        for line in path.read_text().splitlines()
+        if line.strip().startswith("image:") and prefix in line
+    }
+    return image
+
+
+def test_the_plain_manifests_install_run_gpu_pods_and_delete_cleanly(shipped: Shipped) -> None:
+    """docs/install.md's "Plain manifests", after the chart is uninstalled (the two never run
+    at once): the manifests copied, kube-scheduler's tag set by the page's ``sed`` line to the
+    API server's version, the images mirrored under the names the files carry, the TLS Secrets
+    made by the page's openssl lines, the files applied in order (without the
+    MutatingAdmissionPolicy before 1.36); the extender, scheduler and plugin pods Ready, GPU pods
+    whose containers print exactly their assignment; then the page's uninstall: no lock held,
+    the files deleted, the lock namespace last, and nothing of nodelock left."""
+    s = shipped
+    work = Path(tempfile.mkdtemp(prefix="nl-manifests-", dir="/tmp"))
+    copy = work / "deploy" / "manifests"
+    shutil.copytree(MANIFESTS, copy)
+    minor = int(s.cluster.binaries.kubernetes_version.lstrip("v").split(".")[1])
+    with_map = minor >= 36
+
+    # kube-scheduler's tag: the page's two lines, as written
+    [version_line] = doc_lines("KUBE_VERSION=$(kubectl get --raw /version")
+    [sed_line] = doc_lines("sed -i", containing="50-scheduler.yaml")
+    sh(s, f"{version_line}\n{sed_line}", cwd=work)
+    scheduler_image = manifest_image(copy / "50-scheduler.yaml", "kube-scheduler")
+    assert (
+        scheduler_image == f"registry.k8s.io/kube-scheduler:{s.cluster.binaries.kubernetes_version}"
+    )
+    nodelock_image = manifest_image(copy / "30-extender.yaml", "nodelock")
+    assert manifest_image(copy / "40-device-plugin.yaml", "nodelock") == nodelock_image
+    images = s.started.images
+    for node in s.started.nodes:
+        mirror(node, images.nodelock.ref, nodelock_image)
+        mirror(node, images.scheduler.ref, scheduler_image)
+    plugin_file = copy / "40-device-plugin.yaml"
+    (work / "simulated.json").write_text(json.dumps(SIMULATED_BACKEND))
+    patched = sh(
+        s,
+        f"kubectl patch --local -f {plugin_file} --type=json --patch-file=simulated.json -o yaml",
+        cwd=work,
+    )
+    plugin_file.write_text(patched)
+    for node in s.gpu_nodes:  # docs/install.md, "Node by node": the device plugin goes there
+        s.kubectl("label", "node", node.name, "nodelock.io/enabled=true", "--overwrite")
+    [namespace_line] = doc_lines("kubectl apply -f deploy/manifests/00-namespace.yaml")
+    sh(s, namespace_line, cwd=work)
+    tls = doc_block("NS=nodelock-system; SVC=")
+    sh(s, tls, cwd=work, bash=True)  # process substitution: the page's lines are bash
+    if with_map:
+        [apply_line] = doc_lines("kubectl apply -f deploy/manifests/ ")
+    else:  # "leave that file out on an older cluster"
+        [apply_line] = doc_lines(
+            "ls deploy/manifests/*.yaml | grep -v " + MAP_FILE.removesuffix(".yaml")
+        )
+    sh(s, apply_line.split("#")[0], cwd=work)
+    for workload in (
+        "deploy/nodelock-extender",
+        "deploy/nodelock-scheduler",
+        "ds/nodelock-device-plugin",
+    ):
+        sh(s, f"kubectl -n {NAMESPACE} rollout status {workload} --timeout=180s", cwd=work)
+    # the runtime reports an image by any of its names: the pods name the manifests' images
+    for p in s.json("get", "pods", "-n", NAMESPACE)["items"]:
+        assert {c["image"] for c in p["spec"]["containers"]} <= {nodelock_image, scheduler_image}
+        assert all(c["ready"] for c in p["status"]["containerStatuses"]), p["status"]
+    for node in s.gpu_nodes:
+        wait_for(
+            f"{node.name} reporting {GPUS_PER_NODE} GPUs",
+            lambda n=node.name: allocatable_gpus(s, n) == str(GPUS_PER_NODE),
+            timeout_s=120,
+        )
+
+    ns = new_namespace(s)
+    count = GPU_NODES * GPUS_PER_NODE
+    try:
+        create_pods(
+            s,
+            ns,
+            [gpu_pod(f"gpu-{i}", command=f"{PRINT_DEVICES}; sleep 3600") for i in range(count)],
+        )
+        pods = wait_for(
+            "every GPU pod Running",
+            lambda: running_on(s, ns, "app=gpu-test", count),
+            timeout_s=180,
+        )
+        check_running(s, ns, pods)
+        assert all(len(logged_devices(s, ns, p["metadata"]["name"])) == 1 for p in pods)
+    finally:
+        s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+
+    # docs/install.md, "Uninstall", with plain manifests
+    s.kubectl("-n", NAMESPACE, "scale", "deploy", "nodelock-scheduler", "--replicas=0")
+    wait_no_lock_held(s, timeout_s=45)
+    [delete] = doc_commands("kubectl delete -f deploy/manifests/50-scheduler.yaml")
+    if not with_map:
+        delete = delete.replace(f" -f deploy/manifests/{MAP_FILE}", "")
+    sh(s, delete, cwd=work)
+    [unannotate] = doc_commands("kubectl annotate nodes --all")
+    sh(s, unannotate, cwd=work)
+    [delete_namespace] = doc_commands(f"kubectl delete namespace {NAMESPACE}")
+    sh(s, delete_namespace, cwd=work)
+    kinds = (
+        "clusterroles,clusterrolebindings,"
+        "validatingadmissionpolicies,validatingadmissionpolicybindings"
+    )
+    if with_map:
+        kinds += ",mutatingadmissionpolicies,mutatingadmissionpolicybindings"
+    left = [
+        line for line in s.kubectl("get", kinds, "-o", "name").splitlines() if "nodelock" in line
+    ]
+    assert left == []
+    assert (
+        s.kubectl("get", "namespace", NAMESPACE, "--ignore-not-found", "-o", "name").strip() == ""
+    )
+    shutil.rmtree(work, ignore_errors=True)
