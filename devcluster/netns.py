@@ -135,18 +135,41 @@ def in_netns(ns: str, argv: Sequence[str], *, check: bool = True) -> str:
     return run(["ip", "netns", "exec", ns, *argv], check=check)
 
 
-def allocate(apiserver_port: int) -> NodeNetwork:
-    """A node network with a free index, its bridge and DNAT rule created."""
-    links = _ip("-br", "link", "show", "type", "bridge").splitlines()
-    bridges = [line.split()[0] for line in links if line]
-    routes = [line.split()[0] for line in _ip("-4", "route", "show").splitlines() if line]
-    net = NodeNetwork(free_index(bridges, routes), apiserver_port)
-    _ip("link", "add", net.bridge, "type", "bridge")
+def allocate(apiserver_port: int, owner: str) -> NodeNetwork:
+    """A node network with a free index, its bridge (its alias naming ``owner``, the cluster's
+    state directory) and DNAT rule created."""
+    for _ in range(3):  # another cluster may take the index between the look and the add
+        links = _ip("-br", "link", "show", "type", "bridge").splitlines()
+        bridges = [line.split()[0] for line in links if line]
+        routes = [line.split()[0] for line in _ip("-4", "route", "show").splitlines() if line]
+        net = NodeNetwork(free_index(bridges, routes), apiserver_port)
+        try:
+            _ip("link", "add", net.bridge, "type", "bridge")
+        except DevclusterError:
+            continue
+        break
+    else:
+        raise DevclusterError("no node network could be created: three indexes taken meanwhile")
+    _ip("link", "set", net.bridge, "alias", owner)
     _ip("addr", "add", f"{net.gateway}/24", "dev", net.bridge)
     _ip("link", "set", net.bridge, "up")
     run(["sysctl", "-qw", f"net.ipv4.conf.{net.bridge}.route_localnet=1"])
     run(["iptables", "-t", "nat", "-A", *net.dnat_rule()])
     return net
+
+
+def bridge_owner(bridge: str) -> str | None:
+    """The alias of ``bridge`` (the state directory of the cluster that made it), "" when it has
+    none, None when there is no such bridge."""
+    try:
+        out = _ip("-d", "link", "show", "dev", bridge)
+    except DevclusterError:
+        return None
+    for line in out.splitlines():
+        words = line.split(maxsplit=1)
+        if len(words) == 2 and words[0] == "alias":
+            return words[1].strip()
+    return ""
 
 
 def add_node(net: NodeNetwork, i: int, nodes: int) -> None:
@@ -168,8 +191,13 @@ def add_node(net: NodeNetwork, i: int, nodes: int) -> None:
             in_netns(ns, ["ip", "route", "add", net.pod_cidr(j), "via", net.node_ip(j)])
 
 
-def teardown(net: NodeNetwork, nodes: int) -> None:
-    """Remove the namespaces, the bridge and the DNAT rule (what is gone already is skipped)."""
+def teardown(net: NodeNetwork, nodes: int, owner: str) -> None:
+    """Remove the namespaces, the bridge and the DNAT rule (what is gone already is skipped).
+    A network whose bridge another cluster made (its alias names another state directory: the
+    index was free again and taken since ``owner`` stopped) is left alone."""
+    made_by = bridge_owner(net.bridge)
+    if made_by not in (None, "", owner):
+        return
     for i in range(nodes):
         run(["ip", "netns", "del", net.netns(i)], check=False)
         _ip("link", "del", net.host_veth(i), check=False)

@@ -497,7 +497,7 @@ def stop_runtime_nodes(cluster: Cluster) -> None:
     if dns is not None:
         processes.stop(dns)
         cluster.state.remove("clusterdns")
-    netns.teardown(net, len(nodes))
+    netns.teardown(net, len(nodes), str(cluster.state_dir))
 
 
 def _kill_containers(node: RuntimeNode) -> None:
@@ -549,7 +549,7 @@ def runtime_cluster(
     ensure_kubelet(cache=cache, version=version)
     ensure_kube_proxy(cache=cache, version=version)
     port = apiserver_port or processes.free_port()
-    net = netns.allocate(port)
+    net = netns.allocate(port, str(cluster.state_dir))
     try:
         cluster.up(apiserver_port=port, advertise_address=net.gateway)
         data = cluster.state.load()
@@ -572,7 +572,7 @@ def runtime_cluster(
             wait_gpus(cluster, [n for n in nodes if n.gpus], gpus_per_node, timeout_s=timeout_s)
     except BaseException:
         cluster.down()
-        netns.teardown(net, gpu_nodes + 1)
+        netns.teardown(net, gpu_nodes + 1, str(cluster.state_dir))
         raise
     return RuntimeCluster(images, nodes, command)
 

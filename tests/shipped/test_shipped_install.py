@@ -209,55 +209,56 @@ def test_the_chart_installs_from_the_local_image_and_its_pods_run(shipped: Shipp
 def test_gpu_pods_run_real_containers_with_exactly_their_devices(shipped: Shipped) -> None:
     s = shipped
     ns = new_namespace(s)
-    count = GPU_NODES * GPUS_PER_NODE
-    pods = [gpu_pod(f"gpu-{i}", command=f"{PRINT_DEVICES}; sleep 3600") for i in range(count)]
-    # a container that names every GPU itself: its own variable wins over the plugin's (kubelet
-    # puts the container's environment after the device plugin's), the CDI devices do not change
-    widen = pods[0]["spec"]["containers"][0]
-    widen["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
-    create_pods(s, ns, pods)
-    pods = wait_pods(
-        s, ns, lambda p: p["status"].get("phase") == "Running", timeout_s=180, what="Running"
-    )
-    seen: dict[str, str] = {}
-    for pod in pods:
-        name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
-        devices = cdi_devices(s, ns, name)
-        assert devices == assigned(pod)
-        assert len(devices) == 1
-        assert logged_devices(s, ns, name) == (["all"] if name == "gpu-0" else devices)
-        entries = read_checkpoint(
-            s.node(node).kubelet_dir / "device-plugins" / "kubelet_internal_checkpoint"
+    try:
+        count = GPU_NODES * GPUS_PER_NODE
+        pods = [gpu_pod(f"gpu-{i}", command=f"{PRINT_DEVICES}; sleep 3600") for i in range(count)]
+        # a container that names every GPU itself: its own variable wins over the plugin's (kubelet
+        # puts the container's environment after the device plugin's), the CDI devices do not change
+        widen = pods[0]["spec"]["containers"][0]
+        widen["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+        create_pods(s, ns, pods)
+        pods = wait_pods(
+            s, ns, lambda p: p["status"].get("phase") == "Running", timeout_s=180, what="Running"
         )
-        mine = [e for e in entries if e.pod_uid == pod["metadata"]["uid"]]
-        assert [list(e.device_ids) for e in mine] == [devices]
-        for d in devices:
-            assert d not in seen, f"{d} given to {seen.get(d)} and {name}"
-            seen[d] = name
-    assert len(seen) == count
-    for plugin in s.json("get", "pods", "-n", NAMESPACE, "-l", "nodelock.io/device-plugin=true")[
-        "items"
-    ]:
-        res = subprocess.run(
-            [
-                str(s.cluster.binaries.kubectl),
-                f"--kubeconfig={s.cluster.kubeconfig}",
-                "exec",
-                "-n",
-                NAMESPACE,
-                plugin["metadata"]["name"],
-                "--",
-                "nodelock",
-                "audit",
-                "--node-local",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert res.returncode == 0, res.stdout + res.stderr
-    s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+        seen: dict[str, str] = {}
+        for pod in pods:
+            name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
+            devices = cdi_devices(s, ns, name)
+            assert devices == assigned(pod)
+            assert len(devices) == 1
+            assert logged_devices(s, ns, name) == (["all"] if name == "gpu-0" else devices)
+            entries = read_checkpoint(
+                s.node(node).kubelet_dir / "device-plugins" / "kubelet_internal_checkpoint"
+            )
+            mine = [e for e in entries if e.pod_uid == pod["metadata"]["uid"]]
+            assert [list(e.device_ids) for e in mine] == [devices]
+            for d in devices:
+                assert d not in seen, f"{d} given to {seen.get(d)} and {name}"
+                seen[d] = name
+        assert len(seen) == count
+        plugins = s.json("get", "pods", "-n", NAMESPACE, "-l", "nodelock.io/device-plugin=true")
+        for plugin in plugins["items"]:
+            res = subprocess.run(
+                [
+                    str(s.cluster.binaries.kubectl),
+                    f"--kubeconfig={s.cluster.kubeconfig}",
+                    "exec",
+                    "-n",
+                    NAMESPACE,
+                    plugin["metadata"]["name"],
+                    "--",
+                    "nodelock",
+                    "audit",
+                    "--node-local",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert res.returncode == 0, res.stdout + res.stderr
+    finally:  # the GPUs free for the tests after it, whatever happened
+        s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
 
 
 def test_a_node_without_the_cdi_spec_fails_the_container_loudly_until_it_has_one(
@@ -287,13 +288,14 @@ def test_a_node_without_the_cdi_spec_fails_the_container_loudly_until_it_has_one
         (seen,) = wait_pods(s, ns, refused, timeout_s=90, what="refused by containerd")
         assert seen["status"]["phase"] == "Pending"
         assert f"{CDI_KIND}={assigned(seen)[0]}" in str(seen["status"]["containerStatuses"])
+        spec.write_text(saved)
+        (running,) = wait_pods(
+            s, ns, lambda p: p["status"].get("phase") == "Running", timeout_s=120, what="Running"
+        )
+        assert cdi_devices(s, ns, "no-spec") == assigned(running)
     finally:
         spec.write_text(saved)
-    (running,) = wait_pods(
-        s, ns, lambda p: p["status"].get("phase") == "Running", timeout_s=120, what="Running"
-    )
-    assert cdi_devices(s, ns, "no-spec") == assigned(running)
-    s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
+        s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
 
 
 def _condition_time(pod: dict[str, Any], kind: str) -> datetime:
