@@ -89,7 +89,9 @@ def render() -> str:
         "",
         f"`.venv/bin/pytest -m core --kubernetes-version oldest tests/integration tests/e2e` "
         f"runs them on "
-        f"{oldest.tag}.",
+        f"{oldest.tag};",
+        f"`make test` runs that beside the whole suite on {DEFAULT_VERSION} (each run with "
+        "clusters of its own) and prints its report after the suite's.",
         "",
     ]
     lines += [f"- `{name}`" for name in core] or ["- (none)"]
