@@ -54,6 +54,8 @@ class Hole(StrEnum):
     SWEEP_IN_HANDOFF = "sweep-in-handoff"
     # the extender's sweep of locks whose holder is bound elsewhere released one bound here
     SWEEP_BOUND_HERE = "sweep-bound-here"
+    # issue 51 F1: a static pod served the lock holder's devices when List failed
+    STATIC_POD_FALLBACK = "static-pod-fallback"
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -161,6 +163,13 @@ AVOIDED_BY: dict[Hole, str] = {
         "is bound to that lock's own node and not admitted yet, so the next bind takes the free "
         "lock while kubelet may still admit the holder.  Avoided: the extender never sweeps"
     ),
+    Hole.STATIC_POD_FALLBACK: (
+        "(issue 51 F1) kubelet admits a static pod the API server does not know while the lock's "
+        "holder is bound and not admitted and kubelet's PodResources List fails (after a kubelet "
+        "restart); GetPreferredAllocation steers kubelet to the holder's devices and Allocate, "
+        "deciding from the API server's view (bystanders), which cannot see the static pod, "
+        "serves it the holder's devices and releases the lock.  Avoided: no static pods"
+    ),
 }
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
@@ -204,6 +213,8 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     # allows (takeover.expired_and_left: gone, finished, admitted, bound elsewhere)
     Hole.SWEEP_BOUND_HERE,  # never a hole: the sweep releases only a holder the cache saw bound
     # to another node (takeover.bound_elsewhere)
+    Hole.STATIC_POD_FALLBACK,  # fixed (issue 51): a List that fails on kubelet's socket refuses
+    # (decide.another_pod_may_be_admitted), and the preference follows the same rule
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -232,6 +243,7 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.MIG_PROGRESS_AHEAD: frozenset({"S2"}),
     Hole.SWEEP_IN_HANDOFF: frozenset({"S3"}),
     Hole.SWEEP_BOUND_HERE: frozenset({"S3"}),
+    Hole.STATIC_POD_FALLBACK: frozenset({"S1", "S2"}),
 }
 
 
@@ -316,5 +328,16 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
     # released
     Hole.SWEEP_BOUND_HERE: _patched(
         {"scheduler_ext.takeover.bound_elsewhere": reverted.bound_anywhere}
+    ),
+    # before issue 51: a List that failed for any reason decided by the API server's view
+    # (bystanders), kubelet's socket there or not; the preference steered to the holder's
+    # devices whoever kubelet was admitting
+    Hole.STATIC_POD_FALLBACK: _patched(
+        {
+            "deviceplugin.decide.another_pod_may_be_admitted": (
+                reverted.another_pod_may_be_admitted_fallback
+            ),
+            "deviceplugin.decide.decide_preferred": reverted.decide_preferred_unsteered,
+        }
     ),
 }

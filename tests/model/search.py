@@ -192,12 +192,23 @@ FOCUS: dict[Hole, ModelConfig] = {
         max_pods=2,
         prompt=frozenset({"E0", "E1"}),
     ),
+    Hole.STATIC_POD_FALLBACK: ModelConfig(
+        fault_kinds=frozenset({Fault.PODRESOURCES_DOWN}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=2,
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+        socketless=frozenset(),
+    ),
 }
 
 
 # Actions no other hole's search needs, left out of it (each such search keeps the interleavings
 # it was tuned on); the deep and CI profiles take them.
-ONLY_WHEN_SEARCHED = frozenset({Hole.SWEEP_IN_HANDOFF, Hole.SWEEP_BOUND_HERE})
+ONLY_WHEN_SEARCHED = frozenset(
+    {Hole.SWEEP_IN_HANDOFF, Hole.SWEEP_BOUND_HERE, Hole.STATIC_POD_FALLBACK}
+)
 
 
 def focus(hole: Hole, *, avoid: frozenset[Hole] = KNOWN_HOLES) -> ModelConfig:
@@ -243,6 +254,7 @@ SEARCH_SEEDS: dict[Hole, int] = {
     Hole.MIG_PROGRESS_AHEAD: 1,
     Hole.SWEEP_IN_HANDOFF: 1,
     Hole.SWEEP_BOUND_HERE: 1,
+    Hole.STATIC_POD_FALLBACK: 1,
 }
 
 

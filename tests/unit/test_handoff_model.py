@@ -81,6 +81,7 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.MIG_PROGRESS_AHEAD: 250,
     Hole.SWEEP_IN_HANDOFF: 900,
     Hole.SWEEP_BOUND_HERE: 300,
+    Hole.STATIC_POD_FALLBACK: 100,
 }
 INVARIANT = r"(S[1-4]|V1|F1|W[12]|L1)"
 
