@@ -341,7 +341,9 @@ class Plugin:
             unreadable = decide.KubeletUnreadable(str(exc)) if self.kubelet_socket() else None
             pod = self._holder_pod(view, fresh=True)
             return pod, unreadable, self.store.list_pods(node=self.node), recorded
-        pod = self._holder_pod(view, fresh=False)  # kubelet's List is the fresh read
+        # the second try (``fresh``) reads the holder afresh too: a copy read for another pod's
+        # call may be from before its binding landed
+        pod = self._holder_pod(view, fresh=fresh)
         if holder is None:
             return pod, None, (), recorded
         specs = {

@@ -904,3 +904,29 @@ def test_replay_static_pod_with_the_old_fallback_gets_the_holders_device() -> No
         partial(static_pod_steps, fixed=False),
         planted=True,
     )
+
+
+def test_replay_a_holder_read_before_its_binding_is_read_again_for_its_own_allocate() -> None:
+    """Found by the deep profile with static pods (seed 51): a static pod's Allocate comes while
+    one-1 holds n1's lock and its binding has not landed; the plugin reads one-1 (not bound) and
+    keeps that copy for the same holder and token.  kubelet sees one-1 bound before the plugin's
+    node pod watch does, and one-1's own Allocate found only that copy, on both tries: refused
+    ``not-bound``, one-1 failed with nothing to excuse it (L1).  The second try reads the holder
+    afresh, as a decision that refuses from a watch-fed copy must."""
+    config = replace(focus(Hole.STATIC_POD_FALLBACK), prompt=frozenset({"E0", "E1", "kubelet"}))
+    m = machine(config, "Replay_holder_read_before_binding")()
+    m.start((0.0, 0.0), frozenset())
+    m.create_pod(0)  # team/one-1
+    m.schedule(0, "E0", 0)
+    m.extender_step(0)  # acquired n1 token 1; not bound yet
+    assert isinstance(m, StaticPodModel)
+    m.static_pod_written(0, 0)
+    m.kubelet_step(0, 0)  # the static pod: the plugin reads one-1, not bound yet
+    did(m, "kube-system/static-1: main: Allocate(", "refused not-bound; pod failed")
+    for _ in range(3):  # confirm, send, bound
+        m.extender_step(0)
+    assert "team/one-1" not in m.plugins[NodeName("n1")].bound  # its node pod watch lags
+    m.kubelet_step(0, 0)
+    did(m, "team/one-1: main: Allocate(n1-g0) [preferred hit] -> served n1-g0 as team/one-1")
+    m.check_safety()
+    m.settle()
