@@ -221,12 +221,20 @@ class Cluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
 
-    def restart_component(self, name: str, *, env: Mapping[str, str] | None = None) -> Proc:
-        """Stop a component and start it again with the same command line, and the same
-        environment unless ``env`` replaces it."""
+    def restart_component(
+        self,
+        name: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        argv: Sequence[str] | None = None,
+    ) -> Proc:
+        """Stop a component and start it again with the same command line and environment,
+        unless ``argv`` or ``env`` replaces them."""
         proc = self.state.procs()[name]
         processes.stop(proc)
-        return self._start(name, proc.argv, env=proc.env if env is None else env)
+        return self._start(
+            name, proc.argv if argv is None else argv, env=proc.env if env is None else env
+        )
 
     def restart_apiserver(self, *, timeout_s: float = 120.0) -> None:
         """Restart kube-apiserver on the same port and wait until it is ready again."""

@@ -407,7 +407,10 @@ class Admission:
             if isinstance(list_read, BaseException):
                 raise list_read
             return _WhoAdmits(pod_read, None, list_read, recorded)
-        held = await self._holder_pod(view, fresh=False)
+        # ``fresh``: the call is decided again after a refusal, and the watch or the copy read
+        # for the same holder and token may be from before its binding landed (read for another
+        # pod's call, a static pod's), which kubelet has seen: read the holder afresh
+        held = await self._holder_pod(view, fresh=fresh)
         if holder is None:
             return _WhoAdmits(held, None, [], recorded)
         specs = await self._specs(listed, holder.key)

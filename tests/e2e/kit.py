@@ -488,13 +488,17 @@ async def slow_admission(e2e: GPUCluster, node: str, *, seconds: float) -> Async
 
 
 async def restart_plugin(
-    e2e: GPUCluster, node: str, *, env: Mapping[str, str] | None = None
+    e2e: GPUCluster,
+    node: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    argv: Sequence[str] | None = None,
 ) -> None:
-    """Restart the node's device plugin (``env`` replacing its environment when given) and wait
-    until kubelet has its devices again: registered (``wait_registrations``) and served
-    (``wait_devices_back``)."""
+    """Restart the node's device plugin (``env`` replacing its environment, ``argv`` its
+    command line, when given) and wait until kubelet has its devices again: registered
+    (``wait_registrations``) and served (``wait_devices_back``)."""
     seen = plugin_registrations(e2e.cluster, node)
-    e2e.cluster.restart_component(f"deviceplugin-{node}", env=env)
+    e2e.cluster.restart_component(f"deviceplugin-{node}", env=env, argv=argv)
     await wait_registrations(e2e.cluster, node, seen)
     await wait_devices_back(e2e, node)
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from socket import AF_UNIX, SOCK_STREAM
+from socket import socket as unix_socket
 
 import grpc
 import pytest
@@ -51,6 +54,7 @@ from tests.e2e.kit import (
     log_count,
     plugin_registrations,
     real_node,
+    restart_plugin,
     sleeping_at,
     slow_admission,
     wait_devices_back,
@@ -588,71 +592,139 @@ async def test_a_pod_admitted_while_the_plugin_is_down_has_its_lock_released_onc
     assert [row[:3] for row in named] == [[node, "no-kubelet-record", real.key("early")]], named
 
 
-# how long kubelet stays down (killed: its PodResources socket file stays, refusing connections)
-# in the static pod test: the plugin's List reads meanwhile fail, and a gRPC channel kept across
-# them waits in its reconnect back-off (1 s, growing 1.6 times a try, 20 % jitter: after 30 s
-# some 17 s between tries) for seconds after kubelet is back
-KUBELET_DOWN_S = 30
+# how long kubelet stays down (killed) in the static pod test; the failing List that issue 51's
+# F1 needs is injected (``_PluginsView``), not waited for
+KUBELET_DOWN_S = 3
 STATIC_NAMESPACE = "nodelock-no-such-namespace"  # kubelet cannot create the mirror pod there
 
 
-def _static_pod(name: str) -> JSON:
-    """A static pod asking for one GPU; its namespace does not exist, so the API server never
-    knows it (as with the chart's policy denying GPU mirror pods)."""
+def _static_pod(name: str, gpus: int) -> JSON:
+    """A static pod asking for ``gpus`` GPUs; its namespace does not exist, so the API server
+    never knows it (as with the chart's policy denying GPU mirror pods)."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": STATIC_NAMESPACE},
         "spec": {
-            "containers": [{"name": "c", "image": "x", "resources": {"limits": {RESOURCE: "1"}}}],
+            "containers": [
+                {"name": "c", "image": "x", "resources": {"limits": {RESOURCE: str(gpus)}}}
+            ],
         },
     }
+
+
+class _PluginsView:
+    """The path the device plugin reads kubelet's PodResources socket at, in a directory of its
+    own (as the plugin's pod sees the node's ``/var/lib/kubelet/pod-resources`` through a
+    hostPath mount): a symbolic link to kubelet's socket, or, while ``refused``, a socket file
+    nobody listens on, as a killed kubelet leaves its own.  A connection the plugin made before
+    stays up; one it makes meanwhile is refused (UNAVAILABLE), as from a gRPC channel in its
+    reconnect back-off.  The path never goes missing (a missing socket is another case)."""
+
+    def __init__(self, kubelets: Path) -> None:
+        self.kubelets = kubelets
+        self.path = kubelets.parent.parent / "pod-resources-plugin" / kubelets.name
+        self.path.parent.mkdir(exist_ok=True)
+        self.link()
+
+    def link(self) -> None:
+        temp = self.path.with_name(f".{self.path.name}.link")
+        temp.unlink(missing_ok=True)
+        temp.symlink_to(self.kubelets)
+        os.replace(temp, self.path)
+
+    def refuse(self) -> None:
+        temp = self.path.with_name(f".{self.path.name}.dead")
+        temp.unlink(missing_ok=True)
+        dead = unix_socket(AF_UNIX, SOCK_STREAM)
+        try:
+            dead.bind(str(temp))  # bound, never listening: connect() is refused
+        finally:
+            dead.close()
+        os.replace(temp, self.path)
+
+
+async def _allocate_again_or_failed(
+    c: GPUCluster, plugin: str, line: str, more_than: int, pod: str, *, timeout_s: float = 60.0
+) -> None:
+    """Wait until the plugin's next Allocate started (its ``allocate.start`` line logged more
+    than ``more_than`` times) or ``pod`` failed (kubelet rejected it without calling the
+    plugin)."""
+    deadline = time.monotonic() + timeout_s
+    while log_count(c, plugin, line) <= more_than:
+        if (await c.pod(pod)).get("status", {}).get("phase") == "Failed":
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no Allocate after the static pod's in {timeout_s}s")
+        await asyncio.sleep(0.1)
 
 
 @pytest.mark.core
 async def test_a_static_pod_after_a_kubelet_restart_gets_no_device_of_the_lock_holder(
     real: GPUCluster,
 ) -> None:
-    """Issue 51 F1 on a real kubelet.  kubelet is killed and down for a while (the plugin's List
-    reads fail on its socket file, left behind), then starts again; a GPU static pod the API
-    server does not know is admitted while a pod holds the node's lock, bound and not admitted
-    yet (the plugin takes 4 s over each Allocate, and kubelet admits one pod at a time).  The
-    static pod is refused, never served the holder's devices, and no GPU is handed to two
-    pods."""
+    """Issue 51 F1 on a real kubelet.  kubelet is killed (the plugin's connection to its
+    PodResources socket goes with it) and started again; until the static pod's admission is
+    over, the plugin's List cannot reach it (``_PluginsView``: the path the plugin reads is a
+    socket nobody listens on, what a killed kubelet leaves, standing for gRPC's reconnect
+    back-off the review traced).  A GPU static pod the API server does not know (its manifest
+    in kubelet's ``staticPodPath``) is admitted while a pod holds the node's lock, bound and
+    not admitted yet (the plugin takes 4 s over each Allocate, and kubelet admits one pod at a
+    time).  Both ask for all the node's GPUs, so kubelet's pick for the static pod is the
+    holder's assignment.  The static pod is refused, never served the holder's devices, and no
+    GPU is handed to two pods.  On the code before issue 51's fix the static pod was served
+    the holder's GPUs from the API server's view (``bystanders``) and kubelet then rejected
+    the holder."""
     node = real.nodes[0]
     plugin = f"deviceplugin-{node}"
     files = real_node(real, node)
     manifest = files.manifests / "static-gpu.yaml"
+    view = _PluginsView(pod_resources_socket(real.cluster.state_dir, node))
+    argv = [
+        f"--pod-resources-socket={view.path}" if a.startswith("--pod-resources-socket=") else a
+        for a in real.cluster.state.procs()[plugin].argv
+    ]
     line = sleeping_at("allocate.start")
-    async with slow_admission(real, node, seconds=4):
+    slow = {"NODELOCK_FAILPOINTS": "allocate.start=sleep:4"}
+    original = list(real.cluster.state.procs()[plugin].argv)
+    await restart_plugin(real, node, env=slow, argv=argv)
+    try:
         seen = plugin_registrations(real.cluster, node)
         real.cluster.kill_component(f"kubelet-{node}")
+        view.refuse()
         await asyncio.sleep(KUBELET_DOWN_S)
         real.cluster.restart_component(f"kubelet-{node}")
         await wait_registrations(real.cluster, node, seen, timeout_s=60)
         await wait_devices_back(real, node)
         logged = log_count(real, plugin, line)
+        unread = log_count(real, plugin, "; Allocate ")  # a List failed on kubelet's socket
         real.expect_unadmitted("holder")
         try:
             written = files.manifests / ".static-gpu.yaml.tmp"  # kubelet skips dot files
-            written.write_text(yaml.safe_dump(_static_pod("static-gpu")))
+            written.write_text(yaml.safe_dump(_static_pod("static-gpu", GPUS)))
             written.rename(manifest)
             await wait_log(real, plugin, line, logged)  # the static pod's Allocate waits
-            await real.create_pod("holder", [1], node=node)
+            await real.create_pod("holder", [GPUS], node=node)
+            # the holder's Allocate reads List 4 s after it starts: kubelet's socket is back
+            await _allocate_again_or_failed(real, plugin, line, logged + 1, "holder")
+            view.link()
             holder = await real.wait_phase("holder", ["Running", "Failed"], timeout_s=90)
+            assert log_count(real, plugin, "; Allocate ") > unread, "no List failed"
             wanted = sorted(assignment(holder)["c0"])
-            static = [
-                r
-                for r in read_containers(files.containers_record)
-                if r["namespace"] == STATIC_NAMESPACE
-            ]
+            # the devices kubelet gave the static pod, by its own PodResources List: no
+            # container config of it is recorded (nodelock-cri reads each pod from the API
+            # server to create its containers, and the API server has none of this one)
             given = {
-                d for r in static for d in r["envs"].get("NVIDIA_VISIBLE_DEVICES", "").split(",")
-            } - {""}
+                d
+                for (namespace, _, _), ids in _listed(real, node).items()
+                if namespace == STATIC_NAMESPACE
+                for d in ids
+            }
             fallbacks = log_count(real, plugin, "decides from a LIST")
             assert not given & set(wanted), (
                 f"the static pod was handed the lock holder's devices {sorted(given)} "
-                f"(Allocate decided from the API server's view {fallbacks} times)"
+                f"(Allocate decided from the API server's view {fallbacks} times; the holder "
+                f"ended {holder['status'].get('phase')}: {holder['status'].get('message')})"
             )
             assert given == set(), given  # it holds no lock: it gets no device at all
             if holder["status"]["phase"] == "Running":
@@ -661,5 +733,8 @@ async def test_a_static_pod_after_a_kubelet_restart_gets_no_device_of_the_lock_h
                 assert holder["status"]["reason"] == "UnexpectedAdmissionError", holder["status"]
         finally:
             manifest.unlink(missing_ok=True)
+    finally:
+        view.link()
+        await restart_plugin(real, node, env={}, argv=original)
     found = await kubelet_findings(real, expected_pods=1)
     assert found.s1 == [], found.s1

@@ -59,6 +59,8 @@ class Hole(StrEnum):
     # (issue 52's first attempt) an extender released a rejected holder's lock at once: with
     # the node's device plugin down, every pod bound there is rejected at once (a storm)
     REJECTED_RELEASED_UNSERVED = "rejected-released-unserved"
+    # issue 51 F1: a static pod served the lock holder's devices when List failed
+    STATIC_POD_FALLBACK = "static-pod-fallback"
 
 
 AVOIDED_BY: dict[Hole, str] = {
@@ -180,6 +182,13 @@ AVOIDED_BY: dict[Hole, str] = {
         "bound at once and rejected too, a burst drains into a node whose plugin is down.  "
         "Avoided: no plugin ever stops serving (BrakeModel is not used)"
     ),
+    Hole.STATIC_POD_FALLBACK: (
+        "(issue 51 F1) kubelet admits a static pod the API server does not know while the lock's "
+        "holder is bound and not admitted and kubelet's PodResources List fails (after a kubelet "
+        "restart); GetPreferredAllocation steers kubelet to the holder's devices and Allocate, "
+        "deciding from the API server's view (bystanders), which cannot see the static pod, "
+        "serves it the holder's devices and releases the lock.  Avoided: no static pods"
+    ),
 }
 
 # The holes of the current code.  Remove a hole here once its fix is merged.
@@ -227,6 +236,8 @@ KNOWN_HOLES: frozenset[Hole] = frozenset(Hole) - {
     # has ended (handoff.holder.ended)
     Hole.REJECTED_RELEASED_UNSERVED,  # fixed by decision 0012: an extender never releases a
     # rejected holder at once (handoff.holder.released_by_extender), the plugin only serving
+    Hole.STATIC_POD_FALLBACK,  # fixed (issue 51): a List that fails on kubelet's socket refuses
+    # (decide.another_pod_may_be_admitted), and the preference follows the same rule
 }
 
 # The invariants a hole is expected to break (its finding test checks the model breaks one).
@@ -257,6 +268,7 @@ BREAKS: dict[Hole, frozenset[str]] = {
     Hole.ENDED_UNSEEN: frozenset({"S3"}),
     Hole.REJECTED_RELEASED_UNSERVED: frozenset({"R1"}),
     Hole.SWEEP_BOUND_HERE: frozenset({"S3"}),
+    Hole.STATIC_POD_FALLBACK: frozenset({"S1", "S2"}),
 }
 
 
@@ -351,6 +363,17 @@ PLANTS: dict[Hole, Callable[[], AbstractContextManager[None]]] = {
         {
             "scheduler_ext.takeover.ended": reverted.ended_unseen_gone,
             "deviceplugin.decide.ended": reverted.ended_unseen_gone,
+        }
+    ),
+    # before issue 51: a List that failed for any reason decided by the API server's view
+    # (bystanders), kubelet's socket there or not; the preference steered to the holder's
+    # devices whoever kubelet was admitting
+    Hole.STATIC_POD_FALLBACK: _patched(
+        {
+            "deviceplugin.decide.another_pod_may_be_admitted": (
+                reverted.another_pod_may_be_admitted_fallback
+            ),
+            "deviceplugin.decide.decide_preferred": reverted.decide_preferred_unsteered,
         }
     ),
 }

@@ -314,6 +314,8 @@ class HandoffModel(RuleBasedStateMachine):
 
     def key_of(self, uid: str) -> str:
         pod = self.store.pod_by_uid(uid)
+        for kubelet in self.kubelets.values():
+            pod = pod or kubelet.static.get(uid)
         if pod is None:
             return uid
         return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
@@ -503,6 +505,7 @@ class HandoffModel(RuleBasedStateMachine):
             self.plugins[node].kubelet_records = self.kubelets[node].records
             self.kubelets[node].socketless = node in self.config.socketless
             self.plugins[node].kubelet_socket = self.kubelets[node].podresources_socket
+            self.plugins[node].kubelet_instance = self.kubelets[node].socket_instance
             self.kubelets[node].lose_only_final = self.avoids(Hole.PROGRESS_AHEAD_OF_KUBELET)
             self.kubelets[node].keep_multi_resource = self.avoids(Hole.MIG_PROGRESS_AHEAD)
         self.started = True
@@ -1280,6 +1283,14 @@ class HandoffModel(RuleBasedStateMachine):
             for early in kubelet.early_releases:
                 self.violate("S2", early)
             for uid, per in kubelet.given.items():
+                if uid in kubelet.static:  # no lock names it: every device it got is another's
+                    for slot, devices in per.items():
+                        self.violate(
+                            "S2",
+                            f"static pod {self.key_of(uid)} container {slot_text(slot)} was "
+                            f"given {list(devices)}, served as the handoff of "
+                            f"{self.key_of(kubelet.served_holder[uid][slot])}",
+                        )
                 if uid not in live:
                     continue
                 key = self.key_of(uid)
@@ -1693,12 +1704,95 @@ class BrakeModel(EndedModel):
             self.fault(f"plugin/{n}", "not serving: kubelet has none of its devices")
 
 
+MAX_STATIC_PODS = 2
+STATIC_NAMESPACE = "kube-system"
+
+
+class StaticPodModel(HandoffModel):
+    """The model with static pods (issue 51): a manifest written to a node kubelet's
+    ``staticPodPath`` is a pod kubelet admits that the API server does not know (no mirror
+    pod), admitted first after a kubelet restart (``Kubelet.start``); a kubelet restart after
+    which its PodResources ``List`` fails for a while (the channel the review traced); and the
+    plugin's ``List`` between calls, which times the listed pods the API server does not know
+    (``Plugin.sight``).  Static pods are written only on nodes whose plugin has kubelet's
+    socket: without one the plugin cannot see them (docs/deviceplugin.md, "Limits").  A class
+    of its own, so that a search avoiding ``Hole.STATIC_POD_FALLBACK`` draws the interleavings
+    it was tuned on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statics = 0
+
+    def static_nodes(self) -> list[NodeName]:
+        return [n for n in self.nodes if n not in self.config.socketless]
+
+    @precondition(
+        lambda self: self.started and self.statics < MAX_STATIC_PODS and bool(self.static_nodes())
+    )
+    @rule(node=st.integers(0, 1), template=st.integers(0, 3))
+    def static_pod_written(self, node: int, template: int) -> None:
+        """A static pod's manifest is written on a node: kubelet admits it (its own batch);
+        no lock names it, so it must get no device.  Its own refusal is expected (L1 skips
+        it); where kubelet lists rejected pods (``Listing.ALL_PODS``) it is listed, unknown to
+        the API server, and holders are refused for ``UNKNOWN_POD_WAIT_S`` after (excused)."""
+        self.begin_step()
+        nodes = self.static_nodes()
+        n = nodes[node % len(nodes)]
+        shapes = [
+            t
+            for t in self.config.templates
+            if t not in SLICE_TEMPLATES and (t not in MIG_TEMPLATES or self.has_mig(n))
+        ]
+        if not shapes:
+            return
+        self.statics += 1
+        shape = shapes[template % len(shapes)]
+        name = f"static-{self.statics}"
+        pod = pod_object(name, shape, node=n)
+        pod["metadata"]["namespace"] = STATIC_NAMESPACE
+        pod["metadata"]["uid"] = f"uid-{name}-{n}"
+        self.kubelets[n].add_static(pod)
+        self.bypass.add(pod["metadata"]["uid"])
+        text = f"static pod {STATIC_NAMESPACE}/{name} ({shape}) written to staticPodPath"
+        if self.listing is Listing.ALL_PODS:
+            self.fault(f"kubelet/{n}", f"{text}; List keeps it once rejected")
+        else:
+            self.log(f"kubelet/{n}", text)
+
+    @precondition(lambda self: self.started and self.may(Fault.PODRESOURCES_DOWN))
+    @rule(node=st.integers(0, 1))
+    def kubelet_restarts_list_failing(self, node: int) -> None:
+        """kubelet restarts, and the plugin's PodResources ``List`` fails from then on for a
+        while (a channel that cannot connect to the new kubelet yet), until
+        ``podresources_fails`` or settling brings it back: the static pods are admitted first."""
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        kubelet = self.kubelets[n]
+        kubelet.start()
+        kubelet.podresources_down = True
+        self.fault(
+            f"kubelet/{n}",
+            "restart: relisted its pods, static pods first; PodResources List fails"
+            + (" (no socket)" if kubelet.socketless else ""),
+            excuses_refusals=not kubelet.socketless,
+        )
+
+    @precondition(lambda self: self.started)
+    @rule(node=st.integers(0, 1))
+    def plugin_sights(self, node: int) -> None:
+        """The plugin's ``List`` between calls (``Admission.run_sightings``, every second)."""
+        self.begin_step()
+        n = self.nodes[node % len(self.nodes)]
+        self.log(f"plugin/{n}", self.plugins[n].sight())
+
+
 def machine(config: ModelConfig, name: str) -> type[HandoffModel]:
     """A ``HandoffModel`` class for ``config`` with its own ``Stats``; with the sweep unless
     the config avoids all of its holes (``SWEEP_HOLES``); with a plugin that stops serving and
     serves again (``BrakeModel``) where the config asks for it and does not avoid
     ``Hole.REJECTED_RELEASED_UNSERVED``; else with the plugin's release of a holder that ended
-    where the config asks for it and does not avoid ``Hole.ENDED_UNSEEN``."""
+    where the config asks for it and does not avoid ``Hole.ENDED_UNSEEN``; and with static pods
+    unless it avoids ``Hole.STATIC_POD_FALLBACK``."""
     base: type[HandoffModel]
     if config.avoid >= SWEEP_HOLES:
         base = HandoffModel
@@ -1708,7 +1802,8 @@ def machine(config: ModelConfig, name: str) -> type[HandoffModel]:
         base = SweepingModel
     else:
         base = EndedModel
-    return type(name, (base,), {"config": config, "stats": Stats()})
+    bases = (base,) if Hole.STATIC_POD_FALLBACK in config.avoid else (StaticPodModel, base)
+    return type(name, bases, {"config": config, "stats": Stats()})
 
 
 def with_settings(cls: type[HandoffModel], **kwargs: Any) -> type[HandoffModel]:

@@ -35,7 +35,9 @@ rejection by another admit handler,
 before or after Allocate; its device checkpoint, written after each answer, kept across a
 restart unless the restart lost its last record, and then Allocate again at re-admission or
 from the pod worker. Not modelled: container start and runtime, probes, eviction,
-NUMA/topology alignment, sidecar init containers, static pods, DRA.
+NUMA/topology alignment, sidecar init containers, DRA.  Static pods: a manifest in its
+``staticPodPath`` (``add_static``), a pod the API server does not know, admitted first after a
+restart.
 """
 
 from __future__ import annotations
@@ -130,6 +132,10 @@ class Plugin:
     kubelet_socket: Callable[[], bool] = lambda: True
     # ``Admission._unknown_since``: listed pods the API server does not know, first seen when
     unknown_since: dict[str, float] = field(default_factory=dict)
+    # which kubelet answers List now (``Kubelet.instance``: its socket file), and the one
+    # ``unknown_since`` was timed on (``Admission._unknown_instance``)
+    kubelet_instance: Callable[[], int] = lambda: 0
+    unknown_instance: int = 0
 
     def __post_init__(self) -> None:
         self.write(Checkpoint(self.node))
@@ -158,6 +164,7 @@ class Plugin:
         self.serving = True
         self.pod_cache = None
         self.unknown_since = {}
+        self.unknown_instance = 0
         self.crash_after_checkpoint = False
 
     def write(self, cp: Checkpoint) -> None:
@@ -351,7 +358,9 @@ class Plugin:
             unreadable = decide.KubeletUnreadable(str(exc)) if self.kubelet_socket() else None
             pod = self._holder_pod(view, fresh=True)
             return pod, unreadable, self.store.list_pods(node=self.node), recorded
-        pod = self._holder_pod(view, fresh=False)  # kubelet's List is the fresh read
+        # the second try (``fresh``) reads the holder afresh too: a copy read for another pod's
+        # call may be from before its binding landed
+        pod = self._holder_pod(view, fresh=fresh)
         if holder is None:
             return pod, None, (), recorded
         specs = {
@@ -403,9 +412,7 @@ class Plugin:
         """``Admission._admitting``: how long each listed pod unknown to the API server has
         been seen listed, from the first List that showed it."""
         unknown = {e.key for e in listed if e.key != holder and specs.get(e.key) is None}
-        self.unknown_since, ages = decide.unknown_listed(
-            self.unknown_since, unknown, self.clock.now
-        )
+        ages = self._time_unknown(unknown)
         return decide.kubelet_admitting(
             listed,
             specs,
@@ -416,6 +423,30 @@ class Plugin:
             recorded=recorded,
             unknown_for_s=ages,
         )
+
+    def _time_unknown(self, unknown: set[str]) -> dict[str, float]:
+        """``Admission._time_unknown``: how long each listed pod unknown to the API server has
+        been listed by the kubelet that answers now; another kubelet starts them anew."""
+        instance = self.kubelet_instance()
+        same = instance == self.unknown_instance
+        self.unknown_instance = instance
+        self.unknown_since, ages = decide.unknown_listed(
+            self.unknown_since, unknown, self.clock.now, same_kubelet=same
+        )
+        return ages
+
+    def sight(self) -> str:
+        """``Admission.run_sightings``: kubelet's List between calls (every second), which times
+        the listed pods the API server does not know (``_sight``)."""
+        try:
+            listed = self.kubelet_view(RESOURCE)
+        except KubeletViewError as exc:
+            return f"List between calls: {exc}"
+        # production times the listed pods its node pod watch does not have (``_sight``)
+        unknown = {e.key for e in listed if e.key not in self.bound}
+        ages = self._time_unknown(unknown)
+        shown = ", ".join(f"{k} {a:.0f}s" for k, a in sorted(ages.items())) or "none"
+        return f"List between calls: {len(listed)} pods; unknown to the API server: {shown}"
 
     def _served(self) -> set[str]:
         """``Admission._served``: pods this plugin served (their statuses may lag)."""
@@ -555,6 +586,12 @@ class Kubelet:
     # a lost record is never one of a container that asks for several resources
     # (``_losable``; a search avoiding ``Hole.MIG_PROGRESS_AHEAD``)
     keep_multi_resource: bool = False
+    # static pods (manifests in its ``staticPodPath``): uid -> pod; the API server knows none of
+    # them (no mirror pod: the chart's policy denies it, or it is not written yet)
+    static: dict[str, JSON] = field(default_factory=dict)
+    # which kubelet process this is, counted up at every start: a new one makes a new
+    # PodResources socket file, which the plugin tells apart (``socket_identity``)
+    instance: int = 0
 
     def __post_init__(self) -> None:
         node = self.node
@@ -597,9 +634,20 @@ class Kubelet:
         """(Re)start: LIST the node's pods (one batch); device accounting is kept (kubelet's
         checkpoint), except, with ``lose_last_record``, the record of the last Allocate
         answered (the crash came before kubelet wrote its checkpoint)."""
-        self.seen = {p["metadata"]["uid"]: p for p in self.store.list_pods(node=self.node)}
+        self.instance += 1
+        listed = {p["metadata"]["uid"]: p for p in self.store.list_pods(node=self.node)}
+        self.seen = {**self.static, **listed}
         self.order = []
-        self._arrive(list(self.seen))
+        # the static pods first: kubelet's file source reads its staticPodPath at once, its API
+        # server source waits for the node informer to sync (``makePodSourceConfig``,
+        # ``config.NewSourceFile``, ``config.NewSourceApiserver``: pkg/kubelet/kubelet.go
+        # v1.31.9 lines 304, 315, v1.37.2 lines 390, 401; pkg/kubelet/config/apiserver.go).  A
+        # static pod this kubelet's predecessor rejected is admitted again: its status lived in
+        # that process's memory only (no mirror pod)
+        for uid in self.static:
+            self.failed.pop(uid, None)
+        self._arrive(list(self.static))
+        self._arrive(list(listed))
         self.pods.restart()
         self.current = None
         if lose_last_record and self.last_record is not None and self._losable():
@@ -634,6 +682,20 @@ class Kubelet:
         """A batch of pods arrives: queued after the earlier batches, sorted by creation."""
         fresh = [u for u in uids if u not in self.order]
         self.order.extend(sorted(fresh, key=lambda u: self.store.created.get(u, 0)))
+
+    def add_static(self, pod: JSON) -> None:
+        """A static pod's manifest appears in kubelet's ``staticPodPath``: a batch of its own
+        from the file source."""
+        uid = pod["metadata"]["uid"]
+        self.static[uid] = pod
+        self.seen[uid] = pod
+        self._arrive([uid])
+
+    def _status(self, key: str, uid: str, status: JSON) -> None:
+        """kubelet's status manager: the pod's status written to the API server (none for a
+        static pod without a mirror pod)."""
+        if uid not in self.static:
+            self.store.write_pod_status(key, uid, status)
 
     def deliver(self, limit: int | None) -> int:
         n = 0
@@ -719,6 +781,10 @@ class Kubelet:
             )
         return out
 
+    def socket_instance(self) -> int:
+        """Which kubelet made the PodResources socket file the plugin reads (``instance``)."""
+        return self.instance
+
     def podresources_socket(self) -> bool:
         """Whether the plugin finds kubelet's PodResources socket (``PodResources.exists``)."""
         return not (self.podresources_down and self.socketless)
@@ -742,7 +808,7 @@ class Kubelet:
         self.failed[uid] = why
         self._free(uid)
         self.current = None
-        self.store.write_pod_status(
+        self._status(
             key, uid, {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": why}
         )
 
@@ -837,9 +903,7 @@ class Kubelet:
                 }
                 for c in pod["spec"]["containers"]
             ]
-            self.store.write_pod_status(
-                key, uid, {"phase": "Running", "containerStatuses": statuses}
-            )
+            self._status(key, uid, {"phase": "Running", "containerStatuses": statuses})
             return f"admitted {key}"
         group = [(slot, n) for slot, n in todo if slot[0] == todo[0][0][0]]
         slot, required = group[pick % len(group)]
@@ -920,7 +984,7 @@ class Kubelet:
         """A running pod's containers all exit: Succeeded, its devices freed."""
         pod = self.seen[uid]
         key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-        self.store.write_pod_status(key, uid, {"phase": "Succeeded"})
+        self._status(key, uid, {"phase": "Succeeded"})
         self.finished.add(uid)
         self._free(uid)
         return f"{key} succeeded"

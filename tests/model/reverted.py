@@ -26,10 +26,13 @@ from deviceplugin.decide import (
     HandoffProgress,
     KubeletAdmission,
     KubeletRecords,
+    KubeletUnreadable,
     PodJSON,
     Preference,
+    Refusal,
     gpu_containers,
 )
+from deviceplugin.decide import another_pod_may_be_admitted as _another_pod_may_be_admitted
 from deviceplugin.decide import decide_preferred as _decide_preferred
 from deviceplugin.decide import kubelet_confirmed as _kubelet_confirmed
 from handoff.audit import KubeletPod
@@ -295,3 +298,30 @@ def released_by_anyone(end: Ended) -> bool:
     that ended, a rejected one too, is released at once by an extender."""
     del end
     return True
+
+
+def another_pod_may_be_admitted_fallback(
+    holder_pod: str,
+    holder_uid: str,
+    ctx: Context,
+    *,
+    kubelet: KubeletAdmission | KubeletUnreadable | None,
+    bound_here: Sequence[PodJSON] = (),
+    recorded: KubeletRecords | None = None,
+    served_pods: Collection[str] = (),
+) -> Refusal | None:
+    """``deviceplugin.decide.another_pod_may_be_admitted`` before issue 51: a ``List`` that
+    failed for any reason, kubelet's socket there or not, decided by the API server's view
+    (``bystanders`` over the pods bound here and kubelet's checkpoint), which cannot see a
+    static pod."""
+    if isinstance(kubelet, KubeletUnreadable):
+        kubelet = None
+    return _another_pod_may_be_admitted(
+        holder_pod,
+        holder_uid,
+        ctx,
+        kubelet=kubelet,
+        bound_here=bound_here,
+        recorded=recorded,
+        served_pods=served_pods,
+    )

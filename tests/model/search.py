@@ -210,6 +210,15 @@ FOCUS: dict[Hole, ModelConfig] = {
         plugin_releases_ended=True,
         plugin_stops_serving=True,
     ),
+    Hole.STATIC_POD_FALLBACK: ModelConfig(
+        fault_kinds=frozenset({Fault.PODRESOURCES_DOWN}),
+        swarm=False,
+        nodes=ONE_NODE,
+        templates=("one",),
+        max_pods=2,
+        prompt=frozenset({"E0", "E1", "kubelet", "plugin"}),
+        socketless=frozenset(),
+    ),
 }
 
 
@@ -221,6 +230,7 @@ ONLY_WHEN_SEARCHED = frozenset(
         Hole.SWEEP_BOUND_HERE,
         Hole.ENDED_UNSEEN,
         Hole.REJECTED_RELEASED_UNSERVED,
+        Hole.STATIC_POD_FALLBACK,
     }
 )
 
@@ -270,6 +280,7 @@ SEARCH_SEEDS: dict[Hole, int] = {
     Hole.SWEEP_BOUND_HERE: 1,
     Hole.ENDED_UNSEEN: 1,
     Hole.REJECTED_RELEASED_UNSERVED: 5,
+    Hole.STATIC_POD_FALLBACK: 1,
 }
 
 

@@ -39,6 +39,7 @@ from tests.model.machine import (
     Fault,
     HandoffModel,
     ModelConfig,
+    StaticPodModel,
     SweepingModel,
     Violation,
     machine,
@@ -85,6 +86,7 @@ FIXED_BUDGET: dict[Hole, int] = {
     Hole.SWEEP_BOUND_HERE: 300,
     Hole.ENDED_UNSEEN: 300,
     Hole.REJECTED_RELEASED_UNSERVED: 100,
+    Hole.STATIC_POD_FALLBACK: 100,
 }
 INVARIANT = r"(S[1-4]|V1|F1|W[12]|R1|L1)"
 
@@ -961,3 +963,74 @@ def test_replay_a_release_a_plugin_crash_takes_back_is_repeated_harmlessly() -> 
     m.check_safety()
     m.settle()
     assert any("team/one-2: main: Allocate" in line and "token 2" in line for line in m.trace)
+
+
+def static_pod_steps(m: HandoffModel, *, fixed: bool) -> None:
+    """Issue 51 F1: one-1 holds n1's lock, bound and not admitted; a static pod's manifest is
+    written, kubelet restarts and its PodResources ``List`` fails; kubelet admits the static
+    pod first."""
+    m.create_pod(0)  # team/one-1
+    m.schedule(0, "E0", 0)
+    for _ in range(4):  # acquire, confirm, send, bound
+        m.extender_step(0)
+    assert isinstance(m, StaticPodModel)
+    m.static_pod_written(0, 0)  # kube-system/static-1, one GPU
+    m.kubelet_restarts_list_failing(0)
+    did(m, "restart: relisted its pods, static pods first; PodResources List fails")
+    m.kubelet_step(0, 0)  # the static pod's GetPreferredAllocation and Allocate
+    if not fixed:  # steered to one-1's GPU and served as one-1's handoff
+        did(m, "kube-system/static-1: main: Allocate(n1-g0) [preferred hit] -> served n1-g0")
+        return
+    did(m, "kube-system/static-1: main: Allocate(", "refused unavailable; pod failed")
+    m.check_safety()
+    m.podresources_fails(0)  # List answers again
+    did(m, "PodResources List answers again")
+    m.kubelet_step(0, 0)  # one-1: served its own device, the lock released
+    did(m, "team/one-1: main: Allocate(n1-g0) [preferred hit] -> served n1-g0 as team/one-1")
+
+
+def test_replay_static_pod_after_a_kubelet_restart_gets_no_device() -> None:
+    """The static pod's Allocate, its ``List`` failing on kubelet's socket, is refused (no
+    release); once ``List`` answers again, the holder gets its own device."""
+    replay(
+        Hole.STATIC_POD_FALLBACK,
+        frozenset({Fault.PODRESOURCES_DOWN}),
+        partial(static_pod_steps, fixed=True),
+    )
+
+
+def test_replay_static_pod_with_the_old_fallback_gets_the_holders_device() -> None:
+    """With the fallback planted (the API server's view decides when ``List`` fails, the
+    preference unsteered), the static pod is steered to one-1's GPU and served it: S2."""
+    replay(
+        Hole.STATIC_POD_FALLBACK,
+        frozenset({Fault.PODRESOURCES_DOWN}),
+        partial(static_pod_steps, fixed=False),
+        planted=True,
+    )
+
+
+def test_replay_a_holder_read_before_its_binding_is_read_again_for_its_own_allocate() -> None:
+    """Found by the deep profile with static pods (seed 51): a static pod's Allocate comes while
+    one-1 holds n1's lock and its binding has not landed; the plugin reads one-1 (not bound) and
+    keeps that copy for the same holder and token.  kubelet sees one-1 bound before the plugin's
+    node pod watch does, and one-1's own Allocate found only that copy, on both tries: refused
+    ``not-bound``, one-1 failed with nothing to excuse it (L1).  The second try reads the holder
+    afresh, as a decision that refuses from a watch-fed copy must."""
+    config = replace(focus(Hole.STATIC_POD_FALLBACK), prompt=frozenset({"E0", "E1", "kubelet"}))
+    m = machine(config, "Replay_holder_read_before_binding")()
+    m.start((0.0, 0.0), frozenset())
+    m.create_pod(0)  # team/one-1
+    m.schedule(0, "E0", 0)
+    m.extender_step(0)  # acquired n1 token 1; not bound yet
+    assert isinstance(m, StaticPodModel)
+    m.static_pod_written(0, 0)
+    m.kubelet_step(0, 0)  # the static pod: the plugin reads one-1, not bound yet
+    did(m, "kube-system/static-1: main: Allocate(", "refused not-bound; pod failed")
+    for _ in range(3):  # confirm, send, bound
+        m.extender_step(0)
+    assert "team/one-1" not in m.plugins[NodeName("n1")].bound  # its node pod watch lags
+    m.kubelet_step(0, 0)
+    did(m, "team/one-1: main: Allocate(n1-g0) [preferred hit] -> served n1-g0 as team/one-1")
+    m.check_safety()
+    m.settle()
