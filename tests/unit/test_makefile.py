@@ -64,7 +64,11 @@ def test_the_demo_builds_nothing_of_the_oldest_release() -> None:
 
 
 def test_the_core_runs_again_on_the_oldest_release_after_it_is_built() -> None:
+    """The core tests on the oldest release run beside the suite, after both releases are
+    built, and the target fails when either run fails."""
     lines = dry_run("test")
     built = first(lines, f"{FETCH} --kubernetes-version oldest")
     again = first(lines, "-m core --kubernetes-version oldest")
-    assert built < first(lines, "bin/pytest") < again
+    suite = first(lines, "bin/pytest; suite=$?")
+    assert built < again < suite
+    assert "test $suite -eq 0 && test $core -eq 0" in lines[-1]
