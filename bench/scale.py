@@ -490,32 +490,37 @@ def measured_burst(cluster: Cluster, label: str, pods_n: int) -> JSON:
     return row
 
 
-def both_paths(cluster: Cluster, label: str, *, pods_n: int, sim_nodes: int) -> JSON:
-    """The burst through kube-scheduler and the extender (after ``bench.handoff.warm_up``), then
-    the same burst through the same kube-scheduler without the extender, onto stock device
-    plugins (``bench.handoff``'s ``stock-gpu`` phase); kube-scheduler and the plugins are put
-    back as they were."""
+def both_paths(cluster: Cluster, label: str, *, pods_n: int, sim_nodes: int, rounds: int) -> JSON:
+    """``rounds`` times in turn: the burst through kube-scheduler and the extender (after
+    ``bench.handoff.warm_up``), then the same burst through the same kube-scheduler without the
+    extender, onto stock device plugins (``bench.handoff``'s ``stock-gpu`` phase);
+    kube-scheduler and the plugins are put back as they were after each."""
     from bench.handoff import warm_up
 
     config = yaml.safe_load(cluster.scheduler_config.read_text())
     with_extender: JSON = {"extenders": config["extenders"]}
-    asyncio.run(warm_up(cluster, sim_nodes))
-    nodelock = measured_burst(cluster, label, pods_n)
-    print(f"  {label}, nodelock: {_line(nodelock)}", flush=True)
-    without_s = restart_scheduler_ready(cluster, {})
     nodes = node_names(sim_nodes)
-    use_stock_plugins(cluster, nodes, gpus=GPUS)
-    try:
-        stock = measured_burst(cluster, f"{label}-stock", pods_n)
-    finally:
-        use_nodelock_plugins(cluster, nodes)
-        with_s = restart_scheduler_ready(cluster, with_extender)
-    print(f"  {label}, kube-scheduler alone: {_line(stock)}", flush=True)
-    return {
-        "nodelock": nodelock,
-        "stock": stock,
-        "scheduler_ready_s": {"without": without_s, "with": with_s},
-    }
+    out: list[JSON] = []
+    for round_ in range(1, rounds + 1):
+        asyncio.run(warm_up(cluster, sim_nodes))
+        nodelock = measured_burst(cluster, f"{label}-{round_}", pods_n)
+        print(f"  {label} {round_}, nodelock: {_line(nodelock)}", flush=True)
+        without_s = restart_scheduler_ready(cluster, {})
+        use_stock_plugins(cluster, nodes, gpus=GPUS)
+        try:
+            stock = measured_burst(cluster, f"{label}-{round_}-stock", pods_n)
+        finally:
+            use_nodelock_plugins(cluster, nodes)
+            with_s = restart_scheduler_ready(cluster, with_extender)
+        print(f"  {label} {round_}, kube-scheduler alone: {_line(stock)}", flush=True)
+        out.append(
+            {
+                "nodelock": nodelock,
+                "stock": stock,
+                "scheduler_ready_s": {"without": without_s, "with": with_s},
+            }
+        )
+    return {"rounds": out}
 
 
 def _line(row: Mapping[str, Any]) -> str:
@@ -605,7 +610,13 @@ def run(args: argparse.Namespace) -> JSON:
         if args.burst:
             up_gpu_cluster(cluster, nodes=args.sim_nodes, gpus_per_node=GPUS, extender_tls=True)
             asyncio.run(untaint_ready(cluster))
-            small = both_paths(cluster, "small", pods_n=args.burst, sim_nodes=args.sim_nodes)
+            small = both_paths(
+                cluster,
+                "small",
+                pods_n=args.burst,
+                sim_nodes=args.sim_nodes,
+                rounds=args.burst_rounds,
+            )
         else:
             start_extender(cluster, tls=True)
         follower = cluster.state.procs()["extender"].pid
@@ -634,7 +645,13 @@ def run(args: argparse.Namespace) -> JSON:
                 restarts.append(row)
         big: JSON | None = None
         if args.burst:  # the warm-up: the restarted extender's first handoffs
-            big = both_paths(cluster, "big", pods_n=args.burst, sim_nodes=args.sim_nodes)
+            big = both_paths(
+                cluster,
+                "big",
+                pods_n=args.burst,
+                sim_nodes=args.sim_nodes,
+                rounds=args.burst_rounds,
+            )
     return {
         "load_avg": {"start": load_start, "end": _load()},
         "populate": made,
@@ -653,8 +670,9 @@ def summary(args: argparse.Namespace, raw: Mapping[str, Any], limit_mib: float) 
         return statistics.median(r[key] for r in rows) if rows else None
 
     small, big = raw.get("small"), raw.get("big")
-    nl = {k: b["nodelock"] for k, b in (("small", small), ("big", big)) if b}
-    stock = {k: b["stock"] for k, b in (("small", small), ("big", big)) if b}
+    sizes = {k: b["rounds"] for k, b in (("small", small), ("big", big)) if b}
+    nl = {k: burst_medians([r["nodelock"] for r in rounds]) for k, rounds in sizes.items()}
+    stock = {k: burst_medians([r["stock"] for r in rounds]) for k, rounds in sizes.items()}
     row: JSON = {
         "nodes": args.nodes,
         "pods": args.pods,
@@ -681,17 +699,66 @@ def summary(args: argparse.Namespace, raw: Mapping[str, Any], limit_mib: float) 
             "extender_steady_rss_mib": med(base, "steady_rss_mib"),
             "apiserver_list_cpu_s": med(base, "apiserver_cpu_s"),
         }
-    if small and big:
+    if sizes:
         row["burst"] = {
             size: {
-                "nodelock_vs_stock": ratio(nl[size]["pods_per_s"], stock[size]["pods_per_s"]),
-                "nodelock": burst_figures(nl[size]),
-                "stock": burst_figures(stock[size]),
-                "scheduler_ready_s": b["scheduler_ready_s"],
+                "nodelock_vs_stock": median_of(
+                    [ratio(r["nodelock"]["pods_per_s"], r["stock"]["pods_per_s"]) for r in rounds]
+                ),
+                "nodelock": nl[size],
+                "stock": stock[size],
+                "rounds": [
+                    {
+                        "nodelock": burst_figures(r["nodelock"]),
+                        "stock": burst_figures(r["stock"]),
+                        "scheduler_ready_s": r["scheduler_ready_s"],
+                    }
+                    for r in rounds
+                ],
             }
-            for size, b in (("small", small), ("big", big))
+            for size, rounds in sizes.items()
         }
     return row
+
+
+def median_of(values: Sequence[float | None]) -> float | None:
+    """The median of the values that are not None (None: none are)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+MEDIAN_KEYS = ("pods_per_s", "to_running_p50_s", "to_running_p99_s", "scheduler_attempt_p99_s")
+MEDIAN_BY = ("extender_p99_s", "cpu_ms_per_pod_burst", "cpu_ms_per_pod", "scheduler_attempts")
+
+
+def burst_medians(rows: Sequence[Mapping[str, Any]]) -> JSON:
+    """One path's bursts at one size: each figure's median over the rounds (per verb, per
+    component, per result for the figures that have parts), and the load averages seen."""
+    out: JSON = {"rounds": len(rows), "load_avg": [r.get("load_avg") for r in rows]}
+    for key in MEDIAN_KEYS:
+        out[key] = median_of([r.get(key) for r in rows])
+    for key in MEDIAN_BY:
+        parts = sorted({p for r in rows for p in (r.get(key) or {})})
+        out[key] = {p: median_of([(r.get(key) or {}).get(p) for r in rows]) for p in parts}
+    return out
+
+
+def _median_line(m: Mapping[str, Any]) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1000:.0f}"
+
+    cpu = m["cpu_ms_per_pod_burst"]
+    return (
+        f"{m['pods_per_s']:.1f} pods/s, p99 {ms(m['to_running_p99_s'])} ms; CPU ms/pod "
+        + ", ".join(
+            f"{k} {cpu[k]:.1f}"
+            for k in ("kube-scheduler", "kube-apiserver", "extender")
+            if k in cpu
+        )
+        + "; extender p99 ms "
+        + ", ".join(f"{k} {ms(v)}" for k, v in m["extender_p99_s"].items())
+        + f"; kube-scheduler attempt p99 {ms(m['scheduler_attempt_p99_s'])} ms"
+    )
 
 
 def rate_ratio(rows: Mapping[str, Mapping[str, Any]]) -> float | None:
@@ -733,6 +800,13 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", type=Path, action="append", default=[], help="another source tree"
     )
     parser.add_argument("--burst", type=int, default=0, help="GPU pods per burst (0: none)")
+    parser.add_argument(
+        "--burst-rounds",
+        type=int,
+        default=1,
+        help="at each size, run the burst this many times through each path, in turn "
+        "(figures: medians; ratios: each round against its own, then the median)",
+    )
     parser.add_argument("--sim-nodes", type=int, default=8)
     parser.add_argument("--sync-timeout", type=float, default=600.0)
     parser.add_argument("--kubernetes-version", default=None)
@@ -768,6 +842,8 @@ def main(argv: list[str] | None = None) -> int:
             + ("-" if without is None else f"{without:.2f}x")
         )
         for size, b in row.get("burst", {}).items():
+            for path in ("nodelock", "stock"):
+                print(f"  {size}, {path} (medians of {b[path]['rounds']}): {_median_line(b[path])}")
             vs = b["nodelock_vs_stock"]
             print(
                 f"  {size}: nodelock / kube-scheduler alone " + ("-" if vs is None else f"{vs:.2f}")

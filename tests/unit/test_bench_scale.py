@@ -10,6 +10,7 @@ from bench.scale import (
     GPUS,
     RESOURCE,
     Samples,
+    burst_medians,
     chart_memory_limit_mib,
     fit,
     histogram_delta,
@@ -110,3 +111,16 @@ def test_p99_of_nothing_observed_is_none() -> None:
 def testrate_ratio_is_at_size_over_small_and_none_without_both() -> None:
     assert rate_ratio({"small": {"pods_per_s": 20.0}, "big": {"pods_per_s": 5.0}}) == 0.25
     assert rate_ratio({"small": {"pods_per_s": 20.0}}) is None
+
+
+def test_burst_medians_are_per_figure_and_per_part_and_skip_missing_parts() -> None:
+    rows = [
+        {"pods_per_s": 10.0, "cpu_ms_per_pod_burst": {"extender": 4.0, "kube-scheduler": 9.0}},
+        {"pods_per_s": 30.0, "cpu_ms_per_pod_burst": {"kube-scheduler": 11.0}},
+        {"pods_per_s": 20.0, "cpu_ms_per_pod_burst": {"extender": 6.0, "kube-scheduler": 10.0}},
+    ]
+    m = burst_medians(rows)
+    assert m["rounds"] == 3
+    assert m["pods_per_s"] == 20.0
+    assert m["cpu_ms_per_pod_burst"] == {"extender": 5.0, "kube-scheduler": 10.0}
+    assert m["scheduler_attempt_p99_s"] is None
