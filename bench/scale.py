@@ -37,9 +37,12 @@ what grows with the cluster can be told apart: ``burst_vs_small_without_nodelock
 ratio, ``nodelock_vs_stock`` (per size) nodelock's pods/s over the stock path's at the same size.
 Per burst: pods/s, creation->Running p99, CPU per pod of each component over the burst (/proc),
 the extender's filter/prioritize/bind p99 (its ``nodelock_extender_request_duration_seconds``),
-kube-scheduler's attempt p99 and attempts by result (``scheduler_scheduling_attempt_duration_
-seconds``, ``scheduler_schedule_attempts_total``, scraped from its secure port with the admin
-certificate), and the machine's load average at the start.
+kube-scheduler's attempt p99 (``scheduler_scheduling_attempt_duration_seconds``: the scheduling
+cycle and the bind), its algorithm p99 (``scheduler_scheduling_algorithm_duration_seconds``: the
+cycle alone, every node's filters included) and attempts by result
+(``scheduler_schedule_attempts_total``), scraped from its secure port with the admin
+certificate, and the machine's load average at the start.  ``--burst-rounds N`` runs the two
+paths N times in turn at each size: figures are medians, ratios each round's own, then the median.
 
     python -m bench.scale [--nodes 50] [--pods 2000]      # quick, a few minutes
     python -m bench.scale --nodes 200 --pods 20000        # the 20,000-pod restart (issue 50)
@@ -402,6 +405,10 @@ def restart_measured(cluster: Cluster, *, source: Path | None, timeout_s: float)
 EXTENDER_LATENCY = "nodelock_extender_request_duration_seconds"
 SCHEDULER_ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
 SCHEDULER_ATTEMPTS = "scheduler_schedule_attempts_total"
+# the scheduling cycle alone (filter over every node, the extender's filter and prioritize,
+# scoring), without the bind that the attempt's duration includes (v1.37.2
+# pkg/scheduler/schedule_one.go: schedulingAlgorithm, and PodScheduled after sched.bind)
+SCHEDULER_ALGORITHM = "scheduler_scheduling_algorithm_duration_seconds"
 ATTEMPT_RESULTS = ("scheduled", "unschedulable", "error")
 
 
@@ -482,6 +489,7 @@ def measured_burst(cluster: Cluster, label: str, pods_n: int) -> JSON:
     row["scheduler_attempt_p99_s"] = p99(
         histogram_delta(sch0, sch1, SCHEDULER_ATTEMPT, result="scheduled")
     )
+    row["scheduler_algorithm_p99_s"] = p99(histogram_delta(sch0, sch1, SCHEDULER_ALGORITHM))
     row["scheduler_attempts"] = {
         result: metric_sum(sch1, SCHEDULER_ATTEMPTS, result=result)
         - metric_sum(sch0, SCHEDULER_ATTEMPTS, result=result)
@@ -531,10 +539,12 @@ def _line(row: Mapping[str, Any]) -> str:
     ext = row.get("extender_p99_s") or {}
     ext_s = ", ".join(f"{k} {v * 1000:.1f}" for k, v in ext.items() if v is not None)
     sch = row.get("scheduler_attempt_p99_s")
+    alg = row.get("scheduler_algorithm_p99_s")
     return (
         f"{row['pods_per_s']:.1f} pods/s, p99 {row['to_running_p99_s']:.2f} s; CPU ms/pod "
         f"{parts}; extender p99 ms {ext_s or '-'}; kube-scheduler attempt p99 "
-        f"{'-' if sch is None else f'{sch * 1000:.0f} ms'}, attempts {row['scheduler_attempts']}; "
+        f"{'-' if sch is None else f'{sch * 1000:.0f} ms'} (algorithm "
+        f"{'-' if alg is None else f'{alg * 1000:.0f} ms'}), attempts {row['scheduler_attempts']}; "
         f"load {row['load_avg']}"
     )
 
@@ -727,7 +737,13 @@ def median_of(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-MEDIAN_KEYS = ("pods_per_s", "to_running_p50_s", "to_running_p99_s", "scheduler_attempt_p99_s")
+MEDIAN_KEYS = (
+    "pods_per_s",
+    "to_running_p50_s",
+    "to_running_p99_s",
+    "scheduler_attempt_p99_s",
+    "scheduler_algorithm_p99_s",
+)
 MEDIAN_BY = ("extender_p99_s", "cpu_ms_per_pod_burst", "cpu_ms_per_pod", "scheduler_attempts")
 
 
@@ -758,6 +774,7 @@ def _median_line(m: Mapping[str, Any]) -> str:
         + "; extender p99 ms "
         + ", ".join(f"{k} {ms(v)}" for k, v in m["extender_p99_s"].items())
         + f"; kube-scheduler attempt p99 {ms(m['scheduler_attempt_p99_s'])} ms"
+        + f" (algorithm {ms(m.get('scheduler_algorithm_p99_s'))} ms)"
     )
 
 
@@ -776,6 +793,7 @@ BURST_KEYS = (
     "extender_mean_s",
     "scheduler_metrics_read",
     "scheduler_attempt_p99_s",
+    "scheduler_algorithm_p99_s",
     "scheduler_attempts",
     "cpu_ms_per_pod_burst",  # by component, first create to last Running: where the time went
     "cpu_ms_per_pod",  # and to a second after it
