@@ -799,6 +799,9 @@ BURST_KEYS = (
     "cpu_ms_per_pod",  # and to a second after it
     "idle_cpu_ms_per_s",
     "contended_binds",
+    "requests_per_pod",  # by verb and resource, all clients, net of the idle rate
+    "lists_per_pod",
+    "apiserver",  # kube-apiserver's time per pod by request kind, watch events sent
     "load_avg",
 )
 
