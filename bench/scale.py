@@ -490,6 +490,13 @@ def measured_burst(cluster: Cluster, label: str, pods_n: int) -> JSON:
         histogram_delta(sch0, sch1, SCHEDULER_ATTEMPT, result="scheduled")
     )
     row["scheduler_algorithm_p99_s"] = p99(histogram_delta(sch0, sch1, SCHEDULER_ALGORITHM))
+    # its Go runtime's collections over the burst: a heap of every pod and node is rescanned
+    # by each one
+    row["scheduler_gc"] = {
+        "cycles": metric_sum(sch1, "go_gc_duration_seconds_count")
+        - metric_sum(sch0, "go_gc_duration_seconds_count"),
+        "heap_mib": metric_sum(sch1, "go_memstats_heap_alloc_bytes") / 2**20,
+    }
     row["scheduler_attempts"] = {
         result: metric_sum(sch1, SCHEDULER_ATTEMPTS, result=result)
         - metric_sum(sch0, SCHEDULER_ATTEMPTS, result=result)
@@ -544,7 +551,8 @@ def _line(row: Mapping[str, Any]) -> str:
         f"{row['pods_per_s']:.1f} pods/s, p99 {row['to_running_p99_s']:.2f} s; CPU ms/pod "
         f"{parts}; extender p99 ms {ext_s or '-'}; kube-scheduler attempt p99 "
         f"{'-' if sch is None else f'{sch * 1000:.0f} ms'} (algorithm "
-        f"{'-' if alg is None else f'{alg * 1000:.0f} ms'}), attempts {row['scheduler_attempts']}; "
+        f"{'-' if alg is None else f'{alg * 1000:.0f} ms'}), attempts {row['scheduler_attempts']}, "
+        f"GC {row['scheduler_gc']}; "
         f"load {row['load_avg']}"
     )
 
@@ -744,7 +752,13 @@ MEDIAN_KEYS = (
     "scheduler_attempt_p99_s",
     "scheduler_algorithm_p99_s",
 )
-MEDIAN_BY = ("extender_p99_s", "cpu_ms_per_pod_burst", "cpu_ms_per_pod", "scheduler_attempts")
+MEDIAN_BY = (
+    "extender_p99_s",
+    "cpu_ms_per_pod_burst",
+    "cpu_ms_per_pod",
+    "scheduler_attempts",
+    "scheduler_gc",
+)
 
 
 def burst_medians(rows: Sequence[Mapping[str, Any]]) -> JSON:
@@ -795,6 +809,7 @@ BURST_KEYS = (
     "scheduler_attempt_p99_s",
     "scheduler_algorithm_p99_s",
     "scheduler_attempts",
+    "scheduler_gc",
     "cpu_ms_per_pod_burst",  # by component, first create to last Running: where the time went
     "cpu_ms_per_pod",  # and to a second after it
     "idle_cpu_ms_per_s",
