@@ -322,8 +322,8 @@ def test_every_performance_table_names_its_command_and_date() -> None:
     assert tables >= 4
     assert bad == []
     # 250 lines held eight benchmarks; bench.scale (issue 50) added one section of 26 lines,
-    # then 32 for its burst with and without nodelock (the figure that says whose cost grows)
-    assert len(text.splitlines()) < 315, "docs/performance.md: one current table per benchmark"
+    # then 36 for its burst with and without nodelock (the figure that says whose cost grows)
+    assert len(text.splitlines()) < 320, "docs/performance.md: one current table per benchmark"
 
 
 # The checks themselves, on the kinds of mistake they exist for.
