@@ -40,9 +40,10 @@ the extender's filter/prioritize/bind p99 (its ``nodelock_extender_request_durat
 kube-scheduler's attempt p99 (``scheduler_scheduling_attempt_duration_seconds``: the scheduling
 cycle and the bind), its algorithm p99 (``scheduler_scheduling_algorithm_duration_seconds``: the
 cycle alone, every node's filters included) and attempts by result
-(``scheduler_schedule_attempts_total``), scraped from its secure port with the admin
-certificate, and the machine's load average at the start.  ``--burst-rounds N`` runs the two
-paths N times in turn at each size: figures are medians, ratios each round's own, then the median.
+(``scheduler_schedule_attempts_total``) and its Go collections (``scheduler_gc``), scraped from
+its secure port with the admin certificate, and the machine's load average at the start.
+``--burst-rounds N`` runs the two paths N times in turn at each size: figures are medians,
+ratios each round's own, then the median.
 
     python -m bench.scale [--nodes 50] [--pods 2000]      # quick, a few minutes
     python -m bench.scale --nodes 200 --pods 20000        # the 20,000-pod restart (issue 50)
