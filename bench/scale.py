@@ -29,10 +29,25 @@ before/after figures of one run, on one cluster.
 
 ``--burst N`` runs ``bench.handoff``'s burst of N single-GPU pods through kube-scheduler and the
 extender onto ``--sim-nodes`` simulated GPU nodes, once before the objects are created (the small
-cluster) and once after: ``burst_vs_small`` is the second's pods/s over the first's.
+cluster) and once after: ``burst_vs_small`` is the second's pods/s over the first's.  At each of
+the two sizes the same burst then runs through the same kube-scheduler without the extender
+(``bench.handoff``'s ``stock-gpu`` phase: kube-scheduler restarted with no extender, each
+simulated node's nodelock device plugin swapped for a stock one, nothing coordinating), so that
+what grows with the cluster can be told apart: ``burst_vs_small_without_nodelock`` is that path's
+ratio, ``nodelock_vs_stock`` (per size) nodelock's pods/s over the stock path's at the same size.
+Per burst: pods/s, creation->Running p99, CPU per pod of each component over the burst (/proc),
+the extender's filter/prioritize/bind p99 (its ``nodelock_extender_request_duration_seconds``),
+kube-scheduler's attempt p99 (``scheduler_scheduling_attempt_duration_seconds``: the scheduling
+cycle and the bind), its algorithm p99 (``scheduler_scheduling_algorithm_duration_seconds``: the
+cycle alone, every node's filters included) and attempts by result
+(``scheduler_schedule_attempts_total``) and its Go collections (``scheduler_gc``), scraped from
+its secure port with the admin certificate, and the machine's load average at the start.
+``--burst-rounds N`` runs the two paths N times in turn at each size: figures are medians,
+ratios each round's own, then the median.
 
     python -m bench.scale [--nodes 50] [--pods 2000]      # quick, a few minutes
     python -m bench.scale --nodes 200 --pods 20000        # the 20,000-pod restart (issue 50)
+    python -m bench.scale --nodes 5000 --pods 50000 --burst 64   # the burst at size
 
 Writes ``bench/results/scale.json`` (one row per run, appended to the rows of other sizes).
 """
@@ -44,6 +59,7 @@ import asyncio
 import json
 import os
 import platform
+import ssl
 import statistics
 import sys
 import time
@@ -53,9 +69,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from devcluster.cluster import Cluster, throwaway_cluster
-from devcluster.gpunodes import nodelock_command, start_extender, up_gpu_cluster
+from devcluster.gpunodes import node_names, nodelock_command, start_extender, up_gpu_cluster
 from devcluster.namespaces import create_namespace
+from devcluster.pki import ADMIN
+from devcluster.stockplugin import use_nodelock_plugins, use_stock_plugins
 from handoff.wire import (
     GPU,
     ContainerName,
@@ -67,6 +87,9 @@ from handoff.wire import (
 )
 from kube.client import JSON, KubeClient, namespace_path, node_path, pod_path
 from lockd.model import FencingToken
+from nodelock.measure import Histogram, metric_samples, metric_sum, scrape
+
+Samples = list[tuple[str, dict[str, str], float]]
 
 RESULTS = Path(__file__).resolve().parent / "results" / "scale.json"
 VALUES = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "nodelock" / "values.yaml"
@@ -279,8 +302,6 @@ def memory_mib(quantity: str) -> float:
 
 def chart_memory_limit_mib(values_text: str) -> float:
     """``extender.resources.limits.memory`` of the chart's values, in MiB."""
-    import yaml
-
     values = yaml.safe_load(values_text)
     return memory_mib(str(values["extender"]["resources"]["limits"]["memory"]))
 
@@ -290,6 +311,36 @@ def merge_rows(old: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> list
     key = (new["nodes"], new["pods"])
     rows = [dict(r) for r in old if (r.get("nodes"), r.get("pods")) != key] + [dict(new)]
     return sorted(rows, key=lambda r: (r["pods"], r["nodes"]))
+
+
+def histogram_delta(before: Samples, after: Samples, name: str, **match: str) -> Histogram:
+    """The observations of histogram ``name`` (series matching ``match``, summed) made between
+    two scrapes of the same process."""
+
+    def buckets(samples: Samples) -> dict[float, float]:
+        out: dict[float, float] = {}
+        for metric, labels, value in samples:
+            if metric != f"{name}_bucket" or "le" not in labels:
+                continue
+            if all(labels.get(k) == v for k, v in match.items()):
+                le = float(labels["le"])
+                out[le] = out.get(le, 0.0) + value
+        return out
+
+    b0, b1 = buckets(before), buckets(after)
+    count = metric_sum(after, f"{name}_count", **match) - metric_sum(
+        before, f"{name}_count", **match
+    )
+    return Histogram(tuple(sorted((le, c - b0.get(le, 0.0)) for le, c in b1.items())), count)
+
+
+def p99(h: Histogram) -> float | None:
+    """The histogram's p99 (None when it observed nothing)."""
+    return h.quantile(0.99) if h.count > 0 else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 # ---- the process's side (thin) --------------------------------------------------------------
@@ -350,6 +401,161 @@ def restart_measured(cluster: Cluster, *, source: Path | None, timeout_s: float)
         "steady_rss_mib": _status_kib(new.pid, "VmRSS") / 1024,
         "apiserver_cpu_s": api_cpu,
     }
+
+
+EXTENDER_LATENCY = "nodelock_extender_request_duration_seconds"
+SCHEDULER_ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"
+SCHEDULER_ATTEMPTS = "scheduler_schedule_attempts_total"
+# the scheduling cycle alone (filter over every node, the extender's filter and prioritize,
+# scoring), without the bind that the attempt's duration includes (v1.37.2
+# pkg/scheduler/schedule_one.go: schedulingAlgorithm, and PodScheduled after sched.bind)
+SCHEDULER_ALGORITHM = "scheduler_scheduling_algorithm_duration_seconds"
+ATTEMPT_RESULTS = ("scheduled", "unschedulable", "error")
+
+
+def _extender_samples(cluster: Cluster) -> Samples:
+    """Every extender replica's metrics (the plain-HTTP metrics ports), as one scrape."""
+    out: Samples = []
+    for url in cluster.settings()["extender"]["metrics"]:
+        out.extend(metric_samples(scrape(f"{url}/metrics")))
+    return out
+
+
+def _scheduler_ssl(cluster: Cluster) -> ssl.SSLContext:
+    """kube-scheduler's secure port: a self-signed serving certificate (its --cert-dir), and the
+    admin client certificate (system:masters) for its delegated authorization of /metrics."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.load_cert_chain(str(cluster.pki.client_cert(ADMIN)), str(cluster.pki.client_key(ADMIN)))
+    return ctx
+
+
+def _scheduler_samples(cluster: Cluster) -> Samples:
+    """kube-scheduler's /metrics; empty when it cannot be read."""
+    port = cluster.settings()["ports"]["kube-scheduler"]
+    try:
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{port}/metrics", timeout=10, context=_scheduler_ssl(cluster)
+        ) as resp:
+            return metric_samples(resp.read().decode())
+    except OSError:
+        return []
+
+
+def restart_scheduler_ready(
+    cluster: Cluster, extra: Mapping[str, Any], *, timeout_s: float = 300.0
+) -> float:
+    """Restart kube-scheduler with ``extra`` and wait for its ``/readyz`` (its informers synced
+    and its handlers too: at size it lists every pod and node first); seconds it took."""
+    started = time.monotonic()
+    cluster.restart_scheduler(extra, timeout_s=timeout_s)
+    port = cluster.settings()["ports"]["kube-scheduler"]
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    while True:
+        try:
+            with urllib.request.urlopen(
+                f"https://127.0.0.1:{port}/readyz", timeout=2, context=ctx
+            ) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - started
+        except OSError:
+            pass
+        if time.monotonic() - started > timeout_s:
+            raise RuntimeError(f"kube-scheduler not ready after {timeout_s:.0f}s")
+        time.sleep(0.2)
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def measured_burst(cluster: Cluster, label: str, pods_n: int) -> JSON:
+    """``bench.handoff.burst`` of ``pods_n`` single-GPU pods, with the extender's and
+    kube-scheduler's latency histograms over it and the load average at its start."""
+    from bench.handoff import burst
+
+    load = _load()
+    ext0, sch0 = _extender_samples(cluster), _scheduler_samples(cluster)
+    row = asyncio.run(burst(cluster, label, [1] * pods_n))
+    ext1, sch1 = _extender_samples(cluster), _scheduler_samples(cluster)
+    row["load_avg"] = load
+    row["extender_p99_s"] = {
+        verb: p99(histogram_delta(ext0, ext1, EXTENDER_LATENCY, verb=verb))
+        for verb in ("filter", "prioritize", "bind")
+    }
+    row["scheduler_metrics_read"] = bool(sch0 and sch1)
+    row["scheduler_attempt_p99_s"] = p99(
+        histogram_delta(sch0, sch1, SCHEDULER_ATTEMPT, result="scheduled")
+    )
+    row["scheduler_algorithm_p99_s"] = p99(histogram_delta(sch0, sch1, SCHEDULER_ALGORITHM))
+    # its Go runtime's collections over the burst: a heap of every pod and node is rescanned
+    # by each one
+    row["scheduler_gc"] = {
+        "cycles": metric_sum(sch1, "go_gc_duration_seconds_count")
+        - metric_sum(sch0, "go_gc_duration_seconds_count"),
+        "heap_mib": metric_sum(sch1, "go_memstats_heap_alloc_bytes") / 2**20,
+    }
+    row["scheduler_attempts"] = {
+        result: metric_sum(sch1, SCHEDULER_ATTEMPTS, result=result)
+        - metric_sum(sch0, SCHEDULER_ATTEMPTS, result=result)
+        for result in ATTEMPT_RESULTS
+    }
+    return row
+
+
+def both_paths(cluster: Cluster, label: str, *, pods_n: int, sim_nodes: int, rounds: int) -> JSON:
+    """``rounds`` times in turn: the burst through kube-scheduler and the extender (after
+    ``bench.handoff.warm_up``), then the same burst through the same kube-scheduler without the
+    extender, onto stock device plugins (``bench.handoff``'s ``stock-gpu`` phase);
+    kube-scheduler and the plugins are put back as they were after each."""
+    from bench.handoff import warm_up
+
+    config = yaml.safe_load(cluster.scheduler_config.read_text())
+    with_extender: JSON = {"extenders": config["extenders"]}
+    nodes = node_names(sim_nodes)
+    out: list[JSON] = []
+    for round_ in range(1, rounds + 1):
+        asyncio.run(warm_up(cluster, sim_nodes))
+        nodelock = measured_burst(cluster, f"{label}-{round_}", pods_n)
+        print(f"  {label} {round_}, nodelock: {_line(nodelock)}", flush=True)
+        without_s = restart_scheduler_ready(cluster, {})
+        use_stock_plugins(cluster, nodes, gpus=GPUS)
+        try:
+            stock = measured_burst(cluster, f"{label}-{round_}-stock", pods_n)
+        finally:
+            use_nodelock_plugins(cluster, nodes)
+            with_s = restart_scheduler_ready(cluster, with_extender)
+        print(f"  {label} {round_}, kube-scheduler alone: {_line(stock)}", flush=True)
+        out.append(
+            {
+                "nodelock": nodelock,
+                "stock": stock,
+                "scheduler_ready_s": {"without": without_s, "with": with_s},
+            }
+        )
+    return {"rounds": out}
+
+
+def _line(row: Mapping[str, Any]) -> str:
+    cpu = row.get("cpu_ms_per_pod_burst") or {}
+    parts = ", ".join(
+        f"{k} {cpu[k]:.1f}" for k in ("kube-scheduler", "kube-apiserver", "extender") if k in cpu
+    )
+    ext = row.get("extender_p99_s") or {}
+    ext_s = ", ".join(f"{k} {v * 1000:.1f}" for k, v in ext.items() if v is not None)
+    sch = row.get("scheduler_attempt_p99_s")
+    alg = row.get("scheduler_algorithm_p99_s")
+    return (
+        f"{row['pods_per_s']:.1f} pods/s, p99 {row['to_running_p99_s']:.2f} s; CPU ms/pod "
+        f"{parts}; extender p99 ms {ext_s or '-'}; kube-scheduler attempt p99 "
+        f"{'-' if sch is None else f'{sch * 1000:.0f} ms'} (algorithm "
+        f"{'-' if alg is None else f'{alg * 1000:.0f} ms'}), attempts {row['scheduler_attempts']}, "
+        f"GC {row['scheduler_gc']}; "
+        f"load {row['load_avg']}"
+    )
 
 
 async def _bounded(jobs: Iterator[Any], parallel: int) -> int:
@@ -416,17 +622,20 @@ def no_node_lifecycle(cluster: Cluster) -> None:
 
 
 def run(args: argparse.Namespace) -> JSON:
+    load_start = _load()
     with throwaway_cluster("nls-", version=args.kubernetes_version) as cluster:
         no_node_lifecycle(cluster)
         small: JSON | None = None
         if args.burst:
-            from bench.handoff import burst, warm_up
-
             up_gpu_cluster(cluster, nodes=args.sim_nodes, gpus_per_node=GPUS, extender_tls=True)
             asyncio.run(untaint_ready(cluster))
-            asyncio.run(warm_up(cluster, args.sim_nodes))  # as bench.handoff does
-            small = asyncio.run(burst(cluster, "small", [1] * args.burst))
-            print(f"  burst at {args.sim_nodes} nodes: {small['pods_per_s']:.1f} pods/s")
+            small = both_paths(
+                cluster,
+                "small",
+                pods_n=args.burst,
+                sim_nodes=args.sim_nodes,
+                rounds=args.burst_rounds,
+            )
         else:
             start_extender(cluster, tls=True)
         follower = cluster.state.procs()["extender"].pid
@@ -454,13 +663,16 @@ def run(args: argparse.Namespace) -> JSON:
                 )
                 restarts.append(row)
         big: JSON | None = None
-        if args.burst:
-            from bench.handoff import burst, warm_up
-
-            asyncio.run(warm_up(cluster, args.sim_nodes))  # the restarted extender's first
-            big = asyncio.run(burst(cluster, "big", [1] * args.burst))
-            print(f"  burst at size: {big['pods_per_s']:.1f} pods/s")
+        if args.burst:  # the warm-up: the restarted extender's first handoffs
+            big = both_paths(
+                cluster,
+                "big",
+                pods_n=args.burst,
+                sim_nodes=args.sim_nodes,
+                rounds=args.burst_rounds,
+            )
     return {
+        "load_avg": {"start": load_start, "end": _load()},
         "populate": made,
         "followed": followed,
         "restarts": restarts,
@@ -477,6 +689,9 @@ def summary(args: argparse.Namespace, raw: Mapping[str, Any], limit_mib: float) 
         return statistics.median(r[key] for r in rows) if rows else None
 
     small, big = raw.get("small"), raw.get("big")
+    sizes = {k: b["rounds"] for k, b in (("small", small), ("big", big)) if b}
+    nl = {k: burst_medians([r["nodelock"] for r in rounds]) for k, rounds in sizes.items()}
+    stock = {k: burst_medians([r["stock"] for r in rounds]) for k, rounds in sizes.items()}
     row: JSON = {
         "nodes": args.nodes,
         "pods": args.pods,
@@ -486,12 +701,14 @@ def summary(args: argparse.Namespace, raw: Mapping[str, Any], limit_mib: float) 
         "extender_steady_rss_mib": med(mine, "steady_rss_mib"),
         "apiserver_list_cpu_s": med(mine, "apiserver_cpu_s"),
         "chart_memory_limit_mib": limit_mib,
-        "burst_vs_small": (big["pods_per_s"] / small["pods_per_s"]) if small and big else None,
+        "burst_vs_small": rate_ratio(nl),
+        "burst_vs_small_without_nodelock": rate_ratio(stock),
         "following_rss_mib": raw["followed"]["rss_mib"],
         "scheduler_rss_mib": raw["followed"]["scheduler_rss_mib"],
         "scheduler_peak_rss_mib": raw["followed"]["scheduler_peak_rss_mib"],
         "restarts": raw["restarts"],
         "populate_s": raw["populate"],
+        "load_avg": raw["load_avg"],  # 1, 5, 15 min, at the run's start and end
     }
     for tree in args.baseline:
         base = [r for r in raw["restarts"] if r["tree"] == str(tree)]
@@ -501,17 +718,113 @@ def summary(args: argparse.Namespace, raw: Mapping[str, Any], limit_mib: float) 
             "extender_steady_rss_mib": med(base, "steady_rss_mib"),
             "apiserver_list_cpu_s": med(base, "apiserver_cpu_s"),
         }
-    if small and big:
+    if sizes:
         row["burst"] = {
-            k: {
-                "pods_per_s": b["pods_per_s"],
-                "to_running_p99_s": b["to_running_p99_s"],
-                "cpu_ms_per_pod": b["cpu_ms_per_pod"],  # by component: where a slower burst went
-                "extender_mean_s": b["extender_mean_s"],
+            size: {
+                "nodelock_vs_stock": median_of(
+                    [ratio(r["nodelock"]["pods_per_s"], r["stock"]["pods_per_s"]) for r in rounds]
+                ),
+                "nodelock": nl[size],
+                "stock": stock[size],
+                "rounds": [
+                    {
+                        "nodelock": burst_figures(r["nodelock"]),
+                        "stock": burst_figures(r["stock"]),
+                        "scheduler_ready_s": r["scheduler_ready_s"],
+                    }
+                    for r in rounds
+                ],
             }
-            for k, b in (("small", small), ("big", big))
+            for size, rounds in sizes.items()
         }
     return row
+
+
+def median_of(values: Sequence[float | None]) -> float | None:
+    """The median of the values that are not None (None: none are)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+MEDIAN_KEYS = (
+    "pods_per_s",
+    "to_running_p50_s",
+    "to_running_p99_s",
+    "scheduler_attempt_p99_s",
+    "scheduler_algorithm_p99_s",
+)
+MEDIAN_BY = (
+    "extender_p99_s",
+    "cpu_ms_per_pod_burst",
+    "cpu_ms_per_pod",
+    "scheduler_attempts",
+    "scheduler_gc",
+)
+
+
+def burst_medians(rows: Sequence[Mapping[str, Any]]) -> JSON:
+    """One path's bursts at one size: each figure's median over the rounds (per verb, per
+    component, per result for the figures that have parts), and the load averages seen."""
+    out: JSON = {"rounds": len(rows), "load_avg": [r.get("load_avg") for r in rows]}
+    for key in MEDIAN_KEYS:
+        out[key] = median_of([r.get(key) for r in rows])
+    for key in MEDIAN_BY:
+        parts = sorted({p for r in rows for p in (r.get(key) or {})})
+        out[key] = {p: median_of([(r.get(key) or {}).get(p) for r in rows]) for p in parts}
+    return out
+
+
+def _median_line(m: Mapping[str, Any]) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1000:.0f}"
+
+    cpu = m["cpu_ms_per_pod_burst"]
+    return (
+        f"{m['pods_per_s']:.1f} pods/s, p99 {ms(m['to_running_p99_s'])} ms; CPU ms/pod "
+        + ", ".join(
+            f"{k} {cpu[k]:.1f}"
+            for k in ("kube-scheduler", "kube-apiserver", "extender")
+            if k in cpu
+        )
+        + "; extender p99 ms "
+        + ", ".join(f"{k} {ms(v)}" for k, v in m["extender_p99_s"].items())
+        + f"; kube-scheduler attempt p99 {ms(m['scheduler_attempt_p99_s'])} ms"
+        + f" (algorithm {ms(m.get('scheduler_algorithm_p99_s'))} ms)"
+    )
+
+
+def rate_ratio(rows: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """The burst's pods/s at size over its pods/s on the small cluster (None: not both)."""
+    if "small" not in rows or "big" not in rows:
+        return None
+    return ratio(rows["big"]["pods_per_s"], rows["small"]["pods_per_s"])
+
+
+BURST_KEYS = (
+    "pods_per_s",
+    "to_running_p50_s",
+    "to_running_p99_s",
+    "extender_p99_s",
+    "extender_mean_s",
+    "scheduler_metrics_read",
+    "scheduler_attempt_p99_s",
+    "scheduler_algorithm_p99_s",
+    "scheduler_attempts",
+    "scheduler_gc",
+    "cpu_ms_per_pod_burst",  # by component, first create to last Running: where the time went
+    "cpu_ms_per_pod",  # and to a second after it
+    "idle_cpu_ms_per_s",
+    "contended_binds",
+    "requests_per_pod",  # by verb and resource, all clients, net of the idle rate
+    "lists_per_pod",
+    "apiserver",  # kube-apiserver's time per pod by request kind, watch events sent
+    "load_avg",
+)
+
+
+def burst_figures(row: Mapping[str, Any]) -> JSON:
+    """The figures of one burst that the results keep."""
+    return {k: row[k] for k in BURST_KEYS if k in row}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -524,6 +837,13 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", type=Path, action="append", default=[], help="another source tree"
     )
     parser.add_argument("--burst", type=int, default=0, help="GPU pods per burst (0: none)")
+    parser.add_argument(
+        "--burst-rounds",
+        type=int,
+        default=1,
+        help="at each size, run the burst this many times through each path, in turn "
+        "(figures: medians; ratios: each round against its own, then the median)",
+    )
     parser.add_argument("--sim-nodes", type=int, default=8)
     parser.add_argument("--sync-timeout", type=float, default=600.0)
     parser.add_argument("--kubernetes-version", default=None)
@@ -552,10 +872,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['extender_sync_s'] / b['extender_sync_s']:.2f}"
         )
     if row["burst_vs_small"] is not None:
+        without = row["burst_vs_small_without_nodelock"]
         print(
-            f"  burst of {args.burst}: {row['burst_vs_small']:.2f}x "
-            f"its rate at {args.sim_nodes} nodes"
+            f"  burst of {args.burst}: {row['burst_vs_small']:.2f}x its rate at "
+            f"{args.sim_nodes} nodes; through kube-scheduler without nodelock "
+            + ("-" if without is None else f"{without:.2f}x")
         )
+        for size, b in row.get("burst", {}).items():
+            for path in ("nodelock", "stock"):
+                print(f"  {size}, {path} (medians of {b[path]['rounds']}): {_median_line(b[path])}")
+            vs = b["nodelock_vs_stock"]
+            print(
+                f"  {size}: nodelock / kube-scheduler alone " + ("-" if vs is None else f"{vs:.2f}")
+            )
     holds = curve.pods_within(limit, headroom=0.25)
     print(
         f"curve over {len(points)} sizes: {curve.base_mib:.0f} MiB + "

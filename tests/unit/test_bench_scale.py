@@ -9,11 +9,16 @@ import pytest
 from bench.scale import (
     GPUS,
     RESOURCE,
+    Samples,
+    burst_medians,
     chart_memory_limit_mib,
     fit,
+    histogram_delta,
     memory_mib,
     merge_rows,
+    p99,
     pods,
+    rate_ratio,
 )
 from handoff.wire import Keys
 from scheduler_ext.cache import ClusterCache
@@ -76,3 +81,46 @@ def test_rows_replace_the_same_size_and_sort_by_pods() -> None:
     old = [{"nodes": 50, "pods": 2000, "x": 1}, {"nodes": 500, "pods": 10_000, "x": 2}]
     rows = merge_rows(old, {"nodes": 50, "pods": 2000, "x": 3})
     assert rows == [{"nodes": 50, "pods": 2000, "x": 3}, {"nodes": 500, "pods": 10_000, "x": 2}]
+
+
+def _scrape(counts: dict[str, list[float]], name: str = "h") -> Samples:
+    """A histogram ``name``'s samples: per verb, cumulative counts at le 0.01, 0.1, +Inf."""
+    out: Samples = []
+    for verb, cum in counts.items():
+        for le, c in zip(("0.01", "0.1", "+Inf"), cum, strict=True):
+            out.append((f"{name}_bucket", {"verb": verb, "le": le}, c))
+        out.append((f"{name}_count", {"verb": verb}, cum[-1]))
+    return out
+
+
+def test_histogram_delta_is_what_was_observed_between_scrapes_for_the_matching_series() -> None:
+    before = _scrape({"bind": [10, 10, 10], "filter": [5, 5, 5]})
+    after = _scrape({"bind": [10, 110, 110], "filter": [500, 500, 500]})
+    bind = histogram_delta(before, after, "h", verb="bind")
+    assert bind.count == 100
+    assert bind.buckets == ((0.01, 0.0), (0.1, 100.0), (float("inf"), 100.0))
+    assert p99(bind) == pytest.approx(0.01 + 0.09 * 0.99)
+
+
+def test_p99_of_nothing_observed_is_none() -> None:
+    same = _scrape({"bind": [1, 2, 3]})
+    assert p99(histogram_delta(same, same, "h", verb="bind")) is None
+    assert p99(histogram_delta([], [], "h")) is None
+
+
+def testrate_ratio_is_at_size_over_small_and_none_without_both() -> None:
+    assert rate_ratio({"small": {"pods_per_s": 20.0}, "big": {"pods_per_s": 5.0}}) == 0.25
+    assert rate_ratio({"small": {"pods_per_s": 20.0}}) is None
+
+
+def test_burst_medians_are_per_figure_and_per_part_and_skip_missing_parts() -> None:
+    rows = [
+        {"pods_per_s": 10.0, "cpu_ms_per_pod_burst": {"extender": 4.0, "kube-scheduler": 9.0}},
+        {"pods_per_s": 30.0, "cpu_ms_per_pod_burst": {"kube-scheduler": 11.0}},
+        {"pods_per_s": 20.0, "cpu_ms_per_pod_burst": {"extender": 6.0, "kube-scheduler": 10.0}},
+    ]
+    m = burst_medians(rows)
+    assert m["rounds"] == 3
+    assert m["pods_per_s"] == 20.0
+    assert m["cpu_ms_per_pod_burst"] == {"extender": 5.0, "kube-scheduler": 10.0}
+    assert m["scheduler_attempt_p99_s"] is None

@@ -321,8 +321,9 @@ def test_every_performance_table_names_its_command_and_date() -> None:
             bad.append(f"{title}: no date measured")
     assert tables >= 4
     assert bad == []
-    # 250 lines held eight benchmarks; bench.scale (issue 50) added one section of 26 lines
-    assert len(text.splitlines()) < 280, "docs/performance.md: one current table per benchmark"
+    # 250 lines held eight benchmarks; bench.scale (issue 50) added one section of 26 lines,
+    # then 36 for its burst with and without nodelock (the figure that says whose cost grows)
+    assert len(text.splitlines()) < 320, "docs/performance.md: one current table per benchmark"
 
 
 # The checks themselves, on the kinds of mistake they exist for.
