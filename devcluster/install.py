@@ -11,6 +11,7 @@ cluster, only where its images come from and which backend serves GPUs.
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ from handoff.wire import DEFAULT_LOCK_NAMESPACE
 
 RELEASE = "nodelock"
 NAMESPACE = DEFAULT_LOCK_NAMESPACE
+PLUGIN_SELECTOR = "nodelock.io/device-plugin=true"  # the chart's device plugin pods
 VALUES_FILE = "nodelock-values.yaml"
 
 
@@ -127,3 +129,27 @@ def uninstall(cluster: Cluster, *, timeout_s: float = 180.0) -> list[str]:
 def shown(argv: Sequence[str]) -> str:
     """A command as a person types it."""
     return " ".join(shlex.quote(a) for a in argv)
+
+
+def audit_plugin_pods(cluster: Cluster) -> list[tuple[str, int, str]]:
+    """``nodelock audit --node-local`` run with ``kubectl exec`` in every device plugin pod, as
+    docs/install.md has an operator check a node: (node, exit code, output), by node name."""
+    listed = json.loads(
+        cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR, "-o", "json")
+    )
+    out = []
+    for pod in sorted(listed["items"], key=lambda p: str(p["spec"].get("nodeName"))):
+        res = subprocess.run(
+            [
+                str(cluster.binaries.kubectl),
+                f"--kubeconfig={cluster.kubeconfig}",
+                *("exec", "-n", NAMESPACE, pod["metadata"]["name"], "--"),
+                *("nodelock", "audit", "--node-local"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        out.append((str(pod["spec"].get("nodeName")), res.returncode, res.stdout + res.stderr))
+    return out

@@ -20,7 +20,6 @@ Exit code 0 when all hold, 1 when one fails.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -30,7 +29,7 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from devcluster.cluster import Cluster
-from devcluster.install import NAMESPACE, shown
+from devcluster.install import NAMESPACE, audit_plugin_pods, shown
 from devcluster.runtime import SYSTEM_NODE, RuntimeCluster, runtime_cluster
 from devcluster.shape import purge
 from handoff.wire import DEFAULT_RESOURCE, ContainerName, Keys, parse_assignment
@@ -39,7 +38,6 @@ DEMO_NAMESPACE = "demo"
 SCHEDULER = "nodelock-scheduler"
 WORKLOAD_LABEL = "demo.nodelock.io/workload"
 PRINT_DEVICES = 'echo "NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"'
-PLUGIN_SELECTOR = "nodelock.io/device-plugin=true"
 
 
 @dataclass(frozen=True)
@@ -239,29 +237,7 @@ class Demo:
 
     def audit(self) -> list[tuple[str, int, str]]:
         """``nodelock audit --node-local`` in every device plugin pod: (node, exit code, output)."""
-        out = []
-        plugins = self.json("get", "pods", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR)["items"]
-        for p in sorted(plugins, key=lambda p: str(p["spec"]["nodeName"])):
-            res = subprocess.run(
-                [
-                    str(self.cluster.binaries.kubectl),
-                    f"--kubeconfig={self.cluster.kubeconfig}",
-                    "exec",
-                    "-n",
-                    NAMESPACE,
-                    p["metadata"]["name"],
-                    "--",
-                    "nodelock",
-                    "audit",
-                    "--node-local",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            out.append((str(p["spec"]["nodeName"]), res.returncode, res.stdout + res.stderr))
-        return out
+        return audit_plugin_pods(self.cluster)
 
 
 def report(demo: Demo, started: RuntimeCluster, finished: bool, t_up: float, t_run: float) -> bool:

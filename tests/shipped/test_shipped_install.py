@@ -36,7 +36,14 @@ from devcluster import processes
 from devcluster.binaries import cache_root, ensure_control_plane
 from devcluster.cluster import Cluster
 from devcluster.images import Builder, ensure_nodelock
-from devcluster.install import NAMESPACE, devcluster_values, install, uninstall, write_values
+from devcluster.install import (
+    NAMESPACE,
+    audit_plugin_pods,
+    devcluster_values,
+    install,
+    uninstall,
+    write_values,
+)
 from devcluster.realkubelet import read_checkpoint
 from devcluster.runtime import (
     CDI_ENV_PREFIX,
@@ -236,27 +243,10 @@ def test_gpu_pods_run_real_containers_with_exactly_their_devices(shipped: Shippe
                 assert d not in seen, f"{d} given to {seen.get(d)} and {name}"
                 seen[d] = name
         assert len(seen) == count
-        plugins = s.json("get", "pods", "-n", NAMESPACE, "-l", "nodelock.io/device-plugin=true")
-        for plugin in plugins["items"]:
-            res = subprocess.run(
-                [
-                    str(s.cluster.binaries.kubectl),
-                    f"--kubeconfig={s.cluster.kubeconfig}",
-                    "exec",
-                    "-n",
-                    NAMESPACE,
-                    plugin["metadata"]["name"],
-                    "--",
-                    "nodelock",
-                    "audit",
-                    "--node-local",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            assert res.returncode == 0, res.stdout + res.stderr
+        audits = audit_plugin_pods(s.cluster)
+        assert len(audits) == GPU_NODES
+        for node, code, output in audits:
+            assert code == 0, f"{node}: {output}"
     finally:  # the GPUs free for the tests after it, whatever happened
         s.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
 
