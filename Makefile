@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup bytecode system-deps runtime-deps images test lint go-check unit demo bench device-bundle binaries proto generate generated-files clean
+.PHONY: setup bytecode system-deps runtime-deps images test lint go-check unit demo bench device-bundle binaries binaries-oldest proto generate generated-files clean
 
 setup: $(VENV)/.installed
 
@@ -43,11 +43,16 @@ system-deps runtime-deps:
 	    apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# Every Go binary the tests and the demo run (control plane, simulated-node harness, helm), built
-# from the Go modules it fetches, and the oldest supported Kubernetes release that the `core`
-# end-to-end tests run on again (docs/support.md); a complete cache builds nothing.
+# Every Go binary the tests and the demo run on the default release (control plane, kubelet,
+# kube-proxy, the simulated-node harness, helm), built from the Go modules it fetches; a complete
+# cache builds nothing.
 binaries: setup
 	$(BIN)/nodelock devcluster build
+
+# The oldest supported Kubernetes release, which the `core` tests run on again (docs/support.md).
+# `make test` builds it beside the suite rather than before it: the suite's cluster tests leave
+# a core idle most of the time, and a first run's build of a second release is minutes of it.
+binaries-oldest: setup
 	$(BIN)/nodelock devcluster build --kubernetes-version oldest
 
 lint: setup
@@ -77,21 +82,26 @@ go-check: binaries
 images: binaries system-deps
 	$(BIN)/nodelock devcluster build --images
 
-# The whole suite on the default Kubernetes release and, beside it, the tests marked `core` (the
-# handoff's end-to-end core, the kubelet behaviours, the chart's install) on the oldest supported
-# one (docs/support.md).  The two runs use clusters of their own; most of a cluster test's time is
-# spent waiting on the cluster, so they share the machine's cores well.  The oldest release's
-# report is printed after the suite's; the target fails if either run fails.
+# Three pytest runs side by side, each with clusters of its own: the unit tests (pure code: one
+# core's work for minutes, the handoff model most of it); the integration, e2e and shipped
+# tests on the default Kubernetes release, most of whose time is spent waiting on a cluster;
+# and, once the oldest supported release is built (`binaries-oldest`, from a first run's empty
+# cache in that run), the tests marked `core` (the handoff's end-to-end core, the kubelet
+# behaviours, the chart's install and the shipped slice) on it (docs/support.md).  The cluster
+# suite prints its report as it runs, the other two after it; the target fails if any fails.
+CORE_OLDEST := -m core --kubernetes-version oldest tests/integration tests/e2e tests/shipped
 test: lint go-check binaries system-deps images bytecode
-	@oldest=$$(mktemp /tmp/nodelock-core-oldest.XXXXXX); \
-	$(BIN)/pytest -p no:cacheprovider -m core --kubernetes-version oldest \
-	  tests/integration tests/e2e >"$$oldest" 2>&1 & pid=$$!; \
-	$(BIN)/pytest; suite=$$?; \
-	wait $$pid; core=$$?; \
-	echo "=== pytest -m core --kubernetes-version oldest tests/integration tests/e2e"; \
-	cat "$$oldest"; rm -f "$$oldest"; \
-	echo "=== the suite: exit $$suite; the core tests on the oldest release: exit $$core"; \
-	test $$suite -eq 0 && test $$core -eq 0
+	@oldest=$$(mktemp /tmp/nodelock-core-oldest.XXXXXX); unit=$$(mktemp /tmp/nodelock-unit.XXXXXX); \
+	{ $(BIN)/nodelock devcluster build --kubernetes-version oldest && \
+	  $(BIN)/pytest -p no:cacheprovider $(CORE_OLDEST); } >"$$oldest" 2>&1 & opid=$$!; \
+	$(BIN)/pytest -p no:cacheprovider tests/unit >"$$unit" 2>&1 & upid=$$!; \
+	$(BIN)/pytest --ignore=tests/unit; suite=$$?; \
+	wait $$upid; units=$$?; wait $$opid; core=$$?; \
+	echo "=== pytest tests/unit"; cat "$$unit"; \
+	echo "=== nodelock devcluster build --kubernetes-version oldest; pytest $(CORE_OLDEST)"; \
+	cat "$$oldest"; rm -f "$$oldest" "$$unit"; \
+	echo "=== the cluster suite: exit $$suite; the unit tests: exit $$units; the core tests on the oldest release: exit $$core"; \
+	test $$suite -eq 0 && test $$units -eq 0 && test $$core -eq 0
 
 # The demo builds what it runs itself (the default release's control plane and the simulated-node
 # harness; kubelet and the fake runtime with --kubelet real): nothing of the oldest release.

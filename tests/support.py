@@ -2,7 +2,7 @@
 
 For each Kubernetes release ``devcluster.versions`` can build it lists what ``make test`` runs
 on it: the whole suite on the default release, and on the oldest supported release every test
-of the integration and e2e suites marked ``core`` (found by reading the test files: a
+of the integration, e2e and shipped suites marked ``core`` (found by reading the test files: a
 ``@pytest.mark.core`` decorator, or a module-level ``pytestmark`` naming ``core``). A release
 between them is listed as buildable but not tested. The file is generated (``make generate``) and
 compared in ``tests/integration/test_generated_files.py``, so it cannot drift from the markers.
@@ -18,7 +18,7 @@ from devcluster.versions import DEFAULT_VERSION, RELEASES, UNBUILDABLE, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "docs" / "support.md"
-SUITES = (REPO / "tests" / "integration", REPO / "tests" / "e2e")
+SUITES = (REPO / "tests" / "integration", REPO / "tests" / "e2e", REPO / "tests" / "shipped")
 
 
 def _names_core(node: ast.expr) -> bool:
@@ -34,7 +34,7 @@ def _names_core(node: ast.expr) -> bool:
 
 def core_tests(*directories: Path, root: Path = REPO) -> list[str]:
     """``file::test`` for every test function marked ``core`` in ``directories`` (default: the
-    integration and e2e suites), in file order."""
+    integration, e2e and shipped suites), in file order."""
     found: list[str] = []
     for path in sorted(p for d in directories or SUITES for p in d.glob("test_*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -87,11 +87,13 @@ def render() -> str:
         "",
         f"## The `core` tests, run on {oldest.tag} and on {DEFAULT_VERSION}",
         "",
-        f"`.venv/bin/pytest -m core --kubernetes-version oldest tests/integration tests/e2e` "
+        f"`.venv/bin/pytest -m core --kubernetes-version oldest tests/integration tests/e2e "
+        "tests/shipped` "
         f"runs them on "
         f"{oldest.tag};",
-        f"`make test` runs that beside the whole suite on {DEFAULT_VERSION} (each run with "
-        "clusters of its own) and prints its report after the suite's.",
+        f"`make test` builds {oldest.tag} and runs that beside the whole suite on "
+        f"{DEFAULT_VERSION} (each run with clusters of its own) and prints its report after the "
+        "suite's.",
         "",
     ]
     lines += [f"- `{name}`" for name in core] or ["- (none)"]

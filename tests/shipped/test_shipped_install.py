@@ -11,6 +11,8 @@ drained and relabelled, and the uninstall; then the plain manifests of deploy/ma
 as docs/install.md writes it, used and deleted.  The chart and the manifests are never installed
 at once: the manifests come after the chart's uninstall, on the same cluster (a second one would
 cost its start again).  Each test leaves the cluster as the next one expects it.
+
+The module is marked ``core``: `make test` runs it on the oldest supported release too.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from devcluster.runtime import (
 )
 from deviceplugin.answer import CDI_KIND
 from handoff.wire import DEFAULT_RESOURCE, ContainerName, Keys, parse_assignment
+
+pytestmark = pytest.mark.core
 
 GPUS_PER_NODE = 4
 GPU_NODES = 2

@@ -64,11 +64,25 @@ def test_the_demo_builds_nothing_of_the_oldest_release() -> None:
 
 
 def test_the_core_runs_again_on_the_oldest_release_after_it_is_built() -> None:
-    """The core tests on the oldest release run beside the suite, after both releases are
-    built, and the target fails when either run fails."""
+    """The oldest release is built beside the suite, not before it: the core tests on it run
+    after its build in the same background job, which starts before the cluster suite; the unit
+    tests run beside both; the target fails when any of the three runs fails."""
     lines = dry_run("test")
     built = first(lines, f"{FETCH} --kubernetes-version oldest")
     again = first(lines, "-m core --kubernetes-version oldest")
-    suite = first(lines, "bin/pytest; suite=$?")
-    assert built < again < suite
-    assert "test $suite -eq 0 && test $core -eq 0" in lines[-1]
+    units = first(lines, "bin/pytest -p no:cacheprovider tests/unit")
+    suite = first(lines, "bin/pytest --ignore=tests/unit; suite=$?")
+    assert built < again < units < suite
+    assert "&& \\" in lines[built], "the core run must wait for the build to succeed"
+    assert "tests/shipped" in lines[again]
+    assert "test $suite -eq 0 && test $units -eq 0 && test $core -eq 0" in lines[-1]
+
+
+def test_the_oldest_release_is_not_built_before_the_suite() -> None:
+    """The set-up steps before the test runs build only the default release; the oldest one's
+    build runs in the background job that the cluster suite does not wait for."""
+    lines = dry_run("test")
+    recipe = first(lines, "mktemp /tmp/nodelock-core-oldest")
+    assert [line for line in lines[:recipe] if "--kubernetes-version oldest" in line] == []
+    job = first(lines, f"{FETCH} --kubernetes-version oldest")
+    assert "& opid=$!" in lines[job + 1]
