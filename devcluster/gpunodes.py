@@ -27,6 +27,7 @@ from devcluster.admission import install_gpu_pod_policies
 from devcluster.binaries import ensure_simkubelet
 from devcluster.cluster import APISERVER_REQUEST_TIMEOUT_S, Cluster
 from devcluster.errors import DevclusterError
+from devcluster.hostlimits import ensure_inotify_instances
 from devcluster.pki import ADMIN, SCHEDULER
 from devcluster.realkubelet import BIND_PLUGIN_DIR, KubeletKind, start_kubelet
 from devcluster.versions import resolve
@@ -255,6 +256,7 @@ def start_node(
             "work): choose a shorter --state-dir"
         )
     plugin_dir.mkdir(parents=True, exist_ok=True)
+    ensure_inotify_instances()  # kubelet's device manager watches the plugin directory
     kubelet_argv = [
         *processes.in_private_mounts(BIND_PLUGIN_DIR, str(plugin_dir)),
         str(simkubelet),

@@ -41,6 +41,7 @@ from devcluster import processes
 from devcluster.binaries import ensure_cri, ensure_kubelet
 from devcluster.cluster import Cluster
 from devcluster.errors import DevclusterError
+from devcluster.hostlimits import ensure_inotify_instances
 from devcluster.invariants import ContainerRecord, PodRecord
 from devcluster.pki import Identity
 from handoff.wire import DEFAULT_RESOURCE, MIG_RESOURCE_PREFIX
@@ -151,6 +152,7 @@ def start_kubelet(
     manager serves its registration socket (the device plugin can then register)."""
     if shutil.which("unshare") is None or shutil.which("mount") is None:
         raise DevclusterError("real-kubelet nodes need `unshare` and `mount` (util-linux)")
+    ensure_inotify_instances()
     kubelet = ensure_kubelet(version=version or cluster.binaries.kubernetes_version)
     cri = ensure_cri()
     node = RealNode(root)

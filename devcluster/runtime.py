@@ -57,6 +57,7 @@ from devcluster.binaries import ensure_kube_proxy, ensure_kubelet
 from devcluster.cluster import Cluster
 from devcluster.containerd import ensure_containerd
 from devcluster.errors import DevclusterError
+from devcluster.hostlimits import ensure_inotify_instances
 from devcluster.images import Image, NodeImages, ensure_node_images, tool
 from devcluster.install import NAMESPACE, devcluster_values, write_values
 from devcluster.install import install as install_chart
@@ -430,6 +431,7 @@ def check_tools() -> None:
         )
     if os.geteuid() != 0:
         raise DevclusterError("containerd nodes need root (network namespaces, mounts)")
+    ensure_inotify_instances()
 
 
 def up_runtime_nodes(
