@@ -25,6 +25,9 @@ In order:
    then ``kubectl exec -n nodelock-system <plugin pod> -- nodelock audit --node-local``
    (``devcluster.install.audit_plugin_pods``, as docs/install.md has an operator check a node)
    and the peak read again: the audit is a second Python process in the container's cgroup.
+   The peak counts page cache too (the files the audit reads), which the kernel reclaims before
+   it kills for the limit; cgroup v1 keeps no high-water mark of rss, so the rss is also read
+   every 50 ms during each audit and its highest kept.
 
 The baseline of the run is the plugin at rest: ``audit peak / rest usage`` is what the exec'd
 audit adds.  Each figure is also given against the chart's ``devicePlugin.resources`` (request
@@ -42,6 +45,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -173,12 +177,18 @@ def mib(value: int | None) -> float | None:
 
 
 def plugin_figures(
-    rest: Memory, serving: Memory, audit_peaks: Sequence[int], chart: ChartMemory
+    rest: Memory,
+    serving: Memory,
+    audit_peaks: Sequence[int],
+    audit_rss: Sequence[int],
+    chart: ChartMemory,
 ) -> dict[str, Any]:
     """The device plugin's figures, in MiB, and their ratios: to the chart's request (at rest)
-    and limit (the peaks), and the audit's peak to the plugin's usage at rest (the run's
-    baseline)."""
+    and limit (the peaks), and the audit's peaks to the plugin's own at rest (the run's
+    baseline).  ``audit_peaks``: the cgroup's peak usage in each audit; ``audit_rss``: the
+    highest rss sampled in each."""
     peak = max(audit_peaks) if audit_peaks else None
+    rss = max(audit_rss) if audit_rss else None
     return {
         "rest_rss_mib": mib(rest.rss),
         "rest_usage_mib": mib(rest.usage),
@@ -187,6 +197,8 @@ def plugin_figures(
         "serving_usage_mib": mib(serving.usage),
         "audit_peak_mib": mib(peak),
         "audit_peaks_mib": [p / MIB for p in audit_peaks],
+        "audit_rss_mib": mib(rss),
+        "audit_rss_each_mib": [r / MIB for r in audit_rss],
         "chart_request_mib": chart.request_mib,
         "chart_limit_mib": chart.limit_mib,
         "cgroup_limit_mib": mib(rest.limit),
@@ -196,6 +208,8 @@ def plugin_figures(
         "start_peak_vs_limit": ratio(mib(rest.peak), chart.limit_mib),
         "audit_peak_vs_limit": ratio(mib(peak), chart.limit_mib),
         "audit_peak_vs_rest_usage": ratio(mib(peak), rest.usage / MIB),
+        "audit_rss_vs_limit": ratio(mib(rss), chart.limit_mib),
+        "audit_rss_vs_rest_rss": ratio(mib(rss), rest.rss / MIB),
     }
 
 
@@ -247,6 +261,33 @@ def read_memory(path: Path, version: int) -> Memory:
         if f.exists():
             files[name] = f.read_text(encoding="utf-8")
     return memory_from_files(version, files)
+
+
+class RssSampler:
+    """The highest ``memory.stat`` rss of some cgroups, read every ``interval_s`` in a thread
+    while the ``with`` block runs (cgroup v1 keeps no high-water mark of rss)."""
+
+    def __init__(self, paths: Sequence[Path], version: int, interval_s: float = 0.05) -> None:
+        self.paths, self.version, self.interval_s = list(paths), version, interval_s
+        self.highest = dict.fromkeys(self.paths, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            for path in self.paths:
+                rss = read_memory(path, self.version).rss
+                self.highest[path] = max(self.highest[path], rss)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def reset_peak(path: Path, version: int) -> bool:
@@ -386,15 +427,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(args.settle / 2)
             serving = {c: read_memory(c.cgroup, version) for c in containers}
             peaks: dict[Container, list[int]] = {c: [] for c in containers if c.pod in plugins}
+            rss_peaks: dict[Container, list[int]] = {c: [] for c in peaks}
             audits = []
             reset_ok = True
             for _ in range(args.audits):
                 for c in peaks:
                     reset_ok = reset_peak(c.cgroup, version) and reset_ok
-                results = audit_plugin_pods(cluster)
+                with RssSampler([c.cgroup for c in peaks], version) as sampler:
+                    results = audit_plugin_pods(cluster)
                 audits.append([{"node": n, "exit": code} for n, code, _ in results])
                 for c in peaks:
                     peaks[c].append(read_memory(c.cgroup, version).peak or 0)
+                    rss_peaks[c].append(sampler.highest[c.cgroup])
                 for node, code, text in results:
                     if code != 0:
                         print(f"audit on {node}: exit {code}\n{text}", flush=True)
@@ -410,7 +454,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             {
                 "pod": c.pod,
                 "node": c.node,
-                **plugin_figures(rest[c], serving[c], audit_peaks, chart),
+                **plugin_figures(rest[c], serving[c], audit_peaks, rss_peaks[c], chart),
             }
         )
     others = []
@@ -469,6 +513,10 @@ def report(result: Mapping[str, Any]) -> list[str]:
             f"({_f(p['audit_peak_vs_limit'], '.2f')} of the limit, "
             f"{_f(p['audit_peak_vs_rest_usage'], '.2f')}x the usage at rest); each: "
             + ", ".join(f"{x:.0f}" for x in p["audit_peaks_mib"]),
+            f"  audit exec'd: rss at most {_f(p['audit_rss_mib'])} MiB (sampled every 50 ms; "
+            f"{_f(p['audit_rss_vs_limit'], '.2f')} of the limit, "
+            f"{_f(p['audit_rss_vs_rest_rss'], '.2f')}x the rss at rest); each: "
+            + ", ".join(f"{x:.0f}" for x in p["audit_rss_each_mib"]),
         ]
     for o in result["serving"]:
         lines.append(

@@ -129,7 +129,9 @@ def test_the_chart_values_give_each_component_its_memory() -> None:
 def test_plugin_figures_are_ratios_to_the_chart_and_to_rest() -> None:
     rest = Memory(1, rss=64 * MIB, usage=96 * MIB, peak=150 * MIB, limit=384 * MIB)
     serving = Memory(1, rss=80 * MIB, usage=100 * MIB, peak=150 * MIB, limit=384 * MIB)
-    f = plugin_figures(rest, serving, [192 * MIB, 200 * MIB], ChartMemory(128.0, 400.0))
+    f = plugin_figures(
+        rest, serving, [192 * MIB, 200 * MIB], [160 * MIB, 128 * MIB], ChartMemory(128.0, 400.0)
+    )
     assert f["rest_rss_mib"] == 64
     assert f["rest_rss_vs_request"] == 0.5
     assert f["rest_usage_vs_request"] == 0.75
@@ -137,7 +139,10 @@ def test_plugin_figures_are_ratios_to_the_chart_and_to_rest() -> None:
     assert f["audit_peaks_mib"] == [192, 200]
     assert f["audit_peak_vs_limit"] == 0.5
     assert f["audit_peak_vs_rest_usage"] == pytest.approx(200 / 96)
+    assert f["audit_rss_mib"] == 160
+    assert f["audit_rss_vs_limit"] == 0.4
+    assert f["audit_rss_vs_rest_rss"] == 2.5
     assert f["cgroup_limit_mib"] == 384
-    none = plugin_figures(rest, serving, [], ChartMemory(None, None))
+    none = plugin_figures(rest, serving, [], [], ChartMemory(None, None))
     assert none["audit_peak_mib"] is None
     assert none["rest_rss_vs_request"] is None
