@@ -34,6 +34,8 @@ audit adds.  Each figure is also given against the chart's ``devicePlugin.resour
 and limit, read from ``deploy/helm/nodelock/values.yaml``) and the limit the container's cgroup
 was given (it must be the chart's).  Prints a table, writes ``bench/results/pod_memory.json``
 with the machine, the command, the date and the load averages at the start and at the end.
+Exits 1 when an audit did not exit 0 (137: killed at the limit) or a chart container restarted
+during the run: the peaks are then not the whole story.
 """
 
 from __future__ import annotations
@@ -491,6 +493,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def problems(result: Mapping[str, Any]) -> list[str]:
+    """What makes the run's peaks untrustworthy: an audit that did not exit 0 (137: killed at
+    the limit, its peak cut short) or a chart container that restarted during the run."""
+    found = [
+        f"audit {i + 1} on {a['node']}: exit {a['exit']}"
+        for i, run in enumerate(result["audits"])
+        for a in run
+        if a["exit"] != 0
+    ]
+    before = {f"{r['pod']}/{r['container']}": r["restarts"] for r in result["at_rest"]}
+    for name, restarts in result["restarts_after"].items():
+        if restarts != before.get(name, restarts):
+            found.append(f"{name} restarted ({before[name]} -> {restarts})")
+    return found
+
+
 def _f(v: float | None, spec: str = ".0f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -565,7 +583,10 @@ def main(argv: list[str] | None = None) -> int:
         encoding="utf-8",
     )
     print(f"wrote {args.out}")
-    return 0
+    found = problems(result)
+    for problem in found:
+        print(f"FAIL {problem}")
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ from bench.pod_memory import (
     memory_from_files,
     parse_memory_stat,
     plugin_figures,
+    problems,
     read_memory,
 )
+from devcluster.errors import DevclusterError
 
 pytestmark = pytest.mark.unit
 
@@ -103,7 +105,7 @@ def test_find_cgroup_prefers_k8s_io_then_a_name_holding_the_id(tmp_path: Path) -
     scope.mkdir(parents=True)
     assert find_cgroup(tmp_path, "aaa") == tmp_path / "k8s.io" / "aaa"
     assert find_cgroup(tmp_path, "bbb") == scope
-    with pytest.raises(Exception, match="ccc"):
+    with pytest.raises(DevclusterError, match="ccc"):
         find_cgroup(tmp_path, "ccc")
 
 
@@ -146,3 +148,21 @@ def test_plugin_figures_are_ratios_to_the_chart_and_to_rest() -> None:
     none = plugin_figures(rest, serving, [], [], ChartMemory(None, None))
     assert none["audit_peak_mib"] is None
     assert none["rest_rss_vs_request"] is None
+
+
+def test_problems_name_a_failed_audit_and_a_restart() -> None:
+    result = {
+        "audits": [[{"node": "gpu-node-01", "exit": 0}], [{"node": "gpu-node-01", "exit": 137}]],
+        "at_rest": [
+            {"pod": "plugin", "container": "device-plugin", "restarts": 0},
+            {"pod": "extender", "container": "extender", "restarts": 1},
+        ],
+        "restarts_after": {"plugin/device-plugin": 1, "extender/extender": 1},
+    }
+    assert problems(result) == [
+        "audit 2 on gpu-node-01: exit 137",
+        "plugin/device-plugin restarted (0 -> 1)",
+    ]
+    result["audits"] = [[{"node": "gpu-node-01", "exit": 0}]]
+    result["restarts_after"] = {"plugin/device-plugin": 0, "extender/extender": 1}
+    assert problems(result) == []
