@@ -11,6 +11,9 @@ Runs, one after another (each starts what it needs and stops it):
   pod, handoff overhead, lock-aware prioritize on and off;
 - ``bench.scale``: the extender's start-to-synced time and peak RSS restarted on 50 nodes and
   2,000 pods of a real API server (the quick size; larger ones are flags);
+- ``bench.pod_memory``: the chart's pods' memory cgroups on containerd nodes (root), the device
+  plugin with ``nodelock audit --node-local`` exec'd in it against the plugin at rest, and both
+  against the chart's request and limit;
 - ``bench.allocation``: allocation quality of the topology-aware choice against lowest-index
   binpack on one seeded job stream (pure, no cluster).
 
@@ -30,6 +33,7 @@ BENCHMARKS = [
     ["bench.watch_events"],
     ["bench.handoff"],
     ["bench.scale"],
+    ["bench.pod_memory"],
     ["bench.allocation", "--json", f"{RESULTS}/allocation.json"],
 ]
 
