@@ -71,6 +71,7 @@ from typing import Any
 
 import yaml
 
+from bench import scale_watch
 from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.gpunodes import node_names, nodelock_command, start_extender, up_gpu_cluster
 from devcluster.namespaces import create_namespace
@@ -662,6 +663,26 @@ def run(args: argparse.Namespace) -> JSON:
                     flush=True,
                 )
                 restarts.append(row)
+        extras: JSON = {}
+        if args.replicas > 1:
+            extras["replicas"] = scale_watch.replicas(cluster, timeout_s=args.sync_timeout)
+            print(f"  two replicas: {extras['replicas']}", flush=True)
+        if args.churn:
+            extras["churn"] = asyncio.run(
+                scale_watch.churn(
+                    cluster,
+                    nodes=args.nodes,
+                    rate=args.churn,
+                    seconds=args.churn_s,
+                    live=args.churn_live,
+                )
+            )
+            print(f"  churn: {extras['churn']}", flush=True)
+        if args.plugin_watches:
+            extras["plugin_watches"] = asyncio.run(
+                scale_watch.plugin_watches(cluster, k=args.plugin_watches, at=args.nodes)
+            )
+            print(f"  plugin watches: {extras['plugin_watches']}", flush=True)
         big: JSON | None = None
         if args.burst:  # the warm-up: the restarted extender's first handoffs
             big = both_paths(
@@ -678,6 +699,7 @@ def run(args: argparse.Namespace) -> JSON:
         "restarts": restarts,
         "small": small,
         "big": big,
+        "extras": extras,
     }
 
 
@@ -846,6 +868,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sim-nodes", type=int, default=8)
     parser.add_argument("--sync-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--churn", type=float, default=0.0, help="CPU pod creates+deletes per second (0: none)"
+    )
+    parser.add_argument("--churn-s", type=float, default=60.0, help="the churn's window")
+    parser.add_argument("--churn-live", type=int, default=500, help="churned pods alive at once")
+    parser.add_argument(
+        "--plugin-watches", type=int, default=0, help="nodes whose plugin watches to open"
+    )
+    parser.add_argument("--replicas", type=int, default=1, help="2: two extenders started at once")
     parser.add_argument("--kubernetes-version", default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -853,12 +884,34 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench.scale: {args.nodes} nodes, {args.pods} pods; chart limit {limit:.0f} MiB")
     raw = run(args)
     row = summary(args, raw, limit)
-    old: list[Any] = []
+    before: JSON = {}
     if args.out.exists():
-        old = json.loads(args.out.read_text(encoding="utf-8")).get("sizes", [])
-    rows = merge_rows(old, row)
+        before = json.loads(args.out.read_text(encoding="utf-8"))
+    old: list[Any] = before.get("sizes", [])
+    watches: list[Any] = before.get("watches", [])
+    if raw["extras"]:  # a run for the watches: its row goes with them, the sizes' rows stay
+        watch_row = {
+            "nodes": args.nodes,
+            "pods": args.pods,
+            "command": " ".join(["python -m bench.scale", *(argv or sys.argv[1:])]),
+            "restart": {
+                k: row[k]
+                for k in (
+                    "extender_sync_s",
+                    "extender_peak_rss_mib",
+                    "extender_steady_rss_mib",
+                    "apiserver_list_cpu_s",
+                )
+            },
+            "load_avg": raw["load_avg"],
+            **raw["extras"],
+        }
+        watches = merge_rows(watches, watch_row)
+        rows = list(old)
+    else:
+        rows = merge_rows(old, row)
     points = [(r["pods"], r["extender_peak_rss_mib"]) for r in rows if r["extender_peak_rss_mib"]]
-    curve = fit(points)
+    curve = fit(points or [(row["pods"], row["extender_peak_rss_mib"])])
     peak = row["extender_peak_rss_mib"]
     print(
         f"{args.nodes} nodes / {args.pods} pods: synced in {row['extender_sync_s']:.1f}s, peak "
@@ -899,6 +952,7 @@ def main(argv: list[str] | None = None) -> int:
                 "command": "python -m bench.scale --nodes N --pods P",
                 "fit": {"base_mib": curve.base_mib, "mib_per_10k_pods": curve.mib_per_10k_pods},
                 "sizes": rows,
+                **({"watches": watches} if watches else {}),
             },
             indent=2,
         )
