@@ -314,6 +314,30 @@ def merge_rows(old: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> list
     return sorted(rows, key=lambda r: (r["pods"], r["nodes"]))
 
 
+RUN_KEYS = (
+    "extender_sync_s",
+    "extender_peak_rss_mib",
+    "extender_steady_rss_mib",
+    "apiserver_list_cpu_s",
+    "burst_vs_small",
+    "burst_vs_small_without_nodelock",
+    "baselines",
+    "load_avg",
+)
+
+
+def keeping_other_runs(old: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> JSON:
+    """``new`` with the headline figures of the row of the same size it replaces (and of the runs
+    that row kept) in ``other_runs``: a size measured again keeps each run's figures."""
+    key = (new["nodes"], new["pods"])
+    row = dict(new)
+    for r in old:
+        if (r.get("nodes"), r.get("pods")) == key:
+            runs = [*r.get("other_runs", []), {k: r[k] for k in RUN_KEYS if k in r}]
+            row["other_runs"] = runs
+    return row
+
+
 def histogram_delta(before: Samples, after: Samples, name: str, **match: str) -> Histogram:
     """The observations of histogram ``name`` (series matching ``match``, summed) made between
     two scrapes of the same process."""
@@ -909,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:
         watches = merge_rows(watches, watch_row)
         rows = list(old)
     else:
-        rows = merge_rows(old, row)
+        rows = merge_rows(old, keeping_other_runs(old, row))
     points = [(r["pods"], r["extender_peak_rss_mib"]) for r in rows if r["extender_peak_rss_mib"]]
     curve = fit(points or [(row["pods"], row["extender_peak_rss_mib"])])
     peak = row["extender_peak_rss_mib"]

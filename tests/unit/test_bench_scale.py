@@ -14,6 +14,7 @@ from bench.scale import (
     chart_memory_limit_mib,
     fit,
     histogram_delta,
+    keeping_other_runs,
     memory_mib,
     merge_rows,
     p99,
@@ -81,6 +82,15 @@ def test_rows_replace_the_same_size_and_sort_by_pods() -> None:
     old = [{"nodes": 50, "pods": 2000, "x": 1}, {"nodes": 500, "pods": 10_000, "x": 2}]
     rows = merge_rows(old, {"nodes": 50, "pods": 2000, "x": 3})
     assert rows == [{"nodes": 50, "pods": 2000, "x": 3}, {"nodes": 500, "pods": 10_000, "x": 2}]
+
+
+def test_a_size_measured_again_keeps_the_other_runs_headline_figures() -> None:
+    first = {"nodes": 5, "pods": 10, "burst_vs_small": 0.5, "restarts": [1], "load_avg": [9]}
+    second = keeping_other_runs([first], {"nodes": 5, "pods": 10, "burst_vs_small": 0.8})
+    assert second["other_runs"] == [{"burst_vs_small": 0.5, "load_avg": [9]}]
+    third = keeping_other_runs([second], {"nodes": 5, "pods": 10, "burst_vs_small": 0.9})
+    assert [r["burst_vs_small"] for r in third["other_runs"]] == [0.5, 0.8]
+    assert "other_runs" not in keeping_other_runs([first], {"nodes": 6, "pods": 10})
 
 
 def _scrape(counts: dict[str, list[float]], name: str = "h") -> Samples:
