@@ -913,7 +913,8 @@ def main(argv: list[str] | None = None) -> int:
         before = json.loads(args.out.read_text(encoding="utf-8"))
     old: list[Any] = before.get("sizes", [])
     watches: list[Any] = before.get("watches", [])
-    if raw["extras"]:  # a run for the watches: its row goes with them, the sizes' rows stay
+    rows = list(old)
+    if raw["extras"]:  # the watches' figures: a row of their own (the sizes' rows stay)
         watch_row = {
             "nodes": args.nodes,
             "pods": args.pods,
@@ -931,8 +932,7 @@ def main(argv: list[str] | None = None) -> int:
             **raw["extras"],
         }
         watches = merge_rows(watches, watch_row)
-        rows = list(old)
-    else:
+    if not raw["extras"] or args.burst:  # the size's row: its restart and its burst
         rows = merge_rows(old, keeping_other_runs(old, row))
     points = [(r["pods"], r["extender_peak_rss_mib"]) for r in rows if r["extender_peak_rss_mib"]]
     curve = fit(points or [(row["pods"], row["extender_peak_rss_mib"])])
