@@ -646,6 +646,33 @@ def no_node_lifecycle(cluster: Cluster) -> None:
     cluster.start_component("kube-controller-manager", [*proc.argv, NO_NODE_LIFECYCLE])
 
 
+def measure_watches(cluster: Cluster, args: argparse.Namespace) -> JSON:
+    """``bench.scale_watch``'s measurements that ``args`` asks for; one that fails is recorded
+    with its error and the run goes on (the burst after them is measured still)."""
+    steps: dict[str, Any] = {}
+    if args.replicas > 1:
+        steps["replicas"] = lambda: scale_watch.replicas(cluster, timeout_s=args.sync_timeout)
+    if args.churn:
+        steps["churn"] = lambda: asyncio.run(
+            scale_watch.churn(
+                cluster, nodes=args.nodes, rate=args.churn, seconds=args.churn_s,
+                live=args.churn_live,
+            )
+        )  # fmt: skip
+    if args.plugin_watches:
+        steps["plugin_watches"] = lambda: asyncio.run(
+            scale_watch.plugin_watches(cluster, k=args.plugin_watches, at=args.nodes)
+        )
+    extras: JSON = {}
+    for name, step in steps.items():
+        try:
+            extras[name] = step()
+        except Exception as exc:  # recorded, and the run goes on
+            extras[name] = {"error": f"{type(exc).__name__}: {exc}", "load_avg": _load()}
+        print(f"  {name}: {extras[name]}", flush=True)
+    return extras
+
+
 def run(args: argparse.Namespace) -> JSON:
     load_start = _load()
     with throwaway_cluster("nls-", version=args.kubernetes_version) as cluster:
@@ -687,26 +714,7 @@ def run(args: argparse.Namespace) -> JSON:
                     flush=True,
                 )
                 restarts.append(row)
-        extras: JSON = {}
-        if args.replicas > 1:
-            extras["replicas"] = scale_watch.replicas(cluster, timeout_s=args.sync_timeout)
-            print(f"  two replicas: {extras['replicas']}", flush=True)
-        if args.churn:
-            extras["churn"] = asyncio.run(
-                scale_watch.churn(
-                    cluster,
-                    nodes=args.nodes,
-                    rate=args.churn,
-                    seconds=args.churn_s,
-                    live=args.churn_live,
-                )
-            )
-            print(f"  churn: {extras['churn']}", flush=True)
-        if args.plugin_watches:
-            extras["plugin_watches"] = asyncio.run(
-                scale_watch.plugin_watches(cluster, k=args.plugin_watches, at=args.nodes)
-            )
-            print(f"  plugin watches: {extras['plugin_watches']}", flush=True)
+        extras = measure_watches(cluster, args)
         big: JSON | None = None
         if args.burst:  # the warm-up: the restarted extender's first handoffs
             big = both_paths(
