@@ -338,6 +338,25 @@ def keeping_other_runs(old: Sequence[Mapping[str, Any]], new: Mapping[str, Any])
     return row
 
 
+def with_measurements(
+    rows: Sequence[Mapping[str, Any]],
+    args: argparse.Namespace,
+    measured: Mapping[str, Mapping[str, Any]],
+    run_of: Mapping[str, Any],
+) -> JSON:
+    """The watches row of ``args``' size: the one in ``rows`` with each measurement of this
+    run in place of its namesake (each with ``run_of``: the command, restart, load that
+    measured it), the others kept."""
+    key = (args.nodes, args.pods)
+    row: JSON = {"nodes": args.nodes, "pods": args.pods}
+    for r in rows:
+        if (r.get("nodes"), r.get("pods")) == key:
+            row = dict(r)
+    for name, figures in measured.items():
+        row[name] = {**figures, "run": dict(run_of)}
+    return row
+
+
 def histogram_delta(before: Samples, after: Samples, name: str, **match: str) -> Histogram:
     """The observations of histogram ``name`` (series matching ``match``, summed) made between
     two scrapes of the same process."""
@@ -923,23 +942,13 @@ def main(argv: list[str] | None = None) -> int:
     watches: list[Any] = before.get("watches", [])
     rows = list(old)
     if raw["extras"]:  # the watches' figures: a row of their own (the sizes' rows stay)
-        watch_row = {
-            "nodes": args.nodes,
-            "pods": args.pods,
+        restart = {k: row[k] for k in RUN_KEYS[:4]}
+        run_of = {
             "command": " ".join(["python -m bench.scale", *(argv or sys.argv[1:])]),
-            "restart": {
-                k: row[k]
-                for k in (
-                    "extender_sync_s",
-                    "extender_peak_rss_mib",
-                    "extender_steady_rss_mib",
-                    "apiserver_list_cpu_s",
-                )
-            },
+            "restart": restart,
             "load_avg": raw["load_avg"],
-            **raw["extras"],
         }
-        watches = merge_rows(watches, watch_row)
+        watches = merge_rows(watches, with_measurements(watches, args, raw["extras"], run_of))
     if not raw["extras"] or args.burst:  # the size's row: its restart and its burst
         rows = merge_rows(old, keeping_other_runs(old, row))
     points = [(r["pods"], r["extender_peak_rss_mib"]) for r in rows if r["extender_peak_rss_mib"]]

@@ -20,9 +20,11 @@ holds).
   Lease), 16 nodes per client connection pool as each plugin has its own.  Read from
   kube-apiserver's ``/metrics``: the watches open by resource (``apiserver_longrunning_requests``)
   before and after, and the watch events one change sends (``apiserver_watch_events_total`` by
-  resource, over ``FANOUT_WRITES`` label patches of a pod bound to a watched node, and as many
-  acquire/release pairs of a watched node's lock through ``NodeLocks``), with and without the K
-  watches; its RSS and idle CPU (/proc) with and without them.  Figures per watch are those
+  resource, net of its idle rate just before, over ``FANOUT_WRITES`` label patches of a pod bound
+  to a watched node and as many writes of that node's lock through ``NodeLocks``), with and
+  without the K watches, and the changes the K plugin watches applied per write (their
+  ``on_change`` callbacks, as the plugin's admission is woken); kube-apiserver's RSS and idle CPU
+  (/proc) with and without them, ``SETTLE_S`` after they synced.  Figures per watch are those
   differences over K; 5,000 nodes' worth is that, times 5,000 (linear: said in the results).
 - **replicas** (``--replicas 2``): the extender and a second one with the same flags on other
   ports started together; each one's start-to-``/readyz`` seconds and peak RSS, and
@@ -41,6 +43,7 @@ import ssl
 import statistics
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,8 +67,9 @@ from kube.errors import Conflict
 from lockd.model import FencingToken, HolderKey, NodeName, Outcome
 
 POLL_S = 0.005
-FANOUT_WRITES = 20  # label patches of one pod; acquire+release pairs of one lock: half
+FANOUT_WRITES = 100  # label patches of one pod; acquire+release pairs of one lock: half
 IDLE_S = 10.0
+SETTLE_S = 30.0  # after the watches synced: the retried lists and watches settle
 NODES_PER_CLIENT = 16  # two watches each: within a KubeClient's 32 connections
 CHURN_BASE = 90_000_000  # churned pods' indexes, apart from the populated ones
 PROBE_BASE = 95_000_000
@@ -363,9 +367,12 @@ async def churn(cluster: Cluster, *, nodes: int, rate: float, seconds: float, li
     }
 
 
-async def _fanout(kube: KubeClient, pod: Mapping[str, Any], node: NodeName) -> JSON:
-    """Watch events (by resource) per label patch of ``pod`` and per lock acquire+release of
-    ``node``, ``FANOUT_WRITES`` of each."""
+async def _fanout(
+    kube: KubeClient, pod: Mapping[str, Any], node: NodeName, seen: Counter[str]
+) -> JSON:
+    """Watch events (by resource) per label patch of ``pod`` and per write of ``node``'s lock
+    (acquires and releases), ``FANOUT_WRITES`` of each: as kube-apiserver counts them, net of
+    its idle rate just before, and as the plugin watches saw them (``seen``: changes applied)."""
     from lockd.locks import NodeLocks
     from lockd.model import Holder
 
@@ -375,10 +382,13 @@ async def _fanout(kube: KubeClient, pod: Mapping[str, Any], node: NodeName) -> J
     await asyncio.sleep(IDLE_S)  # the events others' writes send meanwhile (leader leases…)
     s0, t0 = await _api_snapshot(kube), time.monotonic()
     idle, idle_s = s0 - s_idle, t0 - t_idle
+    seen.clear()
     for i in range(FANOUT_WRITES):
         await kube.patch(path, {"metadata": {"labels": {"bench-fanout": str(i)}}})
     await asyncio.sleep(2.0)
     s1, t1 = await _api_snapshot(kube), time.monotonic()
+    plugin_pods = seen["pods"]
+    seen.clear()
     locks = NodeLocks(kube, namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
     for i in range(FANOUT_WRITES // 2):
         held = await locks.acquire(node, Holder(HolderKey(f"team-00/fanout-{i}"), f"uid-{i}"))
@@ -390,6 +400,8 @@ async def _fanout(kube: KubeClient, pod: Mapping[str, Any], node: NodeName) -> J
     return {
         "pod_events_per_write": pods_d.watch_events.get("pods", 0) / FANOUT_WRITES,
         "lease_events_per_write": leases_d.watch_events.get("leases", 0) / FANOUT_WRITES,
+        "plugin_pod_changes_per_write": plugin_pods / FANOUT_WRITES,
+        "plugin_lease_changes_per_write": seen["leases"] / FANOUT_WRITES,
         "writes": FANOUT_WRITES,
         "idle_events_per_s": {k: v / idle_s for k, v in idle.watch_events.items() if v},
     }
@@ -428,7 +440,8 @@ async def plugin_watches(cluster: Cluster, *, k: int, at: int) -> JSON:
             }
 
         before = await state()
-        fan_before = await _fanout(kube, pod, node)
+        seen: Counter[str] = Counter()
+        fan_before = await _fanout(kube, pod, node, seen)
         clients = [
             await KubeClient.connect(str(cluster.kubeconfig), timeout_s=60)
             for _ in range((k + NODES_PER_CLIENT - 1) // NODES_PER_CLIENT)
@@ -440,19 +453,24 @@ async def plugin_watches(cluster: Cluster, *, k: int, at: int) -> JSON:
             client = clients[i // NODES_PER_CLIENT]
             name = NodeName(node_name(i))
             w = NodePods(client, name)
+            w.on_change = lambda: seen.update(["pods"])  # as the plugin wakes its admission
             watchers.append(w)
             locks = NodeLocks(client, namespace=DEFAULT_LOCK_NAMESPACE, prefix=DEFAULT_PREFIX)
             tasks.append(asyncio.create_task(w.run()))
-            tasks.append(asyncio.create_task(locks.watch(node=name)))
+            tasks.append(
+                asyncio.create_task(
+                    locks.watch(node=name, on_change=lambda view, n: seen.update(["leases"]))
+                )
+            )
         deadline = time.monotonic() + 600
         while not all(w.synced for w in watchers):
             if time.monotonic() > deadline:
                 raise RuntimeError("the plugin watches did not sync in 600 s")
             await asyncio.sleep(0.5)
         open_s, open_cpu = time.monotonic() - t0, _cpu_s(api) - c0
-        await asyncio.sleep(5.0)
+        await asyncio.sleep(SETTLE_S)
         after = await state()
-        fan_after = await _fanout(kube, pod, node)
+        fan_after = await _fanout(kube, pod, node, seen)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

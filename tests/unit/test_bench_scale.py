@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from bench.scale import (
     p99,
     pods,
     rate_ratio,
+    with_measurements,
 )
 from handoff.wire import Keys
 from scheduler_ext.cache import ClusterCache
@@ -91,6 +93,22 @@ def test_a_size_measured_again_keeps_the_other_runs_headline_figures() -> None:
     third = keeping_other_runs([second], {"nodes": 5, "pods": 10, "burst_vs_small": 0.9})
     assert [r["burst_vs_small"] for r in third["other_runs"]] == [0.5, 0.8]
     assert "other_runs" not in keeping_other_runs([first], {"nodes": 6, "pods": 10})
+
+
+def test_a_watch_measurement_replaces_its_namesake_and_keeps_the_others() -> None:
+    args = argparse.Namespace(nodes=5, pods=10)
+    first = with_measurements([], args, {"churn": {"x": 1}, "replicas": {"y": 2}}, {"c": "a"})
+    assert first == {
+        "nodes": 5,
+        "pods": 10,
+        "churn": {"x": 1, "run": {"c": "a"}},
+        "replicas": {"y": 2, "run": {"c": "a"}},
+    }
+    second = with_measurements([first], args, {"churn": {"x": 3}}, {"c": "b"})
+    assert second["churn"] == {"x": 3, "run": {"c": "b"}}
+    assert second["replicas"] == {"y": 2, "run": {"c": "a"}}
+    other = with_measurements([first], argparse.Namespace(nodes=6, pods=10), {}, {})
+    assert other == {"nodes": 6, "pods": 10}
 
 
 def _scrape(counts: dict[str, list[float]], name: str = "h") -> Samples:
