@@ -26,7 +26,8 @@ holds).
   ``on_change`` callbacks, as the plugin's admission is woken); kube-apiserver's RSS and idle CPU
   (/proc) with and without them, once a ``SETTLE_WINDOW_S`` passed with no LIST of pods or
   leases after they synced (their retried lists done; at most ``SETTLE_S``).  Figures per
-  watch are those differences over K; 5,000 nodes' worth is that, times 5,000 (linear: said in the results).
+  watch are those differences over K; 5,000 nodes' worth is that, times 5,000 (linear: said in
+  the results).
 - **replicas** (``--replicas 2``): the extender and a second one with the same flags on other
   ports started together; each one's start-to-``/readyz`` seconds and peak RSS, and
   kube-apiserver's CPU over the two initial lists, net of its idle rate.
