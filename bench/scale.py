@@ -45,7 +45,15 @@ its secure port with the admin certificate, and the machine's load average at th
 ``--burst-rounds N`` runs the two paths N times in turn at each size: figures are medians,
 ratios each round's own, then the median.
 
+``--churn R``, ``--plugin-watches K`` and ``--replicas 2`` measure the watches at size after the
+restarts (``bench/scale_watch.py`` says how): the extender's CPU per pod event and its cache's lag
+under pod churn, the device plugins' watches of K nodes as kube-apiserver counts them, two
+replicas' initial lists.  Their figures go to the results' ``watches`` rows (one per size, each
+measurement with the command that took it); such a run writes its size's row only with
+``--burst``.  A size measured again keeps each run's headline figures in ``other_runs``.
+
     python -m bench.scale [--nodes 50] [--pods 2000]      # quick, a few minutes
+    python -m bench.scale --nodes 5000 --pods 100000 --churn 50 --plugin-watches 2000 --replicas 2
     python -m bench.scale --nodes 200 --pods 20000        # the 20,000-pod restart (issue 50)
     python -m bench.scale --nodes 5000 --pods 50000 --burst 64   # the burst at size
 
