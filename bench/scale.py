@@ -45,7 +45,15 @@ its secure port with the admin certificate, and the machine's load average at th
 ``--burst-rounds N`` runs the two paths N times in turn at each size: figures are medians,
 ratios each round's own, then the median.
 
+``--churn R``, ``--plugin-watches K`` and ``--replicas 2`` measure the watches at size after the
+restarts (``bench/scale_watch.py`` says how): the extender's CPU per pod event and its cache's lag
+under pod churn, the device plugins' watches of K nodes as kube-apiserver counts them, two
+replicas' initial lists.  Their figures go to the results' ``watches`` rows (one per size, each
+measurement with the command that took it); such a run writes its size's row only with
+``--burst``.  A size measured again keeps each run's headline figures in ``other_runs``.
+
     python -m bench.scale [--nodes 50] [--pods 2000]      # quick, a few minutes
+    python -m bench.scale --nodes 5000 --pods 100000 --churn 50 --plugin-watches 2000 --replicas 2
     python -m bench.scale --nodes 200 --pods 20000        # the 20,000-pod restart (issue 50)
     python -m bench.scale --nodes 5000 --pods 50000 --burst 64   # the burst at size
 
@@ -71,6 +79,7 @@ from typing import Any
 
 import yaml
 
+from bench import scale_watch
 from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.gpunodes import node_names, nodelock_command, start_extender, up_gpu_cluster
 from devcluster.namespaces import create_namespace
@@ -311,6 +320,49 @@ def merge_rows(old: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> list
     key = (new["nodes"], new["pods"])
     rows = [dict(r) for r in old if (r.get("nodes"), r.get("pods")) != key] + [dict(new)]
     return sorted(rows, key=lambda r: (r["pods"], r["nodes"]))
+
+
+RUN_KEYS = (
+    "extender_sync_s",
+    "extender_peak_rss_mib",
+    "extender_steady_rss_mib",
+    "apiserver_list_cpu_s",
+    "burst_vs_small",
+    "burst_vs_small_without_nodelock",
+    "baselines",
+    "load_avg",
+)
+
+
+def keeping_other_runs(old: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> JSON:
+    """``new`` with the headline figures of the row of the same size it replaces (and of the runs
+    that row kept) in ``other_runs``: a size measured again keeps each run's figures."""
+    key = (new["nodes"], new["pods"])
+    row = dict(new)
+    for r in old:
+        if (r.get("nodes"), r.get("pods")) == key:
+            runs = [*r.get("other_runs", []), {k: r[k] for k in RUN_KEYS if k in r}]
+            row["other_runs"] = runs
+    return row
+
+
+def with_measurements(
+    rows: Sequence[Mapping[str, Any]],
+    args: argparse.Namespace,
+    measured: Mapping[str, Mapping[str, Any]],
+    run_of: Mapping[str, Any],
+) -> JSON:
+    """The watches row of ``args``' size: the one in ``rows`` with each measurement of this
+    run in place of its namesake (each with ``run_of``: the command, restart, load that
+    measured it), the others kept."""
+    key = (args.nodes, args.pods)
+    row: JSON = {"nodes": args.nodes, "pods": args.pods}
+    for r in rows:
+        if (r.get("nodes"), r.get("pods")) == key:
+            row = dict(r)
+    for name, figures in measured.items():
+        row[name] = {**figures, "run": dict(run_of)}
+    return row
 
 
 def histogram_delta(before: Samples, after: Samples, name: str, **match: str) -> Histogram:
@@ -621,6 +673,33 @@ def no_node_lifecycle(cluster: Cluster) -> None:
     cluster.start_component("kube-controller-manager", [*proc.argv, NO_NODE_LIFECYCLE])
 
 
+def measure_watches(cluster: Cluster, args: argparse.Namespace) -> JSON:
+    """``bench.scale_watch``'s measurements that ``args`` asks for; one that fails is recorded
+    with its error and the run goes on (the burst after them is measured still)."""
+    steps: dict[str, Any] = {}
+    if args.replicas > 1:
+        steps["replicas"] = lambda: scale_watch.replicas(cluster, timeout_s=args.sync_timeout)
+    if args.churn:
+        steps["churn"] = lambda: asyncio.run(
+            scale_watch.churn(
+                cluster, nodes=args.nodes, rate=args.churn, seconds=args.churn_s,
+                live=args.churn_live,
+            )
+        )  # fmt: skip
+    if args.plugin_watches:
+        steps["plugin_watches"] = lambda: asyncio.run(
+            scale_watch.plugin_watches(cluster, k=args.plugin_watches, at=args.nodes)
+        )
+    extras: JSON = {}
+    for name, step in steps.items():
+        try:
+            extras[name] = step()
+        except Exception as exc:  # recorded, and the run goes on
+            extras[name] = {"error": f"{type(exc).__name__}: {exc}", "load_avg": _load()}
+        print(f"  {name}: {extras[name]}", flush=True)
+    return extras
+
+
 def run(args: argparse.Namespace) -> JSON:
     load_start = _load()
     with throwaway_cluster("nls-", version=args.kubernetes_version) as cluster:
@@ -662,6 +741,7 @@ def run(args: argparse.Namespace) -> JSON:
                     flush=True,
                 )
                 restarts.append(row)
+        extras = measure_watches(cluster, args)
         big: JSON | None = None
         if args.burst:  # the warm-up: the restarted extender's first handoffs
             big = both_paths(
@@ -678,6 +758,7 @@ def run(args: argparse.Namespace) -> JSON:
         "restarts": restarts,
         "small": small,
         "big": big,
+        "extras": extras,
     }
 
 
@@ -846,6 +927,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sim-nodes", type=int, default=8)
     parser.add_argument("--sync-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--churn", type=float, default=0.0, help="CPU pod creates+deletes per second (0: none)"
+    )
+    parser.add_argument("--churn-s", type=float, default=60.0, help="the churn's window")
+    parser.add_argument("--churn-live", type=int, default=500, help="churned pods alive at once")
+    parser.add_argument(
+        "--plugin-watches", type=int, default=0, help="nodes whose plugin watches to open"
+    )
+    parser.add_argument("--replicas", type=int, default=1, help="2: two extenders started at once")
     parser.add_argument("--kubernetes-version", default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -853,12 +943,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench.scale: {args.nodes} nodes, {args.pods} pods; chart limit {limit:.0f} MiB")
     raw = run(args)
     row = summary(args, raw, limit)
-    old: list[Any] = []
+    before: JSON = {}
     if args.out.exists():
-        old = json.loads(args.out.read_text(encoding="utf-8")).get("sizes", [])
-    rows = merge_rows(old, row)
+        before = json.loads(args.out.read_text(encoding="utf-8"))
+    old: list[Any] = before.get("sizes", [])
+    watches: list[Any] = before.get("watches", [])
+    rows = list(old)
+    if raw["extras"]:  # the watches' figures: a row of their own (the sizes' rows stay)
+        restart = {k: row[k] for k in RUN_KEYS[:4]}
+        run_of = {
+            "command": " ".join(["python -m bench.scale", *(argv or sys.argv[1:])]),
+            "restart": restart,
+            "load_avg": raw["load_avg"],
+        }
+        watches = merge_rows(watches, with_measurements(watches, args, raw["extras"], run_of))
+    if not raw["extras"] or args.burst:  # the size's row: its restart and its burst
+        rows = merge_rows(old, keeping_other_runs(old, row))
     points = [(r["pods"], r["extender_peak_rss_mib"]) for r in rows if r["extender_peak_rss_mib"]]
-    curve = fit(points)
+    curve = fit(points or [(row["pods"], row["extender_peak_rss_mib"])])
     peak = row["extender_peak_rss_mib"]
     print(
         f"{args.nodes} nodes / {args.pods} pods: synced in {row['extender_sync_s']:.1f}s, peak "
@@ -899,6 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
                 "command": "python -m bench.scale --nodes N --pods P",
                 "fit": {"base_mib": curve.base_mib, "mib_per_10k_pods": curve.mib_per_10k_pods},
                 "sizes": rows,
+                **({"watches": watches} if watches else {}),
             },
             indent=2,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,13 @@ from bench.scale import (
     chart_memory_limit_mib,
     fit,
     histogram_delta,
+    keeping_other_runs,
     memory_mib,
     merge_rows,
     p99,
     pods,
     rate_ratio,
+    with_measurements,
 )
 from handoff.wire import Keys
 from scheduler_ext.cache import ClusterCache
@@ -81,6 +84,31 @@ def test_rows_replace_the_same_size_and_sort_by_pods() -> None:
     old = [{"nodes": 50, "pods": 2000, "x": 1}, {"nodes": 500, "pods": 10_000, "x": 2}]
     rows = merge_rows(old, {"nodes": 50, "pods": 2000, "x": 3})
     assert rows == [{"nodes": 50, "pods": 2000, "x": 3}, {"nodes": 500, "pods": 10_000, "x": 2}]
+
+
+def test_a_size_measured_again_keeps_the_other_runs_headline_figures() -> None:
+    first = {"nodes": 5, "pods": 10, "burst_vs_small": 0.5, "restarts": [1], "load_avg": [9]}
+    second = keeping_other_runs([first], {"nodes": 5, "pods": 10, "burst_vs_small": 0.8})
+    assert second["other_runs"] == [{"burst_vs_small": 0.5, "load_avg": [9]}]
+    third = keeping_other_runs([second], {"nodes": 5, "pods": 10, "burst_vs_small": 0.9})
+    assert [r["burst_vs_small"] for r in third["other_runs"]] == [0.5, 0.8]
+    assert "other_runs" not in keeping_other_runs([first], {"nodes": 6, "pods": 10})
+
+
+def test_a_watch_measurement_replaces_its_namesake_and_keeps_the_others() -> None:
+    args = argparse.Namespace(nodes=5, pods=10)
+    first = with_measurements([], args, {"churn": {"x": 1}, "replicas": {"y": 2}}, {"c": "a"})
+    assert first == {
+        "nodes": 5,
+        "pods": 10,
+        "churn": {"x": 1, "run": {"c": "a"}},
+        "replicas": {"y": 2, "run": {"c": "a"}},
+    }
+    second = with_measurements([first], args, {"churn": {"x": 3}}, {"c": "b"})
+    assert second["churn"] == {"x": 3, "run": {"c": "b"}}
+    assert second["replicas"] == {"y": 2, "run": {"c": "a"}}
+    other = with_measurements([first], argparse.Namespace(nodes=6, pods=10), {}, {})
+    assert other == {"nodes": 6, "pods": 10}
 
 
 def _scrape(counts: dict[str, list[float]], name: str = "h") -> Samples:

@@ -322,8 +322,9 @@ def test_every_performance_table_names_its_command_and_date() -> None:
     assert tables >= 4
     assert bad == []
     # 250 lines held eight benchmarks; bench.scale (issue 50) added one section of 26 lines,
-    # then 36 for its burst with and without nodelock (the figure that says whose cost grows)
-    assert len(text.splitlines()) < 320, "docs/performance.md: one current table per benchmark"
+    # then 36 for its burst with and without nodelock (the figure that says whose cost grows),
+    # then 30 for 100,000 pods and the watches at size (churn, plugin watches, two replicas)
+    assert len(text.splitlines()) < 350, "docs/performance.md: one current table per benchmark"
 
 
 # The checks themselves, on the kinds of mistake they exist for.
