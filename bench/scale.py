@@ -80,6 +80,9 @@ from typing import Any
 import yaml
 
 from bench import scale_watch
+from bench.procstat import cpu_seconds as _cpu_s
+from bench.procstat import load_average as _load
+from bench.procstat import status_kib as _status_kib
 from devcluster.cluster import Cluster, throwaway_cluster
 from devcluster.gpunodes import node_names, nodelock_command, start_extender, up_gpu_cluster
 from devcluster.namespaces import create_namespace
@@ -398,20 +401,6 @@ def ratio(a: float | None, b: float | None) -> float | None:
 # ---- the process's side (thin) --------------------------------------------------------------
 
 
-def _status_kib(pid: int, field: str) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/{pid}/status has no {field}")
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
@@ -518,10 +507,6 @@ def restart_scheduler_ready(
         if time.monotonic() - started > timeout_s:
             raise RuntimeError(f"kube-scheduler not ready after {timeout_s:.0f}s")
         time.sleep(0.2)
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def measured_burst(cluster: Cluster, label: str, pods_n: int) -> JSON:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import ssl
 import statistics
 import time
@@ -53,6 +52,10 @@ from typing import Any
 import aiohttp
 
 from bench import apiserver
+from bench.procstat import cpu_seconds as _cpu_s
+from bench.procstat import load_average as _load
+from bench.procstat import rss_mib as _rss_mib
+from bench.procstat import status_kib as _status_kib
 from devcluster.cluster import Cluster
 from devcluster.pki import SCHEDULER
 from handoff.wire import (
@@ -158,24 +161,6 @@ def per_watch(
 
 
 # ---- the process's side (thin) --------------------------------------------------------------
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"/proc/{pid}/status has no VmRSS")
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 async def _api_snapshot(kube: KubeClient) -> apiserver.Snapshot:
@@ -532,7 +517,7 @@ async def plugin_watches(cluster: Cluster, *, k: int, at: int) -> JSON:
 
 def replicas(cluster: Cluster, *, timeout_s: float) -> JSON:
     """Two extender replicas started together (module docstring)."""
-    from bench.scale import _ready, _status_kib
+    from bench.scale import _ready
     from devcluster import processes
 
     proc = cluster.state.procs()["extender"]
