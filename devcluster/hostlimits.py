@@ -15,6 +15,7 @@ to run.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from devcluster.errors import DevclusterError
@@ -29,10 +30,12 @@ def needed_raise(current: int, wanted: int = INOTIFY_INSTANCES) -> int | None:
 
 
 def ensure_inotify_instances(
-    path: Path = MAX_USER_INSTANCES, wanted: int = INOTIFY_INSTANCES
+    path: Path = MAX_USER_INSTANCES, wanted: int = INOTIFY_INSTANCES, *, strict: bool = True
 ) -> None:
-    """``fs.inotify.max_user_instances`` is at least ``wanted`` afterwards, or a DevclusterError
-    names the sysctl an administrator can run.  A limit that is higher already is left alone."""
+    """``fs.inotify.max_user_instances`` is at least ``wanted`` afterwards, or, where it cannot be
+    raised (not root), a DevclusterError names the sysctl an administrator can run; with
+    ``strict`` false that is a warning on stderr instead (a cluster of simulated kubelets runs
+    within the default, and needs no root).  A limit that is higher already is left alone."""
     try:
         current = int(path.read_text().strip())
     except (OSError, ValueError) as exc:
@@ -43,8 +46,11 @@ def ensure_inotify_instances(
     try:
         path.write_text(f"{value}\n")
     except OSError as exc:
-        raise DevclusterError(
+        message = (
             f"real kubelets need more inotify instances than the {current} of "
             f"fs.inotify.max_user_instances, and raising it failed ({exc}): run "
             f"`sysctl -w fs.inotify.max_user_instances={value}` as root"
-        ) from exc
+        )
+        if strict:
+            raise DevclusterError(message) from exc
+        print(f"devcluster: warning: {message}", file=sys.stderr)

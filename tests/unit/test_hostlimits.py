@@ -34,3 +34,18 @@ def test_an_unreadable_limit_is_an_error_that_names_the_file(tmp_path: Path) -> 
     garbled.write_text("many\n")
     with pytest.raises(DevclusterError, match="garbled"):
         ensure_inotify_instances(garbled)
+
+
+# a kernel setting nobody may write, root included (mode 0444), that holds a number
+READ_ONLY_SETTING = Path("/proc/sys/kernel/ngroups_max")
+
+
+def test_a_limit_that_cannot_be_raised_fails_strictly_and_only_warns_otherwise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    wanted = int(READ_ONLY_SETTING.read_text()) + 1
+    with pytest.raises(DevclusterError, match=f"sysctl -w fs.inotify.max_user_instances={wanted}"):
+        ensure_inotify_instances(READ_ONLY_SETTING, wanted=wanted)
+    ensure_inotify_instances(READ_ONLY_SETTING, wanted=wanted, strict=False)
+    assert "warning" in capsys.readouterr().err
+    assert int(READ_ONLY_SETTING.read_text()) == wanted - 1
