@@ -4,6 +4,7 @@ for the benchmarks that measure the processes a devcluster runs."""
 from __future__ import annotations
 
 import os
+import time
 
 
 def cpu_seconds(pid: int) -> float:
@@ -11,6 +12,13 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_rate(pid: int, seconds: float) -> float:
+    """``pid``'s CPU seconds per second over the next ``seconds`` (this call sleeps that long)."""
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
 
 
 def status_kib(pid: int, field: str) -> int:

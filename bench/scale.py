@@ -80,6 +80,7 @@ from typing import Any
 import yaml
 
 from bench import scale_watch
+from bench.procstat import cpu_rate
 from bench.procstat import cpu_seconds as _cpu_s
 from bench.procstat import load_average as _load
 from bench.procstat import status_kib as _status_kib
@@ -416,9 +417,7 @@ def restart_measured(cluster: Cluster, *, source: Path | None, timeout_s: float)
     metrics = cluster.settings()["extender"]["metrics"][0]
     apiserver = cluster.running()["kube-apiserver"].pid
     cluster.stop_component("extender")
-    idle0, t_idle = _cpu_s(apiserver), time.monotonic()
-    time.sleep(3.0)
-    idle_rate = (_cpu_s(apiserver) - idle0) / (time.monotonic() - t_idle)
+    idle_rate = cpu_rate(apiserver, 3.0)
     env = {"PYTHONPATH": str(source)} if source is not None else None
     args = proc.argv[proc.argv.index("extender") :]  # the flags, after whichever command ran
     argv = [*nodelock_command(), *args]

@@ -52,6 +52,7 @@ from typing import Any
 import aiohttp
 
 from bench import apiserver
+from bench.procstat import cpu_rate
 from bench.procstat import cpu_seconds as _cpu_s
 from bench.procstat import load_average as _load
 from bench.procstat import rss_mib as _rss_mib
@@ -524,9 +525,7 @@ def replicas(cluster: Cluster, *, timeout_s: float) -> JSON:
     metrics = cluster.settings()["extender"]["metrics"][0]
     api = cluster.running()["kube-apiserver"].pid
     cluster.stop_component("extender")
-    c0, t0 = _cpu_s(api), time.monotonic()
-    time.sleep(3.0)
-    idle = (_cpu_s(api) - c0) / (time.monotonic() - t0)
+    idle = cpu_rate(api, 3.0)
     second_metrics = processes.free_port()
     second = replica_argv(proc.argv, listen_port=processes.free_port(), metrics_port=second_metrics)
     load = _load()

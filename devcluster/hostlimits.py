@@ -1,13 +1,12 @@
 """The host's inotify instance limit, which several clusters of real kubelets exhaust.
 
 Every ``inotify_init`` counts against ``fs.inotify.max_user_instances`` of its user, 128 by
-default, and every devcluster component runs as the same user.  A kubelet holds 7 instances
-(v1.37.2: its open files that link to ``anon_inode:inotify``), containerd and the API server
-more, so a machine running a few clusters of real kubelets at once (``make test`` runs two or
+default, and every devcluster component runs as the same user.  A kubelet holds several
+(its open files that link to ``anon_inode:inotify``), as do containerd and the API server, so a
+machine running a few clusters of real kubelets at once (``make test`` runs two or
 three) runs out, and the next kubelet exits at start: ``initializeRuntimeDependentModules``
 exits the process when cAdvisor cannot start ("Failed to start cAdvisor" err="inotify_init: too
-many open files": ``pkg/kubelet/kubelet.go``, Kubernetes 1.31.9 and 1.37.2), while a running
-one's plugin watcher misses the device plugin's socket.  Kubernetes' own GCE nodes set the limit
+many open files": ``pkg/kubelet/kubelet.go``, Kubernetes 1.31.9 and 1.37.2).  Kubernetes' own GCE nodes set the limit
 to 8192 (``cluster/gce/gci/configure-helper.sh``, ``setup-os-params``, 1.37.2); devcluster
 raises it to ``INOTIFY_INSTANCES`` when it is lower and it may, and otherwise says which sysctl
 to run.
