@@ -6,10 +6,10 @@ default, and every devcluster component runs as the same user.  A kubelet holds 
 machine running a few clusters of real kubelets at once (``make test`` runs two or
 three) runs out, and the next kubelet exits at start: ``initializeRuntimeDependentModules``
 exits the process when cAdvisor cannot start ("Failed to start cAdvisor" err="inotify_init: too
-many open files": ``pkg/kubelet/kubelet.go``, Kubernetes 1.31.9 and 1.37.2).  Kubernetes' own GCE nodes set the limit
-to 8192 (``cluster/gce/gci/configure-helper.sh``, ``setup-os-params``, 1.37.2); devcluster
-raises it to ``INOTIFY_INSTANCES`` when it is lower and it may, and otherwise says which sysctl
-to run.
+many open files": ``pkg/kubelet/kubelet.go``, Kubernetes 1.31.9 and 1.37.2).  Kubernetes' own
+GCE nodes set the limit to 8192 (``cluster/gce/gci/configure-helper.sh``, ``setup-os-params``,
+1.37.2); devcluster raises it to ``INOTIFY_INSTANCES`` when it is lower and it may, and
+otherwise says which sysctl to run.
 """
 
 from __future__ import annotations
